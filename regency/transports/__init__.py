@@ -1,0 +1,106 @@
+"""Frame transports: move whole frames between addresses, report connection loss.
+
+Backends, chosen by address scheme:
+
+* ``tcp://HOST:PORT``, ``unix:///PATH`` — trio-native sockets (the default, fastest here)
+* ``nng+tcp://``, ``nng+ipc://``, ``nng+tls+tcp://`` — nng through pynng
+* ``inproc://NAME`` — in-process, for actors in the controller's process
+
+:func:`open_transport` opens one object that serves every scheme, owning the nursery that
+all their tasks live in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from ._base import (
+    DEFAULT_MAX_FRAME_BYTES,
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    ConnectionClosed,
+    FrameSink,
+    Listener,
+    SinkFactory,
+    Transport,
+    TransportError,
+)
+from ._inproc import InprocTransport
+from ._sockets import SocketTransport
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "AuthenticationError",
+    "Connection",
+    "ConnectionBroken",
+    "ConnectionClosed",
+    "FrameSink",
+    "Listener",
+    "MultiTransport",
+    "SinkFactory",
+    "Transport",
+    "TransportError",
+    "open_transport",
+    "scheme_of",
+]
+
+
+def scheme_of(address: str) -> str:
+    scheme, sep, _ = address.partition("://")
+    if not sep:
+        raise ValueError(f"address must look like SCHEME://... (got {address!r})")
+    return scheme
+
+
+class MultiTransport(Transport):
+    """Dispatches on the address scheme to the backend that serves it."""
+
+    def __init__(self, backends: list[Transport]) -> None:
+        self._by_scheme: dict[str, Transport] = {}
+        for backend in backends:
+            for scheme in backend.schemes:
+                self._by_scheme[scheme] = backend
+        self.schemes = tuple(self._by_scheme)
+
+    def backend(self, address: str) -> Transport:
+        scheme = scheme_of(address)
+        try:
+            return self._by_scheme[scheme]
+        except KeyError:
+            raise ValueError(
+                f"address scheme must be one of {self.schemes} (got {address!r})"
+            ) from None
+
+    async def listen(self, address: str, sinks: SinkFactory) -> Listener:
+        return await self.backend(address).listen(address, sinks)
+
+    async def connect(self, address: str, sink: FrameSink) -> Connection:
+        return await self.backend(address).connect(address, sink)
+
+
+@asynccontextmanager
+async def open_transport(
+    secret: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> AsyncIterator[MultiTransport]:
+    """Open every backend; closing the context cancels all their connections."""
+    if len(secret) < 16:
+        raise ValueError(f"job secret must be at least 16 bytes (got {len(secret)})")
+    async with trio.open_nursery() as nursery:
+        backends: list[Transport] = [
+            SocketTransport(nursery, secret, max_frame_bytes),
+            InprocTransport(nursery),
+        ]
+        try:
+            from ._nng import NngTransport
+        except ImportError:  # pragma: no cover - pynng is a hard dependency
+            pass
+        else:
+            backends.append(NngTransport(nursery, secret, max_frame_bytes))
+        try:
+            yield MultiTransport(backends)
+        finally:
+            nursery.cancel_scope.cancel()

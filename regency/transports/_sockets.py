@@ -1,0 +1,428 @@
+"""Trio-native stream sockets: ``tcp://host:port`` and ``unix:///path``.
+
+The fastest backend measured here (see docs/transports.md), hence the default. Sockets are
+plain non-blocking stdlib sockets driven by ``trio.lowlevel.wait_readable/wait_writable``
+rather than ``trio.SocketStream``: that lets :meth:`SocketConnection.send_nowait` write
+straight into the kernel from whichever thread calls it (the controller's user thread, an
+actor's thread) without hopping onto the trio thread, and lets the reader parse every frame a
+single ``recv`` brought in. Frames are ``u32 little-endian length`` + payload.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import threading
+from collections import deque
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+
+from . import _auth
+from ._base import (
+    DEFAULT_MAX_FRAME_BYTES,
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    ConnectionClosed,
+    FrameSink,
+    Listener,
+    SinkFactory,
+    Transport,
+)
+
+log = logging.getLogger("regency.transports")
+
+_HEADER = 4
+_RECV_BUFFER = 256 * 1024
+# Frames at or above this size are sent with sendmsg([header, frame]) to avoid a copy.
+_GATHER_THRESHOLD = 16 * 1024
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """Split ``tcp://h:p`` into ("tcp", (h, p)) and ``unix:///p`` into ("unix", "/p")."""
+    parts = urlsplit(address)
+    if parts.scheme == "tcp":
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"tcp address must look like tcp://HOST:PORT (got {address!r})")
+        return "tcp", (parts.hostname, parts.port)
+    if parts.scheme == "unix":
+        path = parts.netloc + parts.path
+        if not path:
+            raise ValueError(f"unix address must look like unix:///PATH (got {address!r})")
+        return "unix", path
+    raise ValueError(f"address scheme must be one of ('tcp', 'unix') (got {address!r})")
+
+
+async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        try:
+            data = sock.recv(n - len(chunks))
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        if not data:
+            raise ConnectionBroken("connection closed during handshake")
+        chunks += data
+    return bytes(chunks)
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        view = view[sent:]
+
+
+class SocketConnection(Connection):
+    """A connected, authenticated stream socket."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer: str,
+        token: trio.lowlevel.TrioToken,
+        max_frame: int,
+    ) -> None:
+        self.peer = peer
+        self._sock = sock
+        self._token = token
+        self._trio_thread = threading.get_ident()
+        self._max_frame = max_frame
+        self._lock = threading.Lock()
+        # Bytes accepted by send_nowait but not yet taken by the kernel, oldest first. While it
+        # is non-empty, new frames queue behind it (order) and the writer task owns flushing.
+        self._pending: deque[memoryview] = deque()
+        self._writer_wakeup = trio.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+        self.sink: FrameSink | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
+        size = len(frame)
+        header = size.to_bytes(_HEADER, "little")
+        with self._lock:
+            if self._closed:
+                if self._error is not None:
+                    raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
+                raise ConnectionClosed(f"connection to {self.peer} is closed")
+            if self._pending:
+                self._pending.append(memoryview(header))
+                self._pending.append(memoryview(frame))
+                return
+            try:
+                if size >= _GATHER_THRESHOLD:
+                    sent = self._sock.sendmsg([header, frame])
+                else:
+                    sent = self._sock.send(header + frame)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._fail_locked(exc)
+                raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
+            if sent == size + _HEADER:
+                return
+            if sent < _HEADER:
+                self._pending.append(memoryview(header)[sent:])
+                self._pending.append(memoryview(frame))
+            else:
+                self._pending.append(memoryview(frame)[sent - _HEADER :])
+        self._kick_writer()
+
+    def _kick_writer(self) -> None:
+        if threading.get_ident() == self._trio_thread:
+            self._writer_wakeup.set()
+        else:
+            try:
+                self._token.run_sync_soon(self._writer_wakeup.set)
+            except trio.RunFinishedError:
+                pass
+
+    async def writer(self) -> None:
+        """Flush what ``send_nowait`` could not write at once. Runs as one task per connection."""
+        while not self._closed:
+            await self._writer_wakeup.wait()
+            self._writer_wakeup = trio.Event()
+            while True:
+                with self._lock:
+                    if self._closed or not self._pending:
+                        break
+                    chunk = list(self._pending)[:64]
+                    try:
+                        sent = self._sock.sendmsg(chunk)
+                    except BlockingIOError:
+                        sent = -1
+                    except OSError as exc:
+                        self._fail_locked(exc)
+                        break
+                    while sent > 0:
+                        head = self._pending[0]
+                        if len(head) <= sent:
+                            sent -= len(head)
+                            self._pending.popleft()
+                        else:
+                            self._pending[0] = head[sent:]
+                            sent = 0
+                    if not self._pending:
+                        break
+                await trio.lowlevel.wait_writable(self._sock)
+        if self._error is not None:
+            self._notify_lost()
+
+    async def reader(self) -> None:
+        """Receive frames and hand each to the sink, in order."""
+        assert self.sink is not None
+        sock = self._sock
+        buf = bytearray(_RECV_BUFFER)
+        view = memoryview(buf)
+        start = end = 0
+        try:
+            while True:
+                try:
+                    n = sock.recv_into(view[end:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                except OSError as exc:
+                    raise ConnectionBroken(str(exc)) from exc
+                if n == 0:
+                    raise ConnectionBroken("peer closed the connection")
+                end += n
+                while end - start >= _HEADER:
+                    size = int.from_bytes(view[start : start + _HEADER], "little")
+                    if size > self._max_frame:
+                        raise ConnectionBroken(
+                            f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}"
+                        )
+                    if end - start - _HEADER < size:
+                        if _HEADER + size > len(buf):
+                            # A frame bigger than the buffer: receive it into its own buffer.
+                            big = bytearray(size)
+                            have = end - start - _HEADER
+                            big[:have] = view[start + _HEADER : end]
+                            await self._recv_into_exactly(memoryview(big)[have:])
+                            start = end = 0
+                            self.sink.frame_received(self, memoryview(big))
+                        break
+                    self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
+                    start += _HEADER + size
+                    if self._closed:
+                        return
+                if start == end:
+                    start = end = 0
+                elif start:
+                    # Keep the partial frame at the front so it can always complete in place.
+                    view[: end - start] = view[start:end]
+                    end -= start
+                    start = 0
+                await trio.lowlevel.checkpoint_if_cancelled()
+        except ConnectionBroken as exc:
+            if not self._closed:
+                log.info("connection to %s lost: %s", self.peer, exc)
+            with self._lock:
+                self._fail_locked(exc)
+            self._notify_lost()
+        except Exception as exc:
+            log.error("closing connection to %s after bad frame: %r", self.peer, exc)
+            with self._lock:
+                self._fail_locked(exc)
+            self._notify_lost()
+
+    async def _recv_into_exactly(self, target: memoryview) -> None:
+        while target:
+            try:
+                n = self._sock.recv_into(target)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self._sock)
+                continue
+            if n == 0:
+                raise ConnectionBroken("peer closed the connection mid-frame")
+            target = target[n:]
+
+    def _fail_locked(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._error = exc
+        self._pending.clear()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    _lost_notified = False
+
+    def _notify_lost(self) -> None:
+        if self._lost_notified:
+            return
+        self._lost_notified = True
+        trio.lowlevel.notify_closing(self._sock)
+        self._sock.close()
+        if self.sink is not None:
+            self.sink.connection_lost(self, self._error)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._fail_locked(None)
+        self._writer_wakeup.set()
+        self._notify_lost()
+
+
+class SocketListener(Listener):
+    def __init__(self, sock: socket.socket, address: str, cancel: trio.CancelScope) -> None:
+        self._sock = sock
+        self.address = address
+        self._cancel = cancel
+
+    def close(self) -> None:
+        self._cancel.cancel()
+
+
+class SocketTransport(Transport):
+    schemes = ("tcp", "unix")
+
+    def __init__(self, nursery: trio.Nursery, secret: bytes, max_frame: int) -> None:
+        self._nursery = nursery
+        self._secret = secret
+        self._max_frame = max_frame
+
+    async def listen(self, address: str, sinks: SinkFactory) -> Listener:
+        scheme, where = parse_address(address)
+        if scheme == "tcp":
+            family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(where)
+            host, port = sock.getsockname()[:2]
+            bound = f"tcp://[{host}]:{port}" if family == socket.AF_INET6 else f"tcp://{host}:{port}"
+        else:
+            _check_private_dir(os.path.dirname(where) or ".")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(where)
+            os.chmod(where, 0o600)
+            bound = f"unix://{where}"
+        sock.listen(512)
+        sock.setblocking(False)
+        cancel = trio.CancelScope()
+        self._nursery.start_soon(self._accept_loop, sock, scheme, sinks, cancel)
+        return SocketListener(sock, bound, cancel)
+
+    async def _accept_loop(
+        self, sock: socket.socket, scheme: str, sinks: SinkFactory, cancel: trio.CancelScope
+    ) -> None:
+        with sock, cancel:
+            while True:
+                try:
+                    conn, addr = sock.accept()
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.error("accept failed (%s); retrying in 0.1 s", exc)
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                peer = f"{scheme}://{addr[0]}:{addr[1]}" if scheme == "tcp" else "unix peer"
+                self._nursery.start_soon(self._serve_one, conn, peer, sinks)
+        trio.lowlevel.notify_closing(sock)
+
+    async def _serve_one(self, sock: socket.socket, peer: str, sinks: SinkFactory) -> None:
+        sock.setblocking(False)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
+                hello, nonce_s = _auth.server_hello()
+                await _send_all(sock, hello)
+                proof = await _recv_exactly(sock, _auth.CLIENT_PROOF_BYTES)
+                answer = _auth.check_client_proof(self._secret, nonce_s, proof)
+                await _send_all(sock, answer)
+        except (ValueError, OSError, ConnectionBroken, trio.TooSlowError) as exc:
+            log.warning("refused connection from %s: %s", peer, exc or "handshake timed out")
+            sock.close()
+            return
+        conn = SocketConnection(sock, peer, trio.lowlevel.current_trio_token(), self._max_frame)
+        try:
+            conn.sink = sinks(conn)
+        except Exception:
+            log.exception("no handler for connection from %s", peer)
+            sock.close()
+            return
+        await self._run(conn)
+
+    async def _run(self, conn: SocketConnection) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.writer)
+            await conn.reader()
+            conn._writer_wakeup.set()
+
+    async def connect(self, address: str, sink: FrameSink) -> Connection:
+        scheme, where = parse_address(address)
+        try:
+            if scheme == "tcp":
+                infos = await trio.socket.getaddrinfo(
+                    where[0], where[1], type=socket.SOCK_STREAM
+                )
+                family, _, _, _, sockaddr = infos[0]
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sockaddr = where
+            sock.setblocking(False)
+            try:
+                sock.connect(sockaddr)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise OSError(err, os.strerror(err)) from None
+            with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
+                hello = await _recv_exactly(sock, _auth.SERVER_HELLO_BYTES)
+                proof, nonce_c = _auth.client_proof(self._secret, hello)
+                await _send_all(sock, proof)
+                try:
+                    answer = await _recv_exactly(sock, _auth.SERVER_PROOF_BYTES)
+                except ConnectionBroken:
+                    raise ValueError(
+                        "server refused our proof: this side does not have the job secret"
+                    ) from None
+            _auth.check_server_proof(self._secret, nonce_c, hello[len(_auth.MAGIC) :], answer)
+        except ValueError as exc:
+            sock.close()
+            raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
+        except (OSError, ConnectionBroken, trio.TooSlowError) as exc:
+            raise ConnectionBroken(f"cannot connect to {address}: {exc or 'timed out'}") from None
+        conn = SocketConnection(sock, address, trio.lowlevel.current_trio_token(), self._max_frame)
+        conn.sink = sink
+        self._nursery.start_soon(self._run, conn)
+        return conn
+
+
+def _check_private_dir(path: str) -> None:
+    """Refuse to put a unix socket where other users could reach it."""
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionError(
+            f"unix sockets must live in a directory only this user can open "
+            f"(got {path!r} with mode {stat.S_IMODE(st.st_mode):o}); use regency's socket dir"
+        )
+
+
+
