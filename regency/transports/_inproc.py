@@ -14,6 +14,7 @@ from collections import deque
 
 import trio
 
+from ._base import log
 from ._base import (
     Connection,
     ConnectionBroken,
@@ -86,6 +87,7 @@ class InprocConnection(Connection):
                     self.sink.frame_received(self, memoryview(frame))
                 await trio.lowlevel.checkpoint()
         except Exception as exc:
+            log.error("closing in-process connection to %s after bad frame: %r", self.peer, exc)
             self._error = exc
             self._shutdown(exc)
 

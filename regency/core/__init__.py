@@ -1,0 +1,72 @@
+"""The actor core: mesh algebra, codec, futures, endpoints, meshes and the proc runtime.
+
+Transport-agnostic: the runtime reaches the network only through :mod:`regency.transports`
+and starts processes only through a :class:`ProcLauncher`.
+"""
+
+from ._config import Config, configure, current_config
+from ._context import ActorInstance, Context, context, current_actor_name, current_rank, current_size
+from ._endpoint import Actor, EndpointSpec, endpoint
+from ._errors import ActorError, RemoteException, RemoteFailure, SupervisionError, UndeliverableError
+from ._future import Future
+from ._launcher import LocalLauncher, ProcLauncher
+from ._mesh import (
+    Accumulator,
+    ActorMesh,
+    Channel,
+    Endpoint,
+    HostMesh,
+    Port,
+    PortReceiver,
+    ProcMesh,
+    as_endpoint,
+    proc_mesh,
+    send,
+    this_host,
+    this_proc,
+)
+from ._runtime import Runtime, current_runtime
+from ._shape import Extent, MeshAlgebra, Point, Shape, ValueMesh
+
+__all__ = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "ActorInstance",
+    "ActorMesh",
+    "Channel",
+    "Config",
+    "Context",
+    "Endpoint",
+    "EndpointSpec",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "LocalLauncher",
+    "MeshAlgebra",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcLauncher",
+    "ProcMesh",
+    "RemoteException",
+    "RemoteFailure",
+    "Runtime",
+    "Shape",
+    "SupervisionError",
+    "UndeliverableError",
+    "ValueMesh",
+    "as_endpoint",
+    "configure",
+    "context",
+    "current_actor_name",
+    "current_config",
+    "current_rank",
+    "current_runtime",
+    "current_size",
+    "endpoint",
+    "proc_mesh",
+    "send",
+    "this_host",
+    "this_proc",
+]

@@ -1,0 +1,89 @@
+"""Runtime configuration: ``regency.configure(...)`` > ``REGENCY_*`` environment > defaults.
+
+A snapshot is handed to every proc a runtime spawns, so children see the controller's choices.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+_TRANSPORTS = ("unix", "tcp", "nng+ipc", "nng+tcp", "nng+tls+tcp")
+
+
+def _check_transport(_: Any, __: Any, value: str) -> None:
+    if value not in _TRANSPORTS:
+        raise ValueError(f"default_transport must be one of {_TRANSPORTS} (got {value!r})")
+
+
+def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be positive (got {value!r})")
+
+
+@attrs.frozen
+class Config:
+    #: Transport between procs: "unix" (default: fastest, see docs/transports.md), "tcp"
+    #: (needed across hosts), or an nng flavour.
+    default_transport: str = attrs.field(default="unix", validator=_check_transport)
+    #: Host address procs listen on when the transport is tcp.
+    tcp_host: str = "127.0.0.1"
+    #: Largest frame a connection accepts; bigger ones close that connection.
+    max_frame_bytes: int = attrs.field(
+        default=1 << 31, validator=lambda a, b, v: _positive(a, v)
+    )
+    #: Seconds a spawned proc has to start and connect back.
+    spawn_timeout: float = attrs.field(default=60.0, validator=lambda a, b, v: _positive(a, v))
+    #: Seconds ``ProcMesh.stop()`` waits for a proc to exit before killing it.
+    stop_timeout: float = attrs.field(default=5.0, validator=lambda a, b, v: _positive(a, v))
+
+    def to_env(self) -> dict[str, str]:
+        return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}
+
+
+def _from_env() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in attrs.fields(Config):
+        raw = os.environ.get(f"REGENCY_{f.name.upper()}")
+        if raw is None:
+            continue
+        kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float}[
+            str(f.type)
+        ]
+        try:
+            out[f.name] = kind(raw)
+        except ValueError:
+            raise ValueError(
+                f"environment variable REGENCY_{f.name.upper()} must be {kind.__name__} "
+                f"(got {raw!r})"
+            ) from None
+    return out
+
+
+_overrides: dict[str, Any] = {}
+_current: Config | None = None
+
+
+def current_config() -> Config:
+    global _current
+    if _current is None:
+        _current = Config(**{**_from_env(), **_overrides})
+    return _current
+
+
+def configure(**settings: Any) -> None:
+    """Set configuration for this process and the procs it spawns from now on.
+
+    Unknown keys raise ``TypeError`` naming them and the valid keys.
+    """
+    global _current
+    valid = {f.name for f in attrs.fields(Config)}
+    unknown = sorted(set(settings) - valid)
+    if unknown:
+        raise TypeError(f"unknown configuration keys {unknown}; valid keys: {sorted(valid)}")
+    candidate = {**_overrides, **settings}
+    Config(**{**_from_env(), **candidate})  # validate before committing
+    _overrides.update(settings)
+    _current = None

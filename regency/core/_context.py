@@ -1,0 +1,80 @@
+"""What the code running now is: which actor, at which rank, handling which message."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ._shape import Extent, Point
+
+if TYPE_CHECKING:
+    from ._mesh import ProcMesh
+
+
+@attrs.frozen
+class ActorInstance:
+    """The actor that is running (the controller's root client outside any actor)."""
+
+    name: str
+    actor_id: str
+    #: This actor's Point in the mesh it was spawned as.
+    rank: Point
+    proc_id: str
+    _proc_address: str
+
+    @property
+    def proc(self) -> ProcMesh:
+        from ._mesh import ProcMesh
+
+        return ProcMesh._single(self.proc_id, self._proc_address)
+
+    @property
+    def proc_mesh(self) -> ProcMesh:
+        return self.proc
+
+
+@attrs.frozen
+class Context:
+    actor_instance: ActorInstance
+    #: The Point of this actor within the slice the current message was sent to.
+    message_rank: Point
+
+
+_EMPTY = Extent([], [])
+current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "regency_context", default=None
+)
+
+
+def root_context(proc_id: str, address: str) -> Context:
+    point = Point(0, _EMPTY)
+    return Context(ActorInstance("client", f"{proc_id}/client", point, proc_id, address), point)
+
+
+def context() -> Context:
+    """The current actor and message (Monarch's ``context()``)."""
+    ctx = current.get()
+    if ctx is not None:
+        return ctx
+    from ._runtime import current_runtime
+
+    rt = current_runtime()
+    return root_context(rt.proc_id, rt.address)
+
+
+def current_rank() -> Point:
+    """This actor's Point in its mesh."""
+    return context().actor_instance.rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of this actor's mesh, by dim."""
+    return dict(context().actor_instance.rank.extent)
+
+
+def current_actor_name() -> str:
+    return context().actor_instance.name
+
+

@@ -1,0 +1,79 @@
+"""Errors that cross process boundaries travel as data (type name, message, traceback text),
+so they unpickle anywhere, even where the remote exception's class cannot be imported."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class RemoteFailure:
+    """An exception raised in another actor, as plain data."""
+
+    type_name: str
+    message: str
+    traceback: str
+    #: The exception itself, pickled, when it could be; restored lazily at the receiver.
+    pickled: bytes | None = None
+
+    @classmethod
+    def capture(cls, exc: BaseException) -> RemoteFailure:
+        tb = "".join(traceback.format_exception(exc))
+        try:
+            pickled: bytes | None = pickle.dumps(exc, protocol=5)
+        except Exception:
+            pickled = None
+        return cls(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb, pickled)
+
+    def exception(self) -> BaseException:
+        if self.pickled is not None:
+            try:
+                exc = pickle.loads(self.pickled)
+                if isinstance(exc, BaseException):
+                    return exc
+            except Exception:
+                pass
+        return RemoteException(self.type_name, self.message)
+
+
+class RemoteException(Exception):
+    """Stands in for a remote exception whose class could not be restored here."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+
+
+class ActorError(Exception):
+    """An endpoint raised while the caller waited for its reply.
+
+    ``exception`` is the remote exception (or a :class:`RemoteException` stand-in), and the
+    message carries the remote traceback. The actor that raised keeps serving.
+    """
+
+    def __init__(self, endpoint: str, failure: RemoteFailure, rank: int | None = None) -> None:
+        where = f" on rank {rank}" if rank is not None else ""
+        super().__init__(
+            f"Actor call {endpoint} failed{where}: {failure.type_name}: {failure.message}\n"
+            f"Remote traceback:\n{failure.traceback}"
+        )
+        self.endpoint = endpoint
+        self.failure = failure
+        self.rank = rank
+        self.exception = failure.exception()
+        self.message = failure.message
+
+    def __reduce__(self) -> Any:
+        return (ActorError, (self.endpoint, self.failure, self.rank))
+
+
+class SupervisionError(RuntimeError):
+    """A call cannot complete because the actor, its proc or the link to it failed."""
+
+
+class UndeliverableError(SupervisionError):
+    """The message could not reach its destination."""

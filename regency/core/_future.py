@@ -1,0 +1,177 @@
+"""Futures that any thread and any event loop can wait on.
+
+A Regency future is resolved exactly once, usually on a runtime's trio thread when a reply
+arrives, and can be observed from:
+
+* a plain thread: ``fut.get(timeout=...)`` blocks that thread only;
+* trio code: ``await fut``;
+* asyncio code (Jupyter): ``await fut``.
+
+The result or exception is cached, so every observer sees the same outcome.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+import sniffio
+import trio
+
+R = TypeVar("R")
+_PENDING = object()
+
+#: Thread ids that run a runtime's trio loop: blocking there would freeze message delivery.
+runtime_threads: set[int] = set()
+
+
+class Future(Generic[R]):
+    """The eventual value of a remote call (Monarch's ``Future``)."""
+
+    __slots__ = ("_callbacks", "_event", "_exception", "_lock", "_value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: Any = _PENDING
+        self._exception: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    # -- resolution (runtime side) -------------------------------------------------------
+
+    def set_result(self, value: R) -> None:
+        self._resolve(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._resolve(None, exc)
+
+    def _resolve(self, value: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            if self.done():
+                return
+            self._exception = exc
+            self._value = value
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = []
+        if event is not None:
+            event.set()
+        for callback in callbacks:
+            callback()
+
+    def done(self) -> bool:
+        return self._value is not _PENDING or self._exception is not None
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once resolved, on the resolving thread (now, if already done)."""
+        with self._lock:
+            if not self.done():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    # -- observation ---------------------------------------------------------------------
+
+    def _outcome(self) -> R:
+        if self._exception is not None:
+            raise self._exception
+        value: R = self._value
+        return value
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block this thread until resolved; ``TimeoutError`` after ``timeout`` seconds.
+
+        A timeout does not cancel the call: ``get`` may be called again later.
+        """
+        if not self.done():
+            if threading.get_ident() in runtime_threads:
+                raise RuntimeError(
+                    "Future.get() would block the runtime's event loop; "
+                    "use `await fut` inside async endpoints"
+                )
+            with self._lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self.done():
+                        self._event.set()
+                event = self._event
+            if not event.wait(timeout):
+                raise TimeoutError(f"future not resolved within {timeout} s")
+        return self._outcome()
+
+    def result(self, timeout: float | None = None) -> R:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as exc:
+            return exc
+        return None
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if self.done():
+            return self._outcome()
+        library = sniffio.current_async_library()
+        if library == "trio":
+            yield from self._wait_trio().__await__()
+        elif library == "asyncio":
+            yield from self._wait_asyncio().__await__()
+        else:  # pragma: no cover
+            raise RuntimeError(f"cannot await a Regency Future from {library}")
+        return self._outcome()
+
+    async def _wait_trio(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+        thread = threading.get_ident()
+        event = trio.Event()
+
+        def wake() -> None:
+            if threading.get_ident() == thread:
+                event.set()
+            else:
+                try:
+                    token.run_sync_soon(event.set)
+                except trio.RunFinishedError:
+                    pass
+
+        self.add_done_callback(wake)
+        await event.wait()
+
+    async def _wait_asyncio(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            def settle() -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            loop.call_soon_threadsafe(settle)
+
+        self.add_done_callback(wake)
+        await waiter
+
+    def as_asyncio(self) -> Any:
+        """Return an asyncio awaitable (Monarch compatibility)."""
+        return self._wait_then_outcome()
+
+    async def _wait_then_outcome(self) -> R:
+        return await self
+
+    def __repr__(self) -> str:
+        if not self.done():
+            return "<Future pending>"
+        if self._exception is not None:
+            return f"<Future failed: {self._exception!r}>"
+        return f"<Future done: {self._value!r}>"
+
+
+def resolved(value: R) -> Future[R]:
+    fut: Future[R] = Future()
+    fut.set_result(value)
+    return fut

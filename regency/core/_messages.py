@@ -1,0 +1,32 @@
+"""The kinds of runtime frames and the layout of their envelopes.
+
+Envelopes are plain tuples (fast to pickle, no class lookup at the receiver); the first field
+is the kind. ``port`` fields are ``(address, port_id)`` or ``None`` when no reply is wanted.
+
+=============  ==============================================================  ============
+kind           envelope fields after the kind                                  payload
+=============  ==============================================================  ============
+CALL           actor_key, method, port, rank, labels, sizes                    (args, kwargs)
+PORT           port_id, index, status                                          value
+SPAWN          actor_key, name, rank, labels, sizes, port                      (cls, args, kwargs)
+STOP_ACTOR     actor_key, port                                                 -
+STOP_PROC      port                                                            -
+HELLO          proc_id, address                                                -
+=============  ==============================================================  ============
+"""
+
+from __future__ import annotations
+
+CALL = 0
+PORT = 1
+SPAWN = 2
+STOP_ACTOR = 3
+STOP_PROC = 4
+HELLO = 5
+
+# PORT statuses
+OK = 0
+#: The endpoint raised; the payload is a RemoteFailure. The actor goes on.
+ERROR = 1
+#: The actor cannot take calls (failed, stopped); the payload is a RemoteFailure.
+DEAD = 2

@@ -1,0 +1,561 @@
+"""The per-process runtime: one trio loop that owns this process's connections, actors and
+reply ports.
+
+Every process of a job (the controller and each proc) runs exactly one :class:`Runtime`. It
+listens on one address, dials peers lazily through an :class:`Outbox` per destination,
+dispatches incoming frames to actor mailboxes and reply ports, and starts child procs through
+a :class:`~regency.core._launcher.ProcLauncher`. It reaches the network only through
+:mod:`regency.transports`.
+
+Ordering: a sender always uses the one connection it dialed to a destination, so frames from
+one sender to one receiver arrive in send order; mailboxes are FIFO, so handling is in order.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import random
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from .. import transports
+from . import _codec, _messages as M
+from ._config import Config, current_config
+from ._errors import RemoteFailure, UndeliverableError
+from ._future import Future, runtime_threads
+from ._launcher import LocalLauncher, ProcHandle, ProcLauncher
+from ._mailbox import ActorCell
+
+log = logging.getLogger("regency.runtime")
+
+
+class PortHandler(Protocol):
+    """Receives what arrives on one reply port. Called on the runtime's trio thread."""
+
+    #: Addresses of the procs this port waits on; a lost link to one fails the port.
+    dests: frozenset[str]
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        """Handle one message; return True when the port is finished and can be closed."""
+
+    def fail(self, exc: BaseException) -> None:
+        """The port can no longer complete (a destination is unreachable)."""
+
+
+class Outbox:
+    """The way out to one destination address: queues until connected, then writes through.
+
+    ``send`` is thread-safe and never blocks. The first send schedules the connect on the
+    trio thread; frames sent meanwhile queue here and are flushed, in order, before the
+    connection is published to later senders.
+    """
+
+    def __init__(self, runtime: Runtime, address: str) -> None:
+        self._rt = runtime
+        self.address = address
+        self._conn: transports.Connection | None = None
+        self._lock = threading.Lock()
+        self._pending: list[bytes] = []
+        self._connecting = False
+        self._error: BaseException | None = None
+
+    def send(self, frame: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            with self._lock:
+                if self._error is not None:
+                    raise UndeliverableError(
+                        f"cannot deliver to the proc at {self.address}: {self._error}"
+                    )
+                conn = self._conn
+                if conn is None:
+                    self._pending.append(frame)
+                    if not self._connecting:
+                        self._connecting = True
+                        self._rt.call_soon(self._start)
+                    return
+        try:
+            conn.send_nowait(frame)
+        except transports.TransportError as exc:
+            self._broken(exc)
+            raise UndeliverableError(
+                f"cannot deliver to the proc at {self.address}: {exc}"
+            ) from None
+
+    def _start(self) -> None:
+        self._rt.nursery.start_soon(self._connect)
+
+    async def _connect(self) -> None:
+        try:
+            ready = self._rt.child_ready.get(self.address)
+            if ready is not None:
+                with trio.fail_after(self._rt.config.spawn_timeout):
+                    await ready.wait()
+                if self._error is not None:
+                    return
+            conn = await self._rt.transport.connect(self.address, _OutboundSink(self))
+        except (transports.TransportError, trio.TooSlowError, OSError, ValueError) as exc:
+            if isinstance(exc, trio.TooSlowError):
+                exc = TimeoutError(
+                    f"proc did not start within spawn_timeout={self._rt.config.spawn_timeout} s"
+                )
+            self._broken(exc)
+            return
+        with self._lock:
+            try:
+                for frame in self._pending:
+                    conn.send_nowait(frame)
+            except transports.TransportError as exc:
+                self._pending.clear()
+                self._error = exc
+            else:
+                self._pending.clear()
+                self._conn = conn
+                return
+        self._rt.link_failed(self.address, exc)
+
+    def _broken(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._error is not None:
+                return
+            self._error = exc
+            self._pending.clear()
+            self._conn = None
+        self._rt.link_failed(self.address, exc)
+
+    def close(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.close()
+
+
+class _OutboundSink:
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+
+    def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
+        self._outbox._rt.on_frame(frame)
+
+    def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
+        self._outbox._broken(exc or transports.ConnectionClosed("connection closed"))
+
+
+class _InboundSink:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
+        self._rt.on_frame(frame)
+
+    def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
+        pass
+
+
+class Child:
+    """A proc this runtime launched."""
+
+    def __init__(self, proc_id: str, address: str) -> None:
+        self.proc_id = proc_id
+        self.address = address
+        self.handle: ProcHandle | None = None
+        self.returncode: int | None = None
+        self.exited = trio.Event()
+
+
+def _free_tcp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Runtime:
+    """One process's runtime. Create it, then run :meth:`serve` on a trio loop."""
+
+    def __init__(
+        self,
+        proc_id: str,
+        *,
+        secret: bytes,
+        jobdir: str,
+        config: Config,
+        address: str | None = None,
+        parent_address: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.proc_id = proc_id
+        self.secret = secret
+        self.jobdir = jobdir
+        self.config = config
+        self.address = address or self._default_address(proc_id)
+        self.parent_address = parent_address
+        self.rng = random.Random(seed)
+        self.actors: dict[str, ActorCell] = {}
+        #: Keys of actors that stopped or failed here, with why (later messages bounce).
+        self.dead: dict[str, RemoteFailure] = {}
+        #: Messages for actors whose SPAWN has not arrived yet (a third party may know the
+        #: mesh before the SPAWN from its owner reaches this proc).
+        self.limbo: dict[str, list[tuple[Any, ...]]] = {}
+        self.ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self._outboxes: dict[str, Outbox] = {}
+        self._outbox_lock = threading.Lock()
+        self.child_ready: dict[str, trio.Event] = {}
+        self.children: dict[str, Child] = {}
+        self._child_ids = itertools.count()
+        self._names = itertools.count()
+        self.started = threading.Event()
+        self.thread_id: int | None = None
+        self.launcher: ProcLauncher | None = None
+        self.on_child_exit: list[Callable[[Child], None]] = []
+
+    def _default_address(self, proc_id: str) -> str:
+        if self.config.default_transport == "unix":
+            return f"unix://{self.jobdir}/{proc_id}.sock"
+        if self.config.default_transport == "tcp":
+            return f"tcp://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
+        if self.config.default_transport == "nng+ipc":
+            return f"nng+ipc://{self.jobdir}/{proc_id}.nng"
+        scheme = self.config.default_transport
+        return f"{scheme}://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`stop`. Signals readiness once listening."""
+        self.thread_id = threading.get_ident()
+        runtime_threads.add(self.thread_id)
+        self.token = trio.lowlevel.current_trio_token()
+        self._stop_event = trio.Event()
+        try:
+            async with transports.open_transport(
+                self.secret, max_frame_bytes=self.config.max_frame_bytes
+            ) as transport, trio.open_nursery() as nursery:
+                self.transport = transport
+                self.nursery = nursery
+                self.launcher = self.launcher or LocalLauncher(nursery)
+                listener = await transport.listen(self.address, lambda c: _InboundSink(self))
+                self.address = listener.address
+                # Frames this process sends to itself take the in-process transport.
+                self._loopback = await transport.listen(
+                    f"inproc://{self.proc_id}-{os.getpid()}-{id(self)}",
+                    lambda c: _InboundSink(self),
+                )
+                if self.parent_address is not None:
+                    self.outbox(self.parent_address).send(
+                        _codec.pack((M.HELLO, self.proc_id, self.address))
+                    )
+                self.started.set()
+                task_status.started()
+                await self._stop_event.wait()
+                self._shutdown_children()
+                nursery.cancel_scope.cancel()
+        finally:
+            runtime_threads.discard(self.thread_id)
+            for cell in list(self.actors.values()):
+                cell.abandon()
+            for handler in list(self.ports.values()):
+                handler.fail(UndeliverableError("the runtime stopped"))
+            self.ports.clear()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return. Thread-safe."""
+        self.call_soon(lambda: self._stop_event.set())
+
+    def _shutdown_children(self) -> None:
+        for child in self.children.values():
+            if child.handle is not None and child.returncode is None:
+                child.handle.kill()
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the runtime's trio thread (now, if already there)."""
+        if threading.get_ident() == self.thread_id:
+            fn()
+        else:
+            self.token.run_sync_soon(fn)
+
+    def on_runtime_thread(self) -> bool:
+        return threading.get_ident() == self.thread_id
+
+    # -- sending -------------------------------------------------------------------------
+
+    def outbox(self, address: str) -> Outbox:
+        box = self._outboxes.get(address)
+        if box is None:
+            with self._outbox_lock:
+                box = self._outboxes.get(address)
+                if box is None:
+                    target = self._loopback.address if address == self.address else address
+                    box = Outbox(self, target)
+                    self._outboxes[address] = box
+        return box
+
+    def send(self, address: str, frame: bytes) -> None:
+        """Send a frame to the runtime at ``address``. Thread-safe, never blocks."""
+        self.outbox(address).send(frame)
+
+    def new_name(self, prefix: str) -> str:
+        return f"{self.proc_id}.{prefix}{next(self._names)}"
+
+    # -- reply ports ---------------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler) -> tuple[str, int]:
+        port_id = next(self._port_ids)
+        self.ports[port_id] = handler
+        return (self.address, port_id)
+
+    def close_port(self, port_id: int) -> None:
+        self.ports.pop(port_id, None)
+
+    def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
+        """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
+        address, port_id = port
+        self.send(address, _codec.pack((M.PORT, port_id, index, status), _codec.dumps(value)))
+
+    def link_failed(self, address: str, exc: BaseException) -> None:
+        """The way to ``address`` is gone: fail every port that waits on it."""
+
+        def fail_ports() -> None:
+            error = UndeliverableError(f"lost the link to the proc at {address}: {exc}")
+            for port_id, handler in list(self.ports.items()):
+                if address in handler.dests:
+                    del self.ports[port_id]
+                    handler.fail(error)
+
+        self.call_soon(fail_ports)
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def on_frame(self, frame: memoryview) -> None:
+        """Dispatch one frame. A malformed frame raises, closing that one connection."""
+        envelope, parts = _codec.unpack(frame)
+        kind = envelope[0]
+        if kind == M.CALL:
+            _, key, method, port, rank, labels, sizes = envelope
+            try:
+                args = _codec.loads(parts)
+            except Exception as exc:
+                args = exc
+            self._to_actor(key, ("call", method, args, port, rank, (rank, labels, sizes)))
+        elif kind == M.PORT:
+            _, port_id, index, status = envelope
+            handler = self.ports.get(port_id)
+            if handler is None:
+                return  # a late reply to a port that finished or timed out
+            try:
+                finished = handler.deliver(index, status, parts)
+            except Exception as exc:
+                log.exception("reply port %s failed", port_id)
+                handler.fail(exc)
+                finished = True
+            if finished:
+                self.ports.pop(port_id, None)
+        elif kind == M.SPAWN:
+            _, key, name, rank, labels, sizes, port = envelope
+            try:
+                payload = _codec.loads(parts)
+            except Exception as exc:
+                payload = exc
+            self._spawn(key, name, (rank, labels, sizes), payload, port)
+        elif kind == M.STOP_ACTOR:
+            _, key, port = envelope
+            self._to_actor(key, ("stop", port))
+        elif kind == M.STOP_PROC:
+            (_, port) = envelope
+            if port is not None:
+                self.send_port(port, 0, M.OK, None)
+            self.stop()
+        elif kind == M.HELLO:
+            _, proc_id, address = envelope
+            ready = self.child_ready.pop(address, None)
+            if ready is not None:
+                ready.set()
+        else:
+            raise ValueError(f"unknown frame kind {kind!r}")
+
+    def _to_actor(self, key: str, item: tuple[Any, ...]) -> None:
+        cell = self.actors.get(key)
+        if cell is not None:
+            cell.enqueue(item)
+            return
+        failure = self.dead.get(key)
+        if failure is None:
+            self.limbo.setdefault(key, []).append(item)
+            return
+        bounce(self, item, failure)
+
+    def _spawn(
+        self,
+        key: str,
+        name: str,
+        point: tuple[int, list[str], list[int]],
+        payload: Any,
+        port: tuple[str, int] | None,
+    ) -> None:
+        if key in self.actors or key in self.dead:
+            raise ValueError(f"actor {key!r} already exists on proc {self.proc_id}")
+        cell = ActorCell(self, key, name, point, payload, port)
+        self.actors[key] = cell
+        cell.start()
+        for item in self.limbo.pop(key, []):
+            cell.enqueue(item)
+
+    def actor_gone(self, cell: ActorCell, failure: RemoteFailure) -> None:
+        """A cell stopped or failed: later messages to it bounce with ``failure``."""
+        self.actors.pop(cell.key, None)
+        self.dead[cell.key] = failure
+
+    # -- child procs ---------------------------------------------------------------------
+
+    def plan_procs(self, count: int, name: str) -> list[Child]:
+        """Name and address ``count`` new procs. Thread-safe; starts nothing."""
+        children = []
+        for _ in range(count):
+            proc_id = f"{self.proc_id}.{name}{next(self._child_ids)}"
+            child = Child(proc_id, self._default_address(proc_id))
+            # Sends to the child wait for its HELLO; the event exists before any send.
+            self.child_ready[child.address] = trio.Event()
+            children.append(child)
+        return children
+
+    def launch_procs(
+        self, children: list[Child], env: dict[str, str] | None, boot: str | None
+    ) -> None:
+        """Start planned procs (on the trio thread); they connect back when ready."""
+        assert self.on_runtime_thread()
+        assert self.launcher is not None
+        for child in children:
+            bootstrap = {
+                "proc_id": child.proc_id,
+                "address": child.address,
+                "parent_address": self.address,
+                "secret": self.secret.hex(),
+                "jobdir": self.jobdir,
+                "config": self.config.to_env(),
+                "sys_path": list(sys.path),
+                "parent_pid": os.getpid(),
+                "boot": boot,
+            }
+            self.children[child.address] = child
+            child.handle = self.launcher.launch(
+                bootstrap, dict(env or {}), functools.partial(self._child_exited, child)
+            )
+
+    def _child_exited(self, child: Child, code: int) -> None:
+        child.returncode = code
+        child.exited.set()
+        ready = self.child_ready.pop(child.address, None)
+        if ready is not None:
+            ready.set()  # wakes senders waiting for it; they find the outbox broken
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        error = ProcessLookupError(f"proc {child.proc_id} {how}")
+        self.outbox(child.address)._broken(error)
+        for hook in self.on_child_exit:
+            hook(child)
+
+
+def bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
+    """Answer a message for an actor that cannot take it."""
+    if item[0] == "call":
+        port, index = item[3], item[4]
+    elif item[0] == "stop":
+        port, index = item[1], 0
+        if port is not None:
+            rt.send_port(port, index, M.OK, None)
+        return
+    else:
+        return
+    if port is not None:
+        rt.send_port(port, index, M.DEAD, failure)
+
+
+# -- this process's runtime ----------------------------------------------------------------
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def set_current_runtime(rt: Runtime) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def current_runtime() -> Runtime:
+    """This process's runtime; in a controller the first call starts it on its own thread."""
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _runtime_lock:
+        if _runtime is None:
+            _start_controller()
+        assert _runtime is not None
+        return _runtime
+
+
+def _start_controller() -> None:
+    global _runtime
+    import atexit
+
+    jobdir = tempfile.mkdtemp(prefix="regency-")
+    os.chmod(jobdir, 0o700)
+    rt = Runtime(
+        f"c{os.getpid()}",
+        secret=secrets.token_bytes(32),
+        jobdir=jobdir,
+        config=current_config(),
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            trio.run(rt.serve)
+        except BaseException as exc:  # surfaced to the thread that started us
+            errors.append(exc)
+            rt.started.set()
+
+    thread = threading.Thread(target=run, name="regency-runtime", daemon=True)
+    thread.start()
+    rt.started.wait()
+    if errors:
+        raise RuntimeError(f"regency runtime failed to start: {errors[0]!r}") from errors[0]
+    _runtime = rt
+    atexit.register(_shutdown_controller, rt, thread, jobdir)
+
+
+def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> None:
+    global _runtime
+    from ._mesh import stop_owned_procs
+
+    try:
+        stop_owned_procs(rt, timeout=1.0)
+    finally:
+        rt.stop()
+        thread.join(timeout=2.0)
+        _runtime = None
+        import shutil
+
+        shutil.rmtree(jobdir, ignore_errors=True)
+
+
+def run_on_runtime(rt: Runtime, fn: Callable[[], Any]) -> Future[Any]:
+    """Run ``fn()`` on the runtime's trio thread; its result resolves the future."""
+    fut: Future[Any] = Future()
+
+    def call() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:
+            fut.set_exception(exc)
+
+    rt.call_soon(call)
+    return fut
