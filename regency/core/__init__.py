@@ -5,9 +5,22 @@ and starts processes only through a :class:`ProcLauncher`.
 """
 
 from ._config import Config, configure, current_config
-from ._context import ActorInstance, Context, context, current_actor_name, current_rank, current_size
+from ._context import (
+    ActorInstance,
+    Context,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+)
 from ._endpoint import Actor, EndpointSpec, endpoint
-from ._errors import ActorError, RemoteException, RemoteFailure, SupervisionError, UndeliverableError
+from ._errors import (
+    ActorError,
+    RemoteException,
+    RemoteFailure,
+    SupervisionError,
+    UndeliverableError,
+)
 from ._future import Future
 from ._launcher import LocalLauncher, ProcLauncher
 from ._mesh import (

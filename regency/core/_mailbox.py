@@ -15,6 +15,7 @@ thread-safe), without a hop back to the trio thread.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -202,15 +203,19 @@ class ActorCell:
         self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any], bool]:
         """Return (function, args, kwargs, explicit_port) or raise what the caller should see."""
-        _, method, payload, port, index, msg_point = item
-        if spec is None:
-            raise AttributeError(
-                f"{type(self.obj).__name__} has no endpoint {method!r}; "
-                f"endpoints: {sorted(self.endpoints)}"
-            )
+        _, method, payload, port, index, _msg_point = item
         if isinstance(payload, BaseException):
             raise payload
         args, kwargs = payload
+        if spec is None:
+            # A plain method called through as_endpoint().
+            fn = getattr(type(self.obj), method, None)
+            if method.startswith("_") or not callable(fn):
+                raise AttributeError(
+                    f"{type(self.obj).__name__} has no endpoint {method!r}; "
+                    f"endpoints: {sorted(self.endpoints)}"
+                )
+            return fn, args, kwargs, False
         if spec.explicit_response_port:
             from ._mesh import Port
 
@@ -225,6 +230,9 @@ class ActorCell:
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             result = fn(self.obj, *args, **kwargs)
+            if inspect.iscoroutine(result):  # an async plain method via as_endpoint
+                coro = result
+                result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
         except Exception as exc:
             self._failed(item, exc)
         else:
@@ -239,7 +247,7 @@ class ActorCell:
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             result = fn(self.obj, *args, **kwargs)
-            if spec is not None and spec.is_async:
+            if inspect.iscoroutine(result):
                 result = await result
         except Exception as exc:
             self._failed(item, exc)

@@ -14,11 +14,12 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from . import _codec, _messages as M
+from . import _codec
+from . import _messages as M
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import ActorError, RemoteFailure, SupervisionError, UndeliverableError
 from ._future import Future
-from ._runtime import Child, Runtime, current_runtime, run_on_runtime
+from ._runtime import Child, Runtime, current_runtime
 from ._shape import MeshAlgebra, Shape, ValueMesh
 
 A = TypeVar("A", bound=Actor)
@@ -387,7 +388,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         self._procs, self._shape = procs, shape
         self._init = init
 
-    def _with_shape(self, shape: Shape) -> ActorMesh[A]:  # type: ignore[override]
+    def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._key, self._name, self._cls, self._procs, shape, self._init)
 
     def __reduce__(self) -> Any:
@@ -445,7 +446,7 @@ class ProcMesh(MeshAlgebra):
     def _single(cls, proc_id: str, address: str) -> ProcMesh:
         return cls(((proc_id, address),), Shape.full([], []))
 
-    def _with_shape(self, shape: Shape) -> ProcMesh:  # type: ignore[override]
+    def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._procs, shape, self._ready)
 
     def __reduce__(self) -> Any:
@@ -534,7 +535,7 @@ class HostMesh(MeshAlgebra):
     def __init__(self, shape: Shape) -> None:
         self._shape = shape
 
-    def _with_shape(self, shape: Shape) -> HostMesh:  # type: ignore[override]
+    def _with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh(shape)
 
     def spawn_procs(
@@ -546,7 +547,7 @@ class HostMesh(MeshAlgebra):
     ) -> ProcMesh:
         """Start one OS process per point of ``per_host`` on each host. Returns at once."""
         per_host = dict(per_host or {})
-        for dim, size in per_host.items():
+        for _dim, size in per_host.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ValueError(f"per_host sizes must be positive integers (got {per_host})")
         if env is not None and not all(

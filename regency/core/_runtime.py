@@ -29,7 +29,8 @@ from typing import Any, Protocol
 import trio
 
 from .. import transports
-from . import _codec, _messages as M
+from . import _codec
+from . import _messages as M
 from ._config import Config, current_config
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import Future, runtime_threads
@@ -116,13 +117,12 @@ class Outbox:
                 for frame in self._pending:
                     conn.send_nowait(frame)
             except transports.TransportError as exc:
-                self._pending.clear()
-                self._error = exc
+                error: BaseException = exc
             else:
                 self._pending.clear()
                 self._conn = conn
                 return
-        self._rt.link_failed(self.address, exc)
+        self._broken(error)
 
     def _broken(self, exc: BaseException) -> None:
         with self._lock:
@@ -376,7 +376,7 @@ class Runtime:
                 self.send_port(port, 0, M.OK, None)
             self.stop()
         elif kind == M.HELLO:
-            _, proc_id, address = envelope
+            _, _proc_id, address = envelope
             ready = self.child_ready.pop(address, None)
             if ready is not None:
                 ready.set()

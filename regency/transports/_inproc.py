@@ -14,7 +14,6 @@ from collections import deque
 
 import trio
 
-from ._base import log
 from ._base import (
     Connection,
     ConnectionBroken,
@@ -23,6 +22,7 @@ from ._base import (
     Listener,
     SinkFactory,
     Transport,
+    log,
 )
 
 _registry_lock = threading.Lock()

@@ -24,7 +24,6 @@ import trio
 
 from . import _auth
 from ._base import (
-    DEFAULT_MAX_FRAME_BYTES,
     AuthenticationError,
     Connection,
     ConnectionBroken,
