@@ -80,20 +80,18 @@ def unpack(frame: memoryview) -> tuple[tuple[Any, ...], list[memoryview]]:
     if env_len > len(frame) - _U32:
         raise ValueError(f"frame envelope length {env_len} exceeds the frame ({len(frame)} bytes)")
     envelope = pickle.loads(frame[_U32 : _U32 + env_len])
-    if not isinstance(envelope, tuple) or not envelope or not isinstance(envelope[-1], list):
+    if type(envelope) is not tuple or not envelope or type(envelope[-1]) is not list:
         raise ValueError("frame envelope is not a Regency envelope")
     offset = _U32 + env_len
+    sizes = envelope[-1]
+    if len(sizes) == 1 and type(sizes[0]) is int and offset + sizes[0] == len(frame):
+        return envelope[:-1], [frame[offset:]]  # the common case: one payload part
     parts: list[memoryview] = []
-    for size in envelope[-1]:
-        if not isinstance(size, int) or size < 0 or offset + size > len(frame):
+    for size in sizes:
+        if type(size) is not int or size < 0 or offset + size > len(frame):
             raise ValueError("frame payload lengths do not match the frame")
         parts.append(frame[offset : offset + size])
         offset += size
     if offset != len(frame):
         raise ValueError(f"frame has {len(frame) - offset} trailing bytes")
     return envelope[:-1], parts
-
-
-def dumps_copy(parts: Sequence[bytes | memoryview]) -> list[bytes]:
-    """Copy payload views out of a frame buffer that is about to be reused."""
-    return [bytes(p) for p in parts]

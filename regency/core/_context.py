@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -35,11 +36,33 @@ class ActorInstance:
         return self.proc
 
 
-@attrs.frozen
 class Context:
-    actor_instance: ActorInstance
-    #: The Point of this actor within the slice the current message was sent to.
-    message_rank: Point
+    """The running actor and the message it handles (Monarch's ``context()``).
+
+    ``message_rank`` is built on first use: most handlers never ask, and building a Point
+    for every message would cost more than the rest of dispatch.
+    """
+
+    __slots__ = ("_message_rank", "_spec", "actor_instance")
+
+    def __init__(
+        self,
+        actor_instance: ActorInstance,
+        message_rank: Point | None = None,
+        spec: tuple[int, Sequence[str], Sequence[int]] | None = None,
+    ) -> None:
+        self.actor_instance = actor_instance
+        self._message_rank = message_rank
+        self._spec = spec
+
+    @property
+    def message_rank(self) -> Point:
+        """The Point of this actor within the slice the current message was sent to."""
+        if self._message_rank is None:
+            assert self._spec is not None
+            rank, labels, sizes = self._spec
+            self._message_rank = Point(rank, Extent(labels, sizes))
+        return self._message_rank
 
 
 _EMPTY = Extent([], [])

@@ -12,6 +12,7 @@ The result or exception is cached, so every observer sees the same outcome.
 
 from __future__ import annotations
 
+import _thread
 import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
@@ -35,7 +36,9 @@ class Future(Generic[R]):
         self._lock = threading.Lock()
         self._value: Any = _PENDING
         self._exception: BaseException | None = None
-        self._event: threading.Event | None = None
+        # A lock held while a thread waits in get(); the resolver releases it. Cheaper to wake
+        # than threading.Event, which matters on the round-trip path.
+        self._event: Any = None
         self._callbacks: list[Callable[[], None]] = []
 
     # -- resolution (runtime side) -------------------------------------------------------
@@ -55,7 +58,7 @@ class Future(Generic[R]):
             event, callbacks = self._event, self._callbacks
             self._callbacks = []
         if event is not None:
-            event.set()
+            event.release()
         for callback in callbacks:
             callback()
 
@@ -91,12 +94,13 @@ class Future(Generic[R]):
                 )
             with self._lock:
                 if self._event is None:
-                    self._event = threading.Event()
-                    if self.done():
-                        self._event.set()
+                    self._event = _thread.allocate_lock()
+                    if not self.done():
+                        self._event.acquire()
                 event = self._event
-            if not event.wait(timeout):
+            if not event.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
                 raise TimeoutError(f"future not resolved within {timeout} s")
+            event.release()  # let every other waiting thread through too
         return self._outcome()
 
     def result(self, timeout: float | None = None) -> R:

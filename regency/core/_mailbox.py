@@ -223,7 +223,7 @@ class ActorCell:
         return spec.fn, args, kwargs, spec.explicit_response_port
 
     def _context(self, item: tuple[Any, ...]) -> Context:
-        return Context(self.instance, _point(item[5]))
+        return Context(self.instance, spec=item[5])
 
     def _call_sync(self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None) -> None:
         token = current.set(self._context(item))

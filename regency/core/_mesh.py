@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
@@ -173,6 +173,14 @@ class _Acks:
 # -- endpoints -----------------------------------------------------------------------------
 
 
+class _Route(NamedTuple):
+    addresses: tuple[str, ...]  # by local rank
+    dest_sets: tuple[frozenset[str], ...]  # {address}, by local rank
+    all_dests: frozenset[str]
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+
 def _pickle_args(
     endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any], whole: Any = None
 ) -> list[Any]:
@@ -221,20 +229,19 @@ class Endpoint(Generic[R]):
         port: tuple[str, int] | None,
         payload: list[Any],
     ) -> None:
-        mesh = self._mesh
-        shape = mesh._shape
-        labels, sizes = list(shape.labels), list(shape.sizes)
-        key, procs = mesh._key, mesh._procs
+        route = self._mesh._route()
+        key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
+        lengths = [len(p) for p in payload]
         for local in local_ranks:
-            address = procs[shape.ranks[local]][1]
-            rt.send(
-                address,
-                _codec.pack((M.CALL, key, self._name, port, local, labels, sizes), payload),
-            )
+            envelope = pickle.dumps((M.CALL, key, name, port, local, labels, sizes, lengths), 5)
+            frame = b"".join((len(envelope).to_bytes(4, "little"), envelope, *payload))
+            rt.send(route.addresses[local], frame)
 
     def _dests(self, local_ranks: Sequence[int]) -> frozenset[str]:
-        shape, procs = self._mesh._shape, self._mesh._procs
-        return frozenset(procs[shape.ranks[r]][1] for r in local_ranks)
+        route = self._mesh._route()
+        if len(local_ranks) == 1:
+            return route.dest_sets[local_ranks[0]]
+        return route.all_dests
 
     def _fail_fast(self, rt: Runtime, handler: Any, port: tuple[str, int], exc: Exception) -> None:
         rt.close_port(port[1])
@@ -373,7 +380,7 @@ def send(
 class ActorMesh(MeshAlgebra, Generic[A]):
     """Actors of one class spawned on a proc mesh; each endpoint is an attribute."""
 
-    __slots__ = ("_cls", "_init", "_key", "_name", "_procs", "_shape")
+    __slots__ = ("_cached_route", "_cls", "_endpoints", "_init", "_key", "_name", "_procs", "_shape")
 
     def __init__(
         self,
@@ -387,6 +394,24 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         self._key, self._name, self._cls = key, name, cls
         self._procs, self._shape = procs, shape
         self._init = init
+        self._endpoints: dict[str, Endpoint[Any]] = {}
+        self._cached_route: _Route | None = None
+
+    def _route(self) -> _Route:
+        """Per-rank addresses and envelope fields, computed once per mesh object."""
+        route = self._cached_route
+        if route is None:
+            shape = self._shape
+            addresses = tuple(self._procs[r][1] for r in shape.ranks)
+            route = _Route(
+                addresses,
+                tuple(frozenset((a,)) for a in addresses),
+                frozenset(addresses),
+                shape.labels,
+                shape.sizes,
+            )
+            self._cached_route = route
+        return route
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._key, self._name, self._cls, self._procs, shape, self._init)
@@ -397,9 +422,14 @@ class ActorMesh(MeshAlgebra, Generic[A]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        cached = self._endpoints.get(name)
+        if cached is not None:
+            return cached
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointSpec):
-            return Endpoint(self, name)
+            ep: Endpoint[Any] = Endpoint(self, name)
+            self._endpoints[name] = ep
+            return ep
         if callable(attr):
             return _PlainMethod(self, name)
         raise AttributeError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -31,6 +32,9 @@ from ._base import (
 )
 from ._inproc import InprocTransport
 from ._sockets import SocketTransport
+
+if TYPE_CHECKING:
+    from ._nng import TlsSettings
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -84,9 +88,16 @@ class MultiTransport(Transport):
 
 @asynccontextmanager
 async def open_transport(
-    secret: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    secret: bytes,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    tls: TlsSettings | None = None,
 ) -> AsyncIterator[MultiTransport]:
-    """Open every backend; closing the context cancels all their connections."""
+    """Open every backend; closing the context cancels all their connections.
+
+    ``tls`` holds the certificates for ``nng+tls+tcp``; without it they are read from
+    ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and ``REGENCY_TLS_CA``.
+    """
     if len(secret) < 16:
         raise ValueError(f"job secret must be at least 16 bytes (got {len(secret)})")
     async with trio.open_nursery() as nursery:
@@ -99,7 +110,7 @@ async def open_transport(
         except ImportError:  # pragma: no cover - pynng is a hard dependency
             pass
         else:
-            backends.append(NngTransport(nursery, secret, max_frame_bytes))
+            backends.append(NngTransport(nursery, secret, max_frame_bytes, tls))
         try:
             yield MultiTransport(backends)
         finally:

@@ -11,11 +11,13 @@ single ``recv`` brought in. Frames are ``u32 little-endian length`` + payload.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import socket
 import stat
 import threading
+import time
 from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +42,10 @@ _HEADER = 4
 _RECV_BUFFER = 256 * 1024
 # Frames at or above this size are sent with sendmsg([header, frame]) to avoid a copy.
 _GATHER_THRESHOLD = 16 * 1024
+# Frames sent less than this many seconds after the previous one are queued for the writer
+# task, which sends a whole burst with one sendmsg; an isolated frame goes out at once.
+_BURST_WINDOW = 60e-6
+_MAX_IOV = 512
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -102,6 +108,9 @@ class SocketConnection(Connection):
         # is non-empty, new frames queue behind it (order) and the writer task owns flushing.
         self._pending: deque[memoryview] = deque()
         self._writer_wakeup = trio.Event()
+        # True while the writer task has been asked to flush and has not started yet.
+        self._kicked = False
+        self._last_send = 0.0
         self._closed = False
         self._error: BaseException | None = None
         self.sink: FrameSink | None = None
@@ -113,32 +122,43 @@ class SocketConnection(Connection):
     def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
         size = len(frame)
         header = size.to_bytes(_HEADER, "little")
+        now = time.perf_counter()
         with self._lock:
             if self._closed:
                 if self._error is not None:
                     raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
-            if self._pending:
-                self._pending.append(memoryview(header))
-                self._pending.append(memoryview(frame))
-                return
-            try:
-                if size >= _GATHER_THRESHOLD:
-                    sent = self._sock.sendmsg([header, frame])
+            burst = now - self._last_send < _BURST_WINDOW
+            self._last_send = now
+            if self._pending or burst:
+                # Coalesce: the writer task sends everything queued in one sendmsg.
+                if size < _GATHER_THRESHOLD:
+                    self._pending.append(memoryview(header + frame))
                 else:
-                    sent = self._sock.send(header + frame)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._fail_locked(exc)
-                raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
-            if sent == size + _HEADER:
-                return
-            if sent < _HEADER:
-                self._pending.append(memoryview(header)[sent:])
-                self._pending.append(memoryview(frame))
+                    self._pending.append(memoryview(header))
+                    self._pending.append(memoryview(frame))
+                if self._kicked:
+                    return
+                self._kicked = True
             else:
-                self._pending.append(memoryview(frame)[sent - _HEADER :])
+                try:
+                    if size >= _GATHER_THRESHOLD:
+                        sent = self._sock.sendmsg([header, frame])
+                    else:
+                        sent = self._sock.send(header + frame)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    self._fail_locked(exc)
+                    raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
+                if sent == size + _HEADER:
+                    return
+                if sent < _HEADER:
+                    self._pending.append(memoryview(header)[sent:])
+                    self._pending.append(memoryview(frame))
+                else:
+                    self._pending.append(memoryview(frame)[sent - _HEADER :])
+                self._kicked = True
         self._kick_writer()
 
     def _kick_writer(self) -> None:
@@ -151,15 +171,16 @@ class SocketConnection(Connection):
                 pass
 
     async def writer(self) -> None:
-        """Flush what ``send_nowait`` could not write at once. Runs as one task per connection."""
+        """Flush what ``send_nowait`` queued. Runs as one task per connection."""
         while not self._closed:
             await self._writer_wakeup.wait()
             self._writer_wakeup = trio.Event()
             while True:
                 with self._lock:
+                    self._kicked = False
                     if self._closed or not self._pending:
                         break
-                    chunk = list(self._pending)[:64]
+                    chunk = list(itertools.islice(self._pending, _MAX_IOV))
                     try:
                         sent = self._sock.sendmsg(chunk)
                     except BlockingIOError:
@@ -177,6 +198,9 @@ class SocketConnection(Connection):
                             sent = 0
                     if not self._pending:
                         break
+                    self._kicked = True
+                    if sent == 0:
+                        continue  # a partial batch went out; try the rest at once
                 await trio.lowlevel.wait_writable(self._sock)
         if self._error is not None:
             self._notify_lost()

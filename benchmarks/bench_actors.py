@@ -1,0 +1,82 @@
+"""Actor figures of issue #2, measured end to end with real processes.
+
+Run through ``make bench`` (``benchmarks/run.py``), or directly for one transport:
+``python -m benchmarks.bench_actors``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from regency.actor import Actor, endpoint, this_host
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: object = None) -> object:
+        return x
+
+    @endpoint
+    async def aping(self, x: object = None) -> object:
+        return x
+
+    @endpoint
+    def nbytes(self, data: bytes) -> int:
+        return len(data)
+
+
+def _median_us(fn: Callable[[], object], n: int, repeats: int = 5) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(samples)
+
+
+def run() -> list[tuple[str, str, float, str]]:
+    """Return rows of (figure, target, measured, unit)."""
+    rows: list[tuple[str, str, float, str]] = []
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    echo = procs.spawn("echo", Echo)
+    one = echo.slice(gpus=0)
+    echo.ping.call().get(30)
+    for _ in range(2000):
+        one.ping.call_one().get()
+    rows.append(("call_one round trip, sync endpoint", "<= 100", _median_us(lambda: one.ping.call_one().get(), 2000), "us"))
+    rows.append(("call_one round trip, async endpoint", "<= 100", _median_us(lambda: one.aping.call_one().get(), 2000), "us"))
+
+    def pipelined() -> float:
+        n = 20_000
+        t0 = time.perf_counter()
+        futs = [one.ping.call_one() for _ in range(n)]
+        for f in futs:
+            f.get()
+        return n / (time.perf_counter() - t0)
+
+    pipelined()
+    rows.append(("pipelined call_one, 20,000 calls", ">= 60,000", statistics.median(pipelined() for _ in range(5)), "calls/s"))
+    rows.append(("call over a 4-process mesh", "<= 250", _median_us(lambda: echo.ping.call().get(), 1000), "us"))
+    mib = b"x" * (1 << 20)
+    rows.append(("call_one with a 1 MiB bytes argument", "<= 600", _median_us(lambda: one.nbytes.call_one(mib).get(), 200), "us"))
+    procs.stop().get(30)
+
+    def spawn_until_first_reply() -> float:
+        t0 = time.perf_counter()
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        pm.spawn("e", Echo).ping.call().get(30)
+        elapsed = time.perf_counter() - t0
+        pm.stop().get(30)
+        return elapsed
+
+    spawn_until_first_reply()
+    rows.append(("spawn_procs of 2 procs until first reply", "<= 0.15", statistics.median(spawn_until_first_reply() for _ in range(5)), "s"))
+    return rows
+
+
+if __name__ == "__main__":
+    for figure, target, value, unit in run():
+        print(f"{figure:45s} {value:12,.1f} {unit:8s} target {target}")

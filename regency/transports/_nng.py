@@ -1,0 +1,838 @@
+"""nng through pynng: ``nng+tcp://HOST:PORT``, ``nng+ipc:///PATH``, ``nng+tls+tcp://HOST:PORT``.
+
+Not the default: nng hands every message through its own threads, so a round trip costs several
+times what the trio-socket backend's does (DESIGN.md, "Transports, measured"). It is here for
+TLS and for reaching peers through nng's transports.
+
+Wire use. A listener is one polyamorous ``Pair1`` socket, a dialer a plain ``Pair1`` socket that
+accepts exactly one pipe, and one nng pipe is one :class:`Connection`. Every pipe starts with
+the job-secret handshake of :mod:`._auth`, one nng message per step; until it completes,
+whatever a pipe carries is handshake input and never reaches a sink. After it, every message is
+``u32le acks`` followed by any number of ``u32le length + frame``: queued frames share one
+message, because nng's cost is per message.
+
+Flow control. A polyamorous socket *drops* a message when the pipe's two-slot send queue is full
+instead of waiting, which loses frames whenever a listener outruns its peer. So the listener
+keeps at most ``_WINDOW`` (2) messages per pipe unacknowledged, the server's handshake proof
+included: whenever it hands nng another message, at most one other can be queued. The dialer
+acknowledges each message it receives in the ``acks`` field of its next message (one without
+frames if it has nothing to send). Dialer-to-listener needs no window: a plain ``Pair1`` socket
+applies back pressure rather than dropping, and the listener's receive path waits too.
+
+Threads. :meth:`NngConnection.send_nowait` hands messages to nng with non-blocking sends under a
+per-connection lock, from whichever thread calls it; what nng cannot take yet is queued and
+flushed by one writer task per socket that waits on nng's ``send_fd``. One reader task per
+socket waits on ``recv_fd`` and drains with non-blocking receives. nng reports pipes coming and
+going on its own threads; those callbacks only post an event to the reader through the trio
+token, and the reader handles a removal only after draining the messages that preceded it.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import math
+import os
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+import pynng
+import trio
+
+from . import _auth
+from ._base import (
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    ConnectionClosed,
+    FrameSink,
+    Listener,
+    SinkFactory,
+    Transport,
+    TransportError,
+)
+from ._sockets import _check_private_dir
+
+log = logging.getLogger("regency.transports")
+
+ENV_CERT: Final = "REGENCY_TLS_CERT"
+ENV_KEY: Final = "REGENCY_TLS_KEY"
+ENV_CA: Final = "REGENCY_TLS_CA"
+
+_U32 = struct.Struct("<I")
+#: Unacknowledged messages a listener may have on one pipe (nng's per-pipe queue holds 2).
+_WINDOW = 2
+#: Frames are packed into one message up to this many bytes; a larger frame travels alone.
+_BATCH_BYTES = 256 * 1024
+#: The polyamorous socket's shared send queue: deep enough that non-blocking sends rarely fail,
+#: since the window already bounds what each pipe can have outstanding.
+_LISTENER_SEND_BUFFER = 1024
+_DIALER_SEND_BUFFER = 8
+_RECV_BUFFER = 64
+#: Seconds to establish the nng pipe (TCP connect and TLS) before giving up.
+_DIAL_TIMEOUT = 5.0
+#: A dialer never redials: its connection ends with its pipe.
+_NO_REDIAL_MS = 3_600_000
+#: Messages the reader handles between checkpoints, so a flood cannot starve other tasks.
+_DRAIN_BATCH = 64
+
+
+@attrs.frozen
+class TlsSettings:
+    """Where the PEM files for ``nng+tls+tcp`` live.
+
+    A listener presents ``cert_file`` and ``key_file``; a dialer verifies the listener's
+    certificate against ``ca_file`` and the host name it dialed. Dialers present no certificate:
+    the job-secret handshake already authenticates them.
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TlsSettings:
+        """Read ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and ``REGENCY_TLS_CA``."""
+        env = os.environ if environ is None else environ
+        return cls(
+            cert_file=env.get(ENV_CERT) or None,
+            key_file=env.get(ENV_KEY) or None,
+            ca_file=env.get(ENV_CA) or None,
+        )
+
+
+def _parse(address: str) -> tuple[str, str, str]:
+    """Split an address into (scheme, nng URL, host); host is empty for ipc."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme not in NngTransport.schemes:
+        raise ValueError(
+            f"address scheme must be one of {NngTransport.schemes} (got {address!r})"
+        )
+    url = address.removeprefix("nng+")
+    if scheme == "nng+ipc":
+        if not rest:
+            raise ValueError(f"nng+ipc address must look like nng+ipc:///PATH (got {address!r})")
+        return scheme, url, ""
+    host, colon, port = rest.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit():
+        raise ValueError(f"{scheme} address must look like {scheme}://HOST:PORT (got {address!r})")
+    return scheme, url, host
+
+
+def _broken(what: str, exc: pynng.NNGException) -> ConnectionBroken:
+    """The one place nng errors become transport errors."""
+    return ConnectionBroken(f"{what}: {exc} (nng error {exc.errno})")
+
+
+def _close_pipe(pipe: Any) -> None:
+    try:
+        pipe.close()
+    except pynng.NNGException:
+        pass  # already gone
+
+
+class _Flush(enum.Enum):
+    DONE = "done"  # nothing left that may be sent now
+    BLOCKED = "blocked"  # nng's queue is full: wait for send_fd
+    FAILED = "failed"  # the connection broke; it is marked closed
+
+
+class NngConnection(Connection):
+    """One authenticated nng pipe."""
+
+    def __init__(
+        self,
+        endpoint: _Endpoint,
+        pipe: Any,
+        peer: str,
+        *,
+        credit: int | None,
+        acks_owed: int = 0,
+    ) -> None:
+        self.peer = peer
+        self.sink: FrameSink | None = None
+        self._endpoint = endpoint
+        self._pipe = pipe
+        self._trio_thread = threading.get_ident()
+        self._lock = threading.Lock()
+        # Everything below up to _lost_notified is guarded by _lock.
+        # Frames accepted by send_nowait and not yet in a message, oldest first.
+        self._pending: deque[bytes | bytearray | memoryview] = deque()
+        # A built message nng refused (queue full); it goes before anything in _pending.
+        self._stalled: Any = None
+        # Messages the peer may still be sent unacknowledged; None on a dialer (no window).
+        self._credit = credit
+        # Messages received from the peer and not yet acknowledged; only dialers owe acks.
+        self._acks_owed = acks_owed
+        # True while the writer task owns flushing; always True while _stalled is set.
+        self._scheduled = False
+        self._closed = False
+        self._error: BaseException | None = None
+        # Trio thread only.
+        self._lost_notified = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        if size > self._endpoint.max_frame:
+            raise ValueError(
+                f"frame of {size} bytes exceeds max_frame_bytes={self._endpoint.max_frame}"
+            )
+        with self._lock:
+            self._check_open_locked()
+            self._pending.append(frame)
+            if self._scheduled or self._credit == 0:
+                return  # the writer, or the reader when acks return, sends it in order
+            status = self._flush_locked()
+            if status is _Flush.BLOCKED:
+                self._scheduled = True
+        if status is _Flush.BLOCKED:
+            self._call_on_trio(self._endpoint.mark_dirty, self)
+        elif status is _Flush.FAILED:
+            self._call_on_trio(self._report_failure)
+            with self._lock:
+                self._check_open_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending.clear()
+            self._stalled = None
+        self._endpoint.release(self)
+        self._notify_lost(None)
+
+    def _check_open_locked(self) -> None:
+        if self._closed:
+            if self._error is not None:
+                raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+
+    def _flush_locked(self) -> _Flush:
+        """Hand nng every message the window allows. Caller holds ``_lock``."""
+        while True:
+            if self._stalled is None:
+                if (not self._pending and not self._acks_owed) or self._credit == 0:
+                    return _Flush.DONE
+                self._stalled = pynng.Message(self._build_locked(), self._pipe)
+                if self._credit is not None:
+                    self._credit -= 1
+            try:
+                self._endpoint.sock.send_msg(self._stalled, block=False)
+            except pynng.TryAgain:
+                return _Flush.BLOCKED
+            except pynng.NNGException as exc:
+                self._closed = True
+                self._error = _broken(f"sending to {self.peer} failed", exc)
+                self._pending.clear()
+                self._stalled = None
+                return _Flush.FAILED
+            self._stalled = None
+
+    def _build_locked(self) -> bytes:
+        parts: list[bytes | bytearray | memoryview] = [_U32.pack(self._acks_owed)]
+        self._acks_owed = 0
+        size = 0
+        pending = self._pending
+        while pending:
+            frame = pending[0]
+            n = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+            if size and size + _U32.size + n > _BATCH_BYTES:
+                break
+            pending.popleft()
+            parts.append(_U32.pack(n))
+            parts.append(frame)
+            size += _U32.size + n
+        return b"".join(parts)
+
+    def _flush_scheduled(self) -> _Flush:
+        """The writer task's turn. Trio thread."""
+        with self._lock:
+            if self._closed:
+                self._scheduled = False
+                return _Flush.DONE
+            status = self._flush_locked()
+            self._scheduled = status is _Flush.BLOCKED
+        if status is _Flush.FAILED:
+            self._report_failure()
+        return status
+
+    def _schedule_acks(self) -> None:
+        """Have the writer send the acks that no outgoing frame carried. Trio thread."""
+        with self._lock:
+            if self._closed or self._scheduled or not self._acks_owed:
+                return
+            self._scheduled = True
+        self._endpoint.mark_dirty(self)
+
+    def _received(self, data: bytes) -> None:
+        """Deliver one post-handshake message. Trio thread (the reader)."""
+        if self._closed:
+            return
+        view = memoryview(data)
+        end = len(view)
+        if end < _U32.size:
+            self._fail(ConnectionBroken(f"malformed message from {self.peer} (no header)"))
+            return
+        (acks,) = _U32.unpack_from(view, 0)
+        if acks and not self._credit_returned(acks):
+            return
+        if self._credit is None:
+            with self._lock:
+                self._acks_owed += 1
+        max_frame = self._endpoint.max_frame
+        offset = _U32.size
+        while offset < end:
+            if end - offset < _U32.size:
+                self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn header)"))
+                return
+            (n,) = _U32.unpack_from(view, offset)
+            offset += _U32.size
+            if n > max_frame:
+                self._fail(
+                    ConnectionBroken(f"frame of {n} bytes exceeds max_frame_bytes={max_frame}")
+                )
+                return
+            if end - offset < n:
+                self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn frame)"))
+                return
+            assert self.sink is not None
+            try:
+                self.sink.frame_received(self, view[offset : offset + n])
+            except Exception as exc:
+                log.error("closing connection to %s after bad frame: %r", self.peer, exc)
+                self._fail(exc)
+                return
+            offset += n
+            if self._closed:
+                return
+        if self._credit is None:
+            self._schedule_acks()
+
+    def _credit_returned(self, acks: int) -> bool:
+        """Apply the peer's acknowledgements; False if they were invalid (connection failed)."""
+        with self._lock:
+            if self._credit is None or self._credit + acks > _WINDOW:
+                invalid = True
+                status = _Flush.DONE
+            else:
+                invalid = False
+                self._credit += acks
+                status = _Flush.DONE if self._scheduled else self._flush_locked()
+                if status is _Flush.BLOCKED:
+                    self._scheduled = True
+        if invalid:
+            self._fail(ConnectionBroken(f"{self.peer} acknowledged messages it was never sent"))
+            return False
+        if status is _Flush.BLOCKED:
+            self._endpoint.mark_dirty(self)
+        elif status is _Flush.FAILED:
+            self._report_failure()
+            return False
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        """Something outside broke the connection. Trio thread."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._error = exc
+                self._pending.clear()
+                self._stalled = None
+            exc = self._error if self._error is not None else exc
+        self._endpoint.release(self)
+        self._notify_lost(exc)
+
+    def _report_failure(self) -> None:
+        """Finish a failure ``_flush_locked`` recorded. Trio thread."""
+        assert self._error is not None
+        self._fail(self._error)
+
+    def _notify_lost(self, exc: BaseException | None) -> None:
+        if self._lost_notified:
+            return
+        self._lost_notified = True
+        if self.sink is not None:
+            try:
+                self.sink.connection_lost(self, exc)
+            except Exception:
+                log.exception("connection_lost handler for %s failed", self.peer)
+
+    def _call_on_trio(self, fn: Callable[..., object], *args: object) -> None:
+        if threading.get_ident() == self._trio_thread:
+            fn(*args)
+            return
+        try:
+            self._endpoint.token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            pass
+
+
+class _Endpoint:
+    """One nng socket and the reader and writer tasks that drive it.
+
+    :meth:`run` lives in the transport's nursery; the socket is closed when it ends, however it
+    ends (:meth:`close`, or the nursery being cancelled).
+    """
+
+    def __init__(self, sock: Any, scheme: str, secret: bytes, max_frame: int) -> None:
+        self.sock = sock
+        self.scheme = scheme
+        self.max_frame = max_frame
+        self.token = trio.lowlevel.current_trio_token()
+        #: Keeps the TLS configuration alive as long as the socket that points at it.
+        self.tls: Any = None
+        self._secret = secret
+        self.conns: dict[int, NngConnection] = {}
+        # Pipe events posted from nng threads: (added, pipe). Trio thread only.
+        self._events: deque[tuple[bool, Any]] = deque()
+        self._dirty: set[NngConnection] = set()
+        self._writer_wakeup = trio.Event()
+        self._reader_wait: trio.CancelScope | None = None
+        self._scope = trio.CancelScope()
+        self._closed = False
+        sock.add_post_pipe_connect_cb(functools.partial(self._post_event, True))
+        sock.add_post_pipe_remove_cb(functools.partial(self._post_event, False))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        recv_fd: int = self.sock.recv_fd
+        send_fd: int = self.sock.send_fd
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_loop, recv_fd)
+                    nursery.start_soon(self._write_loop, send_fd)
+                    task_status.started()
+        finally:
+            self._closed = True
+            trio.lowlevel.notify_closing(recv_fd)
+            trio.lowlevel.notify_closing(send_fd)
+            self.sock.close()
+
+    def close(self) -> None:
+        """End the tasks; the socket closes as they finish."""
+        self._scope.cancel()
+
+    def mark_dirty(self, conn: NngConnection) -> None:
+        """Have the writer flush ``conn``. Trio thread."""
+        if self._closed:
+            return
+        self._dirty.add(conn)
+        self._writer_wakeup.set()
+
+    def release(self, conn: NngConnection) -> None:
+        """``conn`` is closed: forget it and let go of its pipe."""
+        raise NotImplementedError
+
+    # nng threads ----------------------------------------------------------------------------
+
+    def _post_event(self, added: bool, pipe: Any) -> None:
+        try:
+            self.token.run_sync_soon(self._event_arrived, added, pipe)
+        except trio.RunFinishedError:
+            pass
+
+    # trio thread ----------------------------------------------------------------------------
+
+    def _event_arrived(self, added: bool, pipe: Any) -> None:
+        log.debug("DBG %s event added=%s pipe=%s closed=%s wait=%s", type(self).__name__, added, pipe.id, self._closed, self._reader_wait)
+        if self._closed:
+            return
+        self._events.append((added, pipe))
+        if self._reader_wait is not None:
+            self._reader_wait.cancel()
+
+    async def _read_loop(self, fd: int) -> None:
+        while True:
+            events = list(self._events)
+            self._events.clear()
+            for added, pipe in events:
+                if added:
+                    self._pipe_added(pipe)
+            # Messages already queued precede any removal taken above: deliver them first.
+            try:
+                await self._drain()
+            except pynng.NNGException as exc:
+                log.error("nng socket for %s failed: %s", self.scheme, exc)
+                for conn in list(self.conns.values()):
+                    conn._fail(_broken("nng socket failed", exc))
+                self.close()
+                return
+            for added, pipe in events:
+                if not added:
+                    self._pipe_removed(pipe)
+            if self._events:
+                continue
+            deadline = self._expire_handshakes()
+            with trio.CancelScope(deadline=deadline) as wait:
+                self._reader_wait = wait
+                await trio.lowlevel.wait_readable(fd)
+            self._reader_wait = None
+
+    async def _drain(self) -> None:
+        handled = 0
+        while True:
+            try:
+                msg = self.sock.recv_msg(block=False)
+            except pynng.TryAgain:
+                return
+            pipe = msg.pipe
+            if pipe is not None:
+                conn = self.conns.get(pipe.id)
+                if conn is not None:
+                    conn._received(msg.bytes)
+                else:
+                    self._handshake_message(pipe, msg.bytes)
+            handled += 1
+            if handled % _DRAIN_BATCH == 0:
+                await trio.lowlevel.checkpoint()
+
+    async def _write_loop(self, fd: int) -> None:
+        while True:
+            await self._writer_wakeup.wait()
+            self._writer_wakeup = trio.Event()
+            while self._dirty:
+                dirty, self._dirty = self._dirty, set()
+                blocked = [c for c in dirty if c._flush_scheduled() is _Flush.BLOCKED]
+                if blocked:
+                    self._dirty.update(blocked)
+                    await trio.lowlevel.wait_readable(fd)
+
+    def _send_handshake(self, pipe: Any, data: bytes) -> None:
+        """Raises pynng.NNGException when nng does not take it at once."""
+        self.sock.send_msg(pynng.Message(data, pipe), block=False)
+
+    def _pipe_added(self, pipe: Any) -> None:
+        pass
+
+    def _pipe_removed(self, pipe: Any) -> None:
+        raise NotImplementedError
+
+    def _handshake_message(self, pipe: Any, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _expire_handshakes(self) -> float:
+        """Drop handshakes past their deadline; return the next deadline."""
+        return math.inf
+
+
+@attrs.frozen
+class _ServerHandshake:
+    pipe: Any
+    nonce: bytes
+    deadline: float
+
+
+class _ListenEndpoint(_Endpoint):
+    def __init__(
+        self, sock: Any, scheme: str, secret: bytes, max_frame: int, sinks: SinkFactory
+    ) -> None:
+        super().__init__(sock, scheme, secret, max_frame)
+        self._sinks = sinks
+        # Read from nng threads (pre-connect callback); a plain bool is enough.
+        self._accepting = True
+        self._handshakes: dict[int, _ServerHandshake] = {}
+        sock.add_pre_pipe_connect_cb(self._vet_pipe)
+
+    def stop_accepting(self) -> None:
+        """Refuse new pipes; close the socket once the established connections are gone.
+
+        nng closes a listener's pipes together with it, so the nng listener (and its port)
+        lives until the last connection ends.
+        """
+        self._accepting = False
+        for pending in self._handshakes.values():
+            _close_pipe(pending.pipe)
+        self._handshakes.clear()
+        if not self.conns:
+            self.close()
+
+    def release(self, conn: NngConnection) -> None:
+        self.conns.pop(conn._pipe.id, None)
+        _close_pipe(conn._pipe)
+        if not self._accepting and not self.conns:
+            self.close()
+
+    def _vet_pipe(self, pipe: Any) -> None:
+        if not self._accepting:
+            pipe.close()
+
+    def _peer(self, pipe: Any) -> str:
+        try:
+            return f"{self.scheme}://{pipe.remote_address}"
+        except pynng.NNGException:
+            return f"{self.scheme} peer"
+
+    def _refuse(self, pipe: Any, why: object) -> None:
+        log.warning("refused connection from %s: %s", self._peer(pipe), why)
+        _close_pipe(pipe)
+
+    def _pipe_added(self, pipe: Any) -> None:
+        if not self._accepting:
+            _close_pipe(pipe)
+            return
+        hello, nonce = _auth.server_hello()
+        try:
+            self._send_handshake(pipe, hello)
+        except pynng.NNGException as exc:
+            self._refuse(pipe, f"cannot send the handshake greeting: {exc}")
+            return
+        deadline = trio.current_time() + _auth.HANDSHAKE_TIMEOUT
+        self._handshakes[pipe.id] = _ServerHandshake(pipe, nonce, deadline)
+
+    def _pipe_removed(self, pipe: Any) -> None:
+        log.debug("DBG listener removed %s conns=%s", pipe.id, list(self.conns))
+        self._handshakes.pop(pipe.id, None)
+        conn = self.conns.get(pipe.id)
+        if conn is not None:
+            conn._fail(ConnectionBroken("peer closed the connection"))
+
+    def _handshake_message(self, pipe: Any, data: bytes) -> None:
+        pending = self._handshakes.pop(pipe.id, None)
+        if pending is None:
+            self._refuse(pipe, "it sent data before the handshake greeting")
+            return
+        try:
+            answer = _auth.check_client_proof(self._secret, pending.nonce, data)
+            self._send_handshake(pipe, answer)
+        except (ValueError, pynng.NNGException) as exc:
+            self._refuse(pipe, exc)
+            return
+        peer = self._peer(pipe)
+        # The proof just sent is the first message of the window.
+        conn = NngConnection(self, pipe, peer, credit=_WINDOW - 1)
+        self.conns[pipe.id] = conn
+        try:
+            conn.sink = self._sinks(conn)
+        except Exception:
+            log.exception("no handler for connection from %s", peer)
+            del self.conns[pipe.id]
+            _close_pipe(pipe)
+
+    def _expire_handshakes(self) -> float:
+        now = trio.current_time()
+        upcoming = math.inf
+        for pipe_id, pending in list(self._handshakes.items()):
+            if pending.deadline <= now:
+                del self._handshakes[pipe_id]
+                self._refuse(pending.pipe, "handshake timed out")
+            else:
+                upcoming = min(upcoming, pending.deadline)
+        return upcoming
+
+
+class _DialEndpoint(_Endpoint):
+    def __init__(
+        self,
+        sock: Any,
+        scheme: str,
+        secret: bytes,
+        max_frame: int,
+        address: str,
+        sink: FrameSink,
+    ) -> None:
+        super().__init__(sock, scheme, secret, max_frame)
+        self._address = address
+        self._sink = sink
+        self._hello: bytes | None = None
+        self._nonce_c: bytes | None = None
+        self._outcome: NngConnection | TransportError | None = None
+        self._settled = trio.Event()
+        # Written from nng threads (pre-connect callback).
+        self._had_pipe = False
+        sock.add_pre_pipe_connect_cb(self._vet_pipe)
+
+    async def outcome(self) -> NngConnection:
+        """Wait for the handshake; raise what ended it if it failed."""
+        await self._settled.wait()
+        if isinstance(self._outcome, TransportError):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
+
+    def release(self, conn: NngConnection) -> None:
+        self.conns.pop(conn._pipe.id, None)
+        self.close()
+
+    def _vet_pipe(self, pipe: Any) -> None:
+        # One pipe per dialer, ever: a redial would be a new, unauthenticated peer.
+        if self._had_pipe:
+            pipe.close()
+        self._had_pipe = True
+
+    def _settle(self, outcome: NngConnection | TransportError) -> None:
+        if not self._settled.is_set():
+            self._outcome = outcome
+            self._settled.set()
+
+    def _handshake_message(self, pipe: Any, data: bytes) -> None:
+        if self._settled.is_set():
+            return
+        where = f"cannot connect to {self._address}"
+        try:
+            if self._hello is None:
+                proof, self._nonce_c = _auth.client_proof(self._secret, data)
+                self._hello = data
+                self._send_handshake(pipe, proof)
+                return
+            assert self._nonce_c is not None
+            nonce_s = self._hello[len(_auth.MAGIC) :]
+            _auth.check_server_proof(self._secret, self._nonce_c, nonce_s, data)
+        except ValueError as exc:
+            self._settle(AuthenticationError(f"{where}: {exc}"))
+            return
+        except pynng.NNGException as exc:
+            self._settle(_broken(where, exc))
+            return
+        # The server's proof is the first message of its window: acknowledge it.
+        conn = NngConnection(self, pipe, self._address, credit=None, acks_owed=1)
+        conn.sink = self._sink
+        self.conns[pipe.id] = conn
+        self._settle(conn)
+        conn._schedule_acks()
+
+    def _pipe_removed(self, pipe: Any) -> None:
+        conn = self.conns.get(pipe.id)
+        if conn is not None:
+            conn._fail(ConnectionBroken("peer closed the connection"))
+            return
+        where = f"cannot connect to {self._address}"
+        if self._nonce_c is not None:
+            self._settle(
+                AuthenticationError(
+                    f"{where}: server refused our proof: this side does not have the job secret"
+                )
+            )
+        else:
+            self._settle(ConnectionBroken(f"{where}: connection closed during handshake"))
+
+
+class NngListener(Listener):
+    def __init__(self, endpoint: _ListenEndpoint, address: str) -> None:
+        self._endpoint = endpoint
+        self.address = address
+
+    def close(self) -> None:
+        self._endpoint.stop_accepting()
+
+
+class NngTransport(Transport):
+    """nng's tcp, ipc and tls+tcp transports, one ``Pair1`` pipe per connection."""
+
+    schemes = ("nng+tcp", "nng+ipc", "nng+tls+tcp")
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        secret: bytes,
+        max_frame: int,
+        tls: TlsSettings | None = None,
+    ) -> None:
+        self._nursery = nursery
+        self._secret = secret
+        self._max_frame = max_frame
+        self._tls = tls if tls is not None else TlsSettings.from_env()
+        # A batch may exceed max_frame when max_frame is small; one frame travels with its
+        # length and the message's ack header.
+        self._recv_max = max(max_frame + _U32.size, _BATCH_BYTES) + _U32.size
+
+    async def listen(self, address: str, sinks: SinkFactory) -> Listener:
+        scheme, url, _ = _parse(address)
+        if scheme == "nng+ipc":
+            path = url.removeprefix("ipc://")
+            _check_private_dir(os.path.dirname(path) or ".")
+        tls = self._tls_config(scheme, server=True, host="")
+        sock = pynng.Pair1(
+            polyamorous=True,
+            recv_max_size=self._recv_max,
+            recv_buffer_size=_RECV_BUFFER,
+            send_buffer_size=_LISTENER_SEND_BUFFER,
+            tls_config=tls,
+        )
+        endpoint = _ListenEndpoint(sock, scheme, self._secret, self._max_frame, sinks)
+        endpoint.tls = tls
+        await self._nursery.start(endpoint.run)
+        try:
+            nng_listener = sock.listen(url)
+        except pynng.NNGException as exc:
+            endpoint.close()
+            raise OSError(f"cannot listen on {address}: {exc}") from None
+        if scheme == "nng+ipc":
+            os.chmod(path, 0o600)
+        return NngListener(endpoint, "nng+" + nng_listener.url)
+
+    async def connect(self, address: str, sink: FrameSink) -> Connection:
+        scheme, url, host = _parse(address)
+        tls = self._tls_config(scheme, server=False, host=host)
+        sock = pynng.Pair1(
+            recv_max_size=self._recv_max,
+            recv_buffer_size=_RECV_BUFFER,
+            send_buffer_size=_DIALER_SEND_BUFFER,
+            reconnect_time_min=_NO_REDIAL_MS,
+            reconnect_time_max=_NO_REDIAL_MS,
+            tls_config=tls,
+        )
+        endpoint = _DialEndpoint(sock, scheme, self._secret, self._max_frame, address, sink)
+        endpoint.tls = tls
+        await self._nursery.start(endpoint.run)
+        try:
+            # nng's synchronous dial reports why it failed (refused, TLS); its asynchronous one
+            # only retries. One thread per dial, abandoned (and the socket closed) on timeout.
+            with trio.fail_after(_DIAL_TIMEOUT):
+                await trio.to_thread.run_sync(
+                    functools.partial(sock.dial, url, block=True), abandon_on_cancel=True
+                )
+            with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
+                return await endpoint.outcome()
+        except pynng.NNGException as exc:
+            endpoint.close()
+            raise _broken(f"cannot connect to {address}", exc) from None
+        except trio.TooSlowError:
+            endpoint.close()
+            raise ConnectionBroken(f"cannot connect to {address}: timed out") from None
+        except BaseException:
+            endpoint.close()
+            raise
+
+    def _tls_config(self, scheme: str, *, server: bool, host: str) -> Any:
+        """The pynng TLSConfig for one socket, or None for schemes without TLS."""
+        if scheme != "nng+tls+tcp":
+            return None
+        tls = self._tls
+        if server:
+            for field, value in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
+                if not value:
+                    raise ValueError(
+                        f"listening on nng+tls+tcp needs TlsSettings.{field} (got None): pass "
+                        "open_transport(tls=TlsSettings(cert_file=..., key_file=...)) "
+                        f"or set {ENV_CERT} and {ENV_KEY}"
+                    )
+            assert tls.cert_file is not None and tls.key_file is not None
+            with open(tls.cert_file) as f:
+                cert = f.read()
+            with open(tls.key_file) as f:
+                key = f.read()
+            return pynng.TLSConfig(
+                pynng.TLSConfig.MODE_SERVER, own_cert_string=cert, own_key_string=key
+            )
+        if not tls.ca_file:
+            raise ValueError(
+                "dialing nng+tls+tcp needs TlsSettings.ca_file (got None) to verify the "
+                f"listener: pass open_transport(tls=TlsSettings(ca_file=...)) or set {ENV_CA}"
+            )
+        return pynng.TLSConfig(
+            pynng.TLSConfig.MODE_CLIENT,
+            server_name=host,
+            ca_files=[tls.ca_file],
+            auth_mode=pynng.TLSConfig.AUTH_MODE_REQUIRED,
+        )
