@@ -418,7 +418,11 @@ class Runtime:
     # -- child procs ---------------------------------------------------------------------
 
     def plan_procs(self, count: int, name: str) -> list[Child]:
-        """Name and address ``count`` new procs. Thread-safe; starts nothing."""
+        """Name and address ``count`` new procs. Thread-safe; starts nothing.
+
+        Picks up ``regency.configure()`` changes made since the runtime started.
+        """
+        self.config = current_config()
         children = []
         for _ in range(count):
             proc_id = f"{self.proc_id}.{name}{next(self._child_ids)}"
