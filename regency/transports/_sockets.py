@@ -201,7 +201,10 @@ class SocketConnection(Connection):
                     self._kicked = True
                     if sent == 0:
                         continue  # a partial batch went out; try the rest at once
-                await trio.lowlevel.wait_writable(self._sock)
+                try:
+                    await trio.lowlevel.wait_writable(self._sock)
+                except trio.ClosedResourceError:
+                    return  # closed locally while waiting
         if self._error is not None:
             self._notify_lost()
 
@@ -252,6 +255,8 @@ class SocketConnection(Connection):
                     end -= start
                     start = 0
                 await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.ClosedResourceError:
+            pass  # closed locally: close() already told the sink
         except ConnectionBroken as exc:
             if not self._closed:
                 log.info("connection to %s lost: %s", self.peer, exc)

@@ -12,7 +12,7 @@ import time
 import pytest
 import trio
 
-from regency.actor import ProcMesh, this_host
+from regency.actor import ProcMesh, SupervisionError, this_host
 from regency.core import current_runtime
 from regency.transports import AuthenticationError, Connection, open_transport
 
@@ -119,3 +119,23 @@ async def test_bad_frames_close_one_connection_and_the_proc_keeps_serving(
                 await impostor.connect(address, _Quiet())
     assert await counters.value.call() is not None
     assert (await counters.value.call()).values() == [1, 1]
+
+
+def test_calls_to_a_killed_proc_fail_instead_of_hanging() -> None:
+    from .actors import Mixed, Where
+
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    where = pm.spawn("where", Where).where.call().get(T)
+    victim = where.values()[1]["pid"]
+    slow = pm.spawn("slow", Mixed)
+    in_flight = slow.slice(gpus=1).slow_sync.call_one(60)
+    survivor = slow.slice(gpus=0).slow_sync.call_one(0.01)
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(SupervisionError, match=r"slow.slow_sync failed: .*(killed by signal 9|closed)"):
+        in_flight.get(10)
+    with pytest.raises(SupervisionError):
+        slow.slice(gpus=1).slow_sync.call_one(0).get(10)
+    # The other proc is unaffected.
+    assert survivor.get(T) == "sync"
+    assert slow.slice(gpus=0).slow_sync.call_one(0).get(T) == "sync"
+    pm.stop().get(T)
