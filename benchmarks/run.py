@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import bench_actors, bench_transports  # noqa: E402
+from benchmarks import bench_actors, bench_transports
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ class Future(Generic[R]):
         # A lock held while a thread waits in get(); the resolver releases it. Cheaper to wake
         # than threading.Event, which matters on the round-trip path.
         self._event: Any = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], None]] | None = None  # allocated on first use
 
     # -- resolution (runtime side) -------------------------------------------------------
 
@@ -56,11 +56,12 @@ class Future(Generic[R]):
             self._exception = exc
             self._value = value
             event, callbacks = self._event, self._callbacks
-            self._callbacks = []
+            self._callbacks = None
         if event is not None:
             event.release()
-        for callback in callbacks:
-            callback()
+        if callbacks:
+            for callback in callbacks:
+                callback()
 
     def done(self) -> bool:
         return self._value is not _PENDING or self._exception is not None
@@ -69,6 +70,8 @@ class Future(Generic[R]):
         """Run ``callback()`` once resolved, on the resolving thread (now, if already done)."""
         with self._lock:
             if not self.done():
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(callback)
                 return
         callback()

@@ -44,6 +44,8 @@ def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> 
 
 
 class _OneReply:
+    __slots__ = ("dests", "endpoint", "fut")
+
     def __init__(self, fut: Future[Any], endpoint: str, dests: frozenset[str]) -> None:
         self.fut = fut
         self.endpoint = endpoint

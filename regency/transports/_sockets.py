@@ -11,7 +11,6 @@ single ``recv`` brought in. Frames are ``u32 little-endian length`` + payload.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import os
 import socket
@@ -46,6 +45,7 @@ _GATHER_THRESHOLD = 16 * 1024
 # task, which sends a whole burst with one sendmsg; an isolated frame goes out at once.
 _BURST_WINDOW = 60e-6
 _MAX_IOV = 512
+_KERNEL_BUFFER = 4 << 20
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -110,6 +110,8 @@ class SocketConnection(Connection):
         self._writer_wakeup = trio.Event()
         # True while the writer task has been asked to flush and has not started yet.
         self._kicked = False
+        # True while the writer task is sending a batch it took off the queue.
+        self._writing = False
         self._last_send = 0.0
         self._closed = False
         self._error: BaseException | None = None
@@ -130,7 +132,7 @@ class SocketConnection(Connection):
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
             burst = now - self._last_send < _BURST_WINDOW
             self._last_send = now
-            if self._pending or burst:
+            if self._pending or self._writing or burst:
                 # Coalesce: the writer task sends everything queued in one sendmsg.
                 if size < _GATHER_THRESHOLD:
                     self._pending.append(memoryview(header + frame))
@@ -171,7 +173,12 @@ class SocketConnection(Connection):
                 pass
 
     async def writer(self) -> None:
-        """Flush what ``send_nowait`` queued. Runs as one task per connection."""
+        """Flush what ``send_nowait`` queued. Runs as one task per connection.
+
+        The lock is not held during ``sendmsg``: senders keep queueing behind the batch in
+        flight (``_writing`` keeps them from writing around it), and what the kernel did not
+        take goes back to the front of the queue.
+        """
         while not self._closed:
             await self._writer_wakeup.wait()
             self._writer_wakeup = trio.Event()
@@ -180,31 +187,30 @@ class SocketConnection(Connection):
                     self._kicked = False
                     if self._closed or not self._pending:
                         break
-                    chunk = list(itertools.islice(self._pending, _MAX_IOV))
-                    try:
-                        sent = self._sock.sendmsg(chunk)
-                    except BlockingIOError:
-                        sent = -1
-                    except OSError as exc:
+                    batch = [self._pending.popleft() for _ in range(min(len(self._pending), _MAX_IOV))]
+                    self._writing = True
+                try:
+                    sent = self._sock.sendmsg(batch)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    with self._lock:
+                        self._writing = False
                         self._fail_locked(exc)
-                        break
-                    while sent > 0:
-                        head = self._pending[0]
-                        if len(head) <= sent:
-                            sent -= len(head)
-                            self._pending.popleft()
-                        else:
-                            self._pending[0] = head[sent:]
-                            sent = 0
+                    break
+                blocked = sent < sum(len(b) for b in batch)
+                with self._lock:
+                    self._writing = False
+                    if blocked:
+                        self._pending.extendleft(reversed(_unsent(batch, sent)))
                     if not self._pending:
                         break
                     self._kicked = True
-                    if sent == 0:
-                        continue  # a partial batch went out; try the rest at once
-                try:
-                    await trio.lowlevel.wait_writable(self._sock)
-                except trio.ClosedResourceError:
-                    return  # closed locally while waiting
+                if blocked:
+                    try:
+                        await trio.lowlevel.wait_writable(self._sock)
+                    except trio.ClosedResourceError:
+                        return  # closed locally while waiting
         if self._error is not None:
             self._notify_lost()
 
@@ -371,9 +377,7 @@ class SocketTransport(Transport):
         trio.lowlevel.notify_closing(sock)
 
     async def _serve_one(self, sock: socket.socket, peer: str, sinks: SinkFactory) -> None:
-        sock.setblocking(False)
-        if sock.family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _tune(sock)
         try:
             with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
                 hello, nonce_s = _auth.server_hello()
@@ -409,11 +413,10 @@ class SocketTransport(Transport):
                 )
                 family, _, _, _, sockaddr = infos[0]
                 sock = socket.socket(family, socket.SOCK_STREAM)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             else:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sockaddr = where
-            sock.setblocking(False)
+            _tune(sock)
             try:
                 sock.connect(sockaddr)
             except BlockingIOError:
@@ -441,6 +444,28 @@ class SocketTransport(Transport):
         conn.sink = sink
         self._nursery.start_soon(self._run, conn)
         return conn
+
+
+def _unsent(batch: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``batch`` after the kernel took ``sent`` bytes."""
+    for i, buf in enumerate(batch):
+        if sent < len(buf):
+            return [buf[sent:], *batch[i + 1 :]]
+        sent -= len(buf)
+    return []
+
+
+def _tune(sock: socket.socket) -> None:
+    """Non-blocking; no Nagle delay; kernel buffers big enough that a 1 MiB frame goes
+    out in one or two writes instead of many wake-ups."""
+    sock.setblocking(False)
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, _KERNEL_BUFFER)
+        except OSError:
+            pass
 
 
 def _check_private_dir(path: str) -> None:
