@@ -79,4 +79,4 @@ def run() -> list[tuple[str, str, float, str]]:
 
 if __name__ == "__main__":
     for figure, target, value, unit in run():
-        print(f"{figure:45s} {value:12,.1f} {unit:8s} target {target}")
+        print(f"{figure:45s} {value:12,.3f} {unit:8s} target {target}")

@@ -19,7 +19,7 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, watch_stdin: bool) -> None:
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -28,15 +28,17 @@ def _die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+    if not watch_stdin:
+        return
 
-    def watch_stdin() -> None:
+    def exit_on_eof() -> None:
         try:
             while sys.stdin.buffer.read(65536):
                 pass
         finally:
             os._exit(1)
 
-    threading.Thread(target=watch_stdin, name="regency-parent-watch", daemon=True).start()
+    threading.Thread(target=exit_on_eof, name="regency-parent-watch", daemon=True).start()
 
 
 def main() -> None:
@@ -44,8 +46,15 @@ def main() -> None:
     if not line:
         sys.exit("regency proc: no bootstrap record on stdin (start procs with spawn_procs)")
     record: dict[str, Any] = json.loads(line)
-    _die_with_parent(record["parent_pid"])
+    _die_with_parent(record["parent_pid"], watch_stdin=True)
+    run(record)
+
+
+def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    """Become the proc ``record`` describes; never returns."""
     os.environ.update(record["config"])
+    if env:
+        os.environ.update(env)
     for entry in reversed(record["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -56,29 +65,35 @@ def main() -> None:
 
     import trio
 
-    from . import _codec
-    from ._config import current_config
+    from . import _codec, _config
     from ._runtime import Runtime, set_current_runtime
 
+    _config._current = None  # the environment may have changed since a zygote imported us
     rt = Runtime(
         record["proc_id"],
         secret=bytes.fromhex(record["secret"]),
         jobdir=record["jobdir"],
-        config=current_config(),
+        config=_config.current_config(),
         address=record["address"],
         parent_address=record["parent_address"],
     )
     set_current_runtime(rt)
-    if record.get("boot"):
-        boot = _codec.loads([bytes.fromhex(record["boot"])])
-        result = boot()
-        if hasattr(result, "__await__"):
-            trio.run(lambda: result)  # an async bootstrap callable
-    trio.run(rt.serve)
-    # Actor threads may still be blocked in user code: do not wait for them.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    code = 0
+    try:
+        if record.get("boot"):
+            boot = _codec.loads([bytes.fromhex(record["boot"])])
+            result = boot()
+            if hasattr(result, "__await__"):
+                trio.run(lambda: result)  # an async bootstrap callable
+        trio.run(rt.serve)
+    except BaseException:
+        logging.getLogger("regency.proc").exception("proc %s failed", record["proc_id"])
+        code = 1
+    finally:
+        # Actor threads may still be blocked in user code: do not wait for them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

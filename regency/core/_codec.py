@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +26,49 @@ import cloudpickle
 
 _U32 = 4
 _MAIN = b"__main__"
+_SCAN_LIMIT = 64 * 1024
+_OOB_THRESHOLD = 64 * 1024
 
 
 class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle with protocol 5 and out-of-band buffers."""
+
+
+class _NeedsByValue(Exception):
+    pass
+
+
+class _CheckingPickler(pickle.Pickler):
+    """Plain pickle that gives up on anything only findable in ``__main__``.
+
+    ``reducer_override`` is only consulted for objects that are not plain data, so payloads
+    of bytes, numbers and containers pay nothing for the check.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            raise _NeedsByValue
+        return NotImplemented
+
+
+class _OutOfBand:
+    """Wraps a large bytes-like argument so it travels after the pickle, not inside it, and
+    arrives as ``bytes`` (one copy out of the receive buffer instead of three)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (type(self.data), (pickle.PickleBuffer(self.data),))
+
+
+def out_of_band(value: Any) -> Any:
+    """``value``, wrapped for out-of-band transfer when it is a large bytes or bytearray."""
+    if type(value) in (bytes, bytearray) and len(value) >= _OOB_THRESHOLD:
+        return _OutOfBand(value)
+    return value
 
 
 def dumps(obj: Any) -> list[bytes | memoryview]:
@@ -37,13 +77,25 @@ def dumps(obj: Any) -> list[bytes | memoryview]:
     Raises whatever pickling raises (``TypeError``, ``pickle.PicklingError``, ...).
     """
     buffers: list[pickle.PickleBuffer] = []
+    data: bytes | None
     try:
         data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     except (pickle.PicklingError, AttributeError, TypeError):
         data = None
-    # A by-reference pickle naming __main__ would not resolve in another process. A false
-    # positive (the data merely contains the string) only costs the slower pickler.
-    if data is None or _MAIN in data:
+    # A by-reference pickle naming __main__ would not resolve in another process. Small
+    # pickles are searched for the name (a false positive only costs the slower pickler);
+    # large ones are re-checked precisely, since a substring search would cost more.
+    if data is not None and _MAIN in data[:_SCAN_LIMIT]:
+        data = None
+    elif data is not None and len(data) > _SCAN_LIMIT:
+        try:
+            out = io.BytesIO()
+            buffers = []
+            _CheckingPickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+            data = out.getvalue()
+        except _NeedsByValue:
+            data = None
+    if data is None:
         buffers = []
         out = io.BytesIO()
         _ByValuePickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
@@ -60,11 +112,20 @@ def loads(parts: Sequence[bytes | memoryview]) -> Any:
     return pickle.loads(parts[0], buffers=parts[1:])
 
 
-def pack(envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()) -> bytes:
-    """Build one frame from an envelope tuple and payload parts (from :func:`dumps`)."""
-    env = pickle.dumps((*envelope, [len(p) for p in payload]), protocol=5)
+def pack(
+    envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()
+) -> bytes | list[bytes | memoryview]:
+    """Build one frame from an envelope tuple and payload parts (from :func:`dumps`).
+
+    Small frames come back joined; large ones as a list of parts, which a transport sends
+    without copying them together (see :data:`regency.transports.Frame`).
+    """
+    lengths = [len(p) for p in payload]
+    env = pickle.dumps((*envelope, lengths), protocol=5)
     if not payload:
         return len(env).to_bytes(_U32, "little") + env
+    if sum(lengths) >= _SCAN_LIMIT:
+        return [len(env).to_bytes(_U32, "little") + env, *payload]
     return b"".join((len(env).to_bytes(_U32, "little"), env, *payload))
 
 

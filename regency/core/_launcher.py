@@ -7,6 +7,7 @@ workers) can provide their own.
 from __future__ import annotations
 
 import abc
+import itertools
 import json
 import os
 import signal
@@ -112,3 +113,131 @@ class LocalLauncher(ProcLauncher):
                 except OSError:
                     pass
         on_exit(code)
+
+
+class _ZygoteHandle(ProcHandle):
+    def __init__(self, on_exit: Callable[[int], None]) -> None:
+        self.pid = 0  # known once the zygote reports the fork
+        self.on_exit = on_exit
+        self._kill_when_known: int | None = None
+
+    def _signal(self, sig: int) -> None:
+        if self.pid == 0:
+            self._kill_when_known = sig
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+
+class ZygoteLauncher(ProcLauncher):
+    """Forks procs from a pre-imported zygote process (Linux): milliseconds per proc instead
+    of a fresh interpreter and imports each. See :mod:`regency.core._zygote`.
+
+    Falls back to :class:`LocalLauncher` if the zygote cannot start or dies.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._fallback = LocalLauncher(nursery)
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._ids = itertools.count()
+        self._by_id: dict[int, _ZygoteHandle] = {}
+        self._by_pid: dict[int, _ZygoteHandle] = {}
+        self._broken = False
+
+    def start(self) -> None:
+        """Start the zygote now (it imports in the background). Idempotent."""
+        if self._popen is not None or self._broken:
+            return
+        read_fd, write_fd = os.pipe()
+        try:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd)],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                close_fds=True,
+            )
+        except OSError:
+            os.close(read_fd)
+            self._broken = True
+            return
+        finally:
+            os.close(write_fd)
+        self._nursery.start_soon(self._read_reports, read_fd, self._popen)
+
+    def launch(
+        self,
+        bootstrap: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_exit: Callable[[int], None],
+    ) -> ProcHandle:
+        self.start()
+        if self._broken or self._popen is None or self._popen.stdin is None:
+            return self._fallback.launch(bootstrap, env, on_exit)
+        request_id = next(self._ids)
+        handle = _ZygoteHandle(on_exit)
+        self._by_id[request_id] = handle
+        request = {"id": request_id, "record": dict(bootstrap), "env": dict(env)}
+        try:
+            self._popen.stdin.write(json.dumps(request).encode() + b"\n")
+            self._popen.stdin.flush()
+        except OSError:
+            del self._by_id[request_id]
+            self._broken = True
+            return self._fallback.launch(bootstrap, env, on_exit)
+        return handle
+
+    async def _read_reports(self, fd: int, popen: subprocess.Popen[bytes]) -> None:
+        buffer = b""
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(fd)
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    self._on_report(json.loads(line))
+        finally:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+            if popen.stdin is not None:
+                try:
+                    popen.stdin.close()
+                except OSError:
+                    pass
+        # The zygote is gone: its procs died with it (PR_SET_PDEATHSIG).
+        self._broken = True
+        popen.wait()
+        for handle in [*self._by_id.values(), *self._by_pid.values()]:
+            handle.on_exit(-signal.SIGKILL)
+        self._by_id.clear()
+        self._by_pid.clear()
+
+    def _on_report(self, report: dict[str, Any]) -> None:
+        if "id" in report:
+            handle = self._by_id.pop(report["id"])
+            handle.pid = report["pid"]
+            self._by_pid[handle.pid] = handle
+            if handle._kill_when_known is not None:
+                handle._signal(handle._kill_when_known)
+        else:
+            exited = self._by_pid.pop(report["pid"], None)
+            if exited is not None:
+                exited.on_exit(report["code"])
+
+
+def default_launcher(nursery: trio.Nursery) -> ProcLauncher:
+    """The zygote where procs can die with their parent (Linux), fresh interpreters elsewhere."""
+    if sys.platform.startswith("linux") and os.environ.get("REGENCY_ZYGOTE", "1") != "0":
+        return ZygoteLauncher(nursery)
+    return LocalLauncher(nursery)

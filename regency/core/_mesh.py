@@ -14,6 +14,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
+from ..transports import Frame
 from . import _codec
 from . import _messages as M
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -161,8 +162,10 @@ class _Acks:
         if self.failures:
             first = self.failures[0]
             self.fut.set_exception(
-                SupervisionError(f"{self.what} failed on {len(self.failures)} rank(s): "
-                                 f"{first.type_name}: {first.message}\n{first.traceback}")
+                SupervisionError(
+                    f"{self.what} failed on {len(self.failures)} rank(s): "
+                    f"{first.type_name}: {first.message}\n{first.traceback}"
+                )
             )
         else:
             self.fut.set_result(None)
@@ -188,8 +191,14 @@ def _pickle_args(
 ) -> list[Any]:
     """Pickle ``whole`` (default: ``(args, kwargs)``), naming the argument at fault when it
     cannot be pickled."""
+    if whole is None:
+        oob = _codec.out_of_band
+        whole = (
+            tuple(oob(a) for a in args),
+            {k: oob(v) for k, v in kwargs.items()} if kwargs else kwargs,
+        )
     try:
-        return _codec.dumps((args, kwargs) if whole is None else whole)
+        return _codec.dumps(whole)
     except Exception as exc:
         for position, value in enumerate(args):
             try:
@@ -234,9 +243,11 @@ class Endpoint(Generic[R]):
         route = self._mesh._route()
         key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
         lengths = [len(p) for p in payload]
+        big = sum(lengths) >= 64 * 1024  # sent as parts, without joining them
         for local in local_ranks:
             envelope = pickle.dumps((M.CALL, key, name, port, local, labels, sizes, lengths), 5)
-            frame = b"".join((len(envelope).to_bytes(4, "little"), envelope, *payload))
+            head = len(envelope).to_bytes(4, "little") + envelope
+            frame: Frame = [head, *payload] if big else b"".join((head, *payload))
             rt.send(route.addresses[local], frame)
 
     def _dests(self, local_ranks: Sequence[int]) -> frozenset[str]:
@@ -310,7 +321,9 @@ class Endpoint(Generic[R]):
         payload = _pickle_args(self.qualname, args, kwargs)
         self._send(rt, range(len(self._mesh._shape)), None, payload)
 
-    def _fold(self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any) -> Future[Any]:
+    def _fold(
+        self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
+    ) -> Future[Any]:
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         ranks = range(len(self._mesh._shape))
@@ -382,7 +395,16 @@ def send(
 class ActorMesh(MeshAlgebra, Generic[A]):
     """Actors of one class spawned on a proc mesh; each endpoint is an attribute."""
 
-    __slots__ = ("_cached_route", "_cls", "_endpoints", "_init", "_key", "_name", "_procs", "_shape")
+    __slots__ = (
+        "_cached_route",
+        "_cls",
+        "_endpoints",
+        "_init",
+        "_key",
+        "_name",
+        "_procs",
+        "_shape",
+    )
 
     def __init__(
         self,
@@ -616,6 +638,7 @@ async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -
                 event = rt.child_ready.get(child.address)
                 if event is not None:
                     async with trio.open_nursery() as n:
+
                         async def exited(c: Child = child) -> None:
                             await c.exited.wait()
                             n.cancel_scope.cancel()
@@ -649,7 +672,10 @@ def this_proc() -> ProcMesh:
 
 
 def proc_mesh(
-    *, gpus: int | None = None, hosts: int | None = None, env: dict[str, str] | None = None,
+    *,
+    gpus: int | None = None,
+    hosts: int | None = None,
+    env: dict[str, str] | None = None,
     **dims: int,
 ) -> ProcMesh:
     """Monarch's older constructor: ``await proc_mesh(gpus=8)`` or ``proc_mesh(gpus=8).get()``."""

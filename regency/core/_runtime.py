@@ -34,7 +34,7 @@ from . import _messages as M
 from ._config import Config, current_config
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import Future, runtime_threads
-from ._launcher import LocalLauncher, ProcHandle, ProcLauncher
+from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
 
 log = logging.getLogger("regency.runtime")
@@ -66,11 +66,11 @@ class Outbox:
         self.address = address
         self._conn: transports.Connection | None = None
         self._lock = threading.Lock()
-        self._pending: list[bytes] = []
+        self._pending: list[transports.Frame] = []
         self._connecting = False
         self._error: BaseException | None = None
 
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: transports.Frame) -> None:
         conn = self._conn
         if conn is None:
             with self._lock:
@@ -243,7 +243,7 @@ class Runtime:
             ) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
-                self.launcher = self.launcher or LocalLauncher(nursery)
+                self.launcher = self.launcher or default_launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: _InboundSink(self))
                 self.address = listener.address
                 # Frames this process sends to itself take the in-process transport.
@@ -255,6 +255,9 @@ class Runtime:
                     self.outbox(self.parent_address).send(
                         _codec.pack((M.HELLO, self.proc_id, self.address))
                     )
+                if self.parent_address is None and isinstance(self.launcher, ZygoteLauncher):
+                    # A controller will almost surely spawn procs: warm the zygote now.
+                    self.launcher.start()
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -300,7 +303,7 @@ class Runtime:
                     self._outboxes[address] = box
         return box
 
-    def send(self, address: str, frame: bytes) -> None:
+    def send(self, address: str, frame: transports.Frame) -> None:
         """Send a frame to the runtime at ``address``. Thread-safe, never blocks."""
         self.outbox(address).send(frame)
 
@@ -320,7 +323,8 @@ class Runtime:
     def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
-        self.send(address, _codec.pack((M.PORT, port_id, index, status), _codec.dumps(value)))
+        payload = _codec.dumps(_codec.out_of_band(value))
+        self.send(address, _codec.pack((M.PORT, port_id, index, status), payload))
 
     def link_failed(self, address: str, exc: BaseException) -> None:
         """The way to ``address`` is gone: fail every port that waits on it."""

@@ -24,6 +24,21 @@ log = logging.getLogger("regency.transports")
 DEFAULT_MAX_FRAME_BYTES = 1 << 31
 
 
+#: A frame: one buffer, or a list of buffers that together form the frame (sent without
+#: joining them where the backend can gather).
+Frame = bytes | bytearray | memoryview | list[bytes | memoryview]
+
+
+def frame_size(frame: Frame) -> int:
+    if isinstance(frame, list):
+        return sum(memoryview(part).nbytes for part in frame)
+    return memoryview(frame).nbytes
+
+
+def join_frame(frame: Frame) -> bytes | bytearray | memoryview:
+    return b"".join(frame) if isinstance(frame, list) else frame
+
+
 class TransportError(Exception):
     """Base class of transport failures."""
 
@@ -61,7 +76,7 @@ class Connection(abc.ABC):
     peer: str
 
     @abc.abstractmethod
-    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
+    def send_nowait(self, frame: Frame) -> None:
         """Queue ``frame`` for delivery, in order. Thread-safe, never blocks.
 
         Raises :class:`ConnectionClosed` or :class:`ConnectionBroken` when the connection can no

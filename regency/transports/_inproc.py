@@ -18,10 +18,12 @@ from ._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    Frame,
     FrameSink,
     Listener,
     SinkFactory,
     Transport,
+    join_frame,
     log,
 )
 
@@ -48,11 +50,11 @@ class InprocConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
+    def send_nowait(self, frame: Frame) -> None:
         other = self.other
         if self._closed or other is None:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
-        other._deliver(frame)
+        other._deliver(join_frame(frame))
 
     def _deliver(self, frame: bytes | bytearray | memoryview) -> None:
         with self._lock:

@@ -50,11 +50,13 @@ from ._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    Frame,
     FrameSink,
     Listener,
     SinkFactory,
     Transport,
     TransportError,
+    join_frame,
 )
 from ._sockets import _check_private_dir
 
@@ -181,7 +183,8 @@ class NngConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
+    def send_nowait(self, frame: Frame) -> None:
+        frame = join_frame(frame)
         size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
         if size > self._endpoint.max_frame:
             raise ValueError(

@@ -29,10 +29,12 @@ from ._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    Frame,
     FrameSink,
     Listener,
     SinkFactory,
     Transport,
+    frame_size,
 )
 
 log = logging.getLogger("regency.transports")
@@ -121,8 +123,13 @@ class SocketConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: bytes | bytearray | memoryview) -> None:
-        size = len(frame)
+    def send_nowait(self, frame: Frame) -> None:
+        if isinstance(frame, list):
+            size = frame_size(frame)
+            if size < _GATHER_THRESHOLD:
+                frame = b"".join(frame)
+        else:
+            size = len(frame)
         header = size.to_bytes(_HEADER, "little")
         now = time.perf_counter()
         with self._lock:
@@ -134,7 +141,10 @@ class SocketConnection(Connection):
             self._last_send = now
             if self._pending or self._writing or burst:
                 # Coalesce: the writer task sends everything queued in one sendmsg.
-                if size < _GATHER_THRESHOLD:
+                if isinstance(frame, list):
+                    self._pending.append(memoryview(header))
+                    self._pending.extend(memoryview(part) for part in frame)
+                elif size < _GATHER_THRESHOLD:
                     self._pending.append(memoryview(header + frame))
                 else:
                     self._pending.append(memoryview(header))
@@ -143,11 +153,12 @@ class SocketConnection(Connection):
                     return
                 self._kicked = True
             else:
+                parts = [header, *frame] if isinstance(frame, list) else [header, frame]
                 try:
                     if size >= _GATHER_THRESHOLD:
-                        sent = self._sock.sendmsg([header, frame])
+                        sent = self._sock.sendmsg(parts)
                     else:
-                        sent = self._sock.send(header + frame)
+                        sent = self._sock.send(header + frame)  # type: ignore[operator]
                 except BlockingIOError:
                     sent = 0
                 except OSError as exc:
@@ -155,11 +166,7 @@ class SocketConnection(Connection):
                     raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
                 if sent == size + _HEADER:
                     return
-                if sent < _HEADER:
-                    self._pending.append(memoryview(header)[sent:])
-                    self._pending.append(memoryview(frame))
-                else:
-                    self._pending.append(memoryview(frame)[sent - _HEADER :])
+                self._pending.extend(_unsent([memoryview(p) for p in parts], sent))
                 self._kicked = True
         self._kick_writer()
 
@@ -220,6 +227,7 @@ class SocketConnection(Connection):
         sock = self._sock
         buf = bytearray(_RECV_BUFFER)
         view = memoryview(buf)
+        big: bytearray | None = None
         start = end = 0
         try:
             while True:
@@ -242,12 +250,17 @@ class SocketConnection(Connection):
                     if end - start - _HEADER < size:
                         if _HEADER + size > len(buf):
                             # A frame bigger than the buffer: receive it into its own buffer.
-                            big = bytearray(size)
+                            # Reused across frames (the sink may not keep the view): a
+                            # fresh megabyte per frame costs more in page faults than the copy.
+                            if big is None or len(big) < size:
+                                big = bytearray(size)
+                            frame = memoryview(big)[:size]
                             have = end - start - _HEADER
-                            big[:have] = view[start + _HEADER : end]
-                            await self._recv_into_exactly(memoryview(big)[have:])
+                            frame[:have] = view[start + _HEADER : end]
+                            await self._recv_into_exactly(frame[have:])
                             start = end = 0
-                            self.sink.frame_received(self, memoryview(big))
+                            self.sink.frame_received(self, frame)
+                            frame.release()
                         break
                     self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
                     start += _HEADER + size
