@@ -32,12 +32,12 @@ class Config:
     tcp_host: str = "127.0.0.1"
     #: Largest frame a connection accepts; bigger ones close that connection.
     max_frame_bytes: int = attrs.field(
-        default=1 << 31, validator=lambda a, b, v: _positive(a, v)
+        default=1 << 31, validator=lambda _inst, a, v: _positive(a, v)
     )
     #: Seconds a spawned proc has to start and connect back.
-    spawn_timeout: float = attrs.field(default=60.0, validator=lambda a, b, v: _positive(a, v))
+    spawn_timeout: float = attrs.field(default=60.0, validator=lambda _inst, a, v: _positive(a, v))
     #: Seconds ``ProcMesh.stop()`` waits for a proc to exit before killing it.
-    stop_timeout: float = attrs.field(default=5.0, validator=lambda a, b, v: _positive(a, v))
+    stop_timeout: float = attrs.field(default=5.0, validator=lambda _inst, a, v: _positive(a, v))
 
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}

@@ -57,8 +57,10 @@ class ActorError(Exception):
 
     def __init__(self, endpoint: str, failure: RemoteFailure, rank: int | None = None) -> None:
         where = f" on rank {rank}" if rank is not None else ""
+        what = "An exception was" if endpoint == "sent to a channel" else f"Actor call {endpoint}"
+        verb = endpoint if endpoint == "sent to a channel" else "failed"
         super().__init__(
-            f"Actor call {endpoint} failed{where}: {failure.type_name}: {failure.message}\n"
+            f"{what} {verb}{where}: {failure.type_name}: {failure.message}\n"
             f"Remote traceback:\n{failure.traceback}"
         )
         self.endpoint = endpoint

@@ -109,11 +109,15 @@ class ActorCell:
                 spec = self.endpoints.get(item[1])
                 if spec is not None and spec.is_async:
                     try:
-                        trio.from_thread.run(self._call_async, item, trio_token=self.rt.token)
+                        alive = trio.from_thread.run(
+                            self._call_async, item, trio_token=self.rt.token
+                        )
                     except trio.RunFinishedError:
                         return
                 else:
-                    self._call_sync(item, spec)
+                    alive = self._call_sync(item, spec)
+                if not alive:
+                    return
             elif kind == "stop":
                 self._stop(item[1])
                 return
@@ -130,7 +134,8 @@ class ActorCell:
             item = self._deque.popleft()
             kind = item[0]
             if kind == "call":
-                await self._call_async(item)
+                if not await self._call_async(item):
+                    return
             elif kind == "stop":
                 self._stop(item[1])
                 return
@@ -225,7 +230,8 @@ class ActorCell:
     def _context(self, item: tuple[Any, ...]) -> Context:
         return Context(self.instance, spec=item[5])
 
-    def _call_sync(self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None) -> None:
+    def _call_sync(self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None) -> bool:
+        """Handle one call on the actor's thread; False when the actor died of it."""
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
@@ -235,13 +241,18 @@ class ActorCell:
                 result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
         except Exception as exc:
             self._failed(item, exc)
+        except BaseException as exc:
+            self._fatal(item, exc)
+            return False
         else:
             if not explicit:
                 self._succeeded(item, result)
         finally:
             current.reset(token)
+        return True
 
-    async def _call_async(self, item: tuple[Any, ...]) -> None:
+    async def _call_async(self, item: tuple[Any, ...]) -> bool:
+        """Handle one call on the trio loop; False when the actor died of it."""
         spec = self.endpoints.get(item[1])
         token = current.set(self._context(item))
         try:
@@ -251,11 +262,34 @@ class ActorCell:
                 result = await result
         except Exception as exc:
             self._failed(item, exc)
+        except trio.Cancelled:
+            raise  # the runtime is shutting down
+        except BaseException as exc:
+            self._fatal(item, exc)
+            return False
         else:
             if not explicit:
                 self._succeeded(item, result)
         finally:
             current.reset(token)
+        return True
+
+    def _fatal(self, item: tuple[Any, ...], exc: BaseException) -> None:
+        """A BaseException (SystemExit, KeyboardInterrupt, ...) escaped an endpoint: the
+        actor fails, its caller hears why, and later messages bounce. Its proc lives on."""
+        failure = RemoteFailure.capture(exc)
+        dead = RemoteFailure(
+            failure.type_name,
+            f"actor {self.name} rank {self.point.rank} failed: "
+            f"{failure.type_name}: {failure.message}",
+            failure.traceback,
+            failure.pickled,
+        )
+        log.error("actor %s rank %s failed:\n%s", self.name, self.point.rank, failure.traceback)
+        port, index = item[3], item[4]
+        if port is not None:
+            self._reply(port, index, M.DEAD, dead)
+        self._retire(dead)
 
     def _succeeded(self, item: tuple[Any, ...], result: Any) -> None:
         port, index = item[3], item[4]

@@ -8,6 +8,7 @@ mesh directly, from its own process. All sending goes through this process's run
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -74,9 +75,13 @@ class _MeshReplies:
         self.shape = shape
         self.dests = dests
         self.values: list[Any] = [None] * len(shape)
+        self.seen = [False] * len(shape)
         self.missing = len(shape)
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        if self.seen[index]:
+            return False  # an explicit port answered twice: the first answer counts
+        self.seen[index] = True
         try:
             self.values[index] = _decode(self.endpoint, index, status, parts)
         except Exception as exc:
@@ -272,6 +277,9 @@ class Endpoint(Generic[R]):
             self._send(rt, ranks, port, payload)
         except UndeliverableError as exc:
             self._fail_fast(rt, handler, port, exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return fut
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
@@ -282,6 +290,9 @@ class Endpoint(Generic[R]):
             self._send(rt, (local,), port, payload)
         except UndeliverableError as exc:
             self._fail_fast(rt, handler, port, exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return fut
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -313,6 +324,9 @@ class Endpoint(Generic[R]):
             self._send(rt, ranks, port, payload)
         except UndeliverableError as exc:
             self._fail_fast(rt, handler, port, exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return iter(futs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
@@ -334,6 +348,9 @@ class Endpoint(Generic[R]):
             self._send(rt, ranks, port, payload)
         except UndeliverableError as exc:
             self._fail_fast(rt, handler, port, exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return fut
 
     def __repr__(self) -> str:
@@ -461,6 +478,16 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             f"endpoints: {sorted(endpoints_of(self._cls))}"
         )
 
+    def endpoint(self, name: str) -> Endpoint[Any]:
+        """The endpoint ``name``, also when a mesh attribute of that name hides it
+        (``mesh.size`` is the mesh's size; ``mesh.endpoint("size")`` the endpoint)."""
+        if not isinstance(getattr(self._cls, name, None), EndpointSpec):
+            raise AttributeError(
+                f"{self._cls.__name__} has no endpoint {name!r}; "
+                f"endpoints: {sorted(endpoints_of(self._cls))}"
+            )
+        return Endpoint(self, name)
+
     @property
     def initialized(self) -> Future[None]:
         """Resolves once every rank's ``__init__`` has run (fails if one raised)."""
@@ -469,7 +496,8 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         return self._init
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
-        """Stop every actor of this mesh (or slice) after the message it is handling."""
+        """Stop every actor of this mesh (or slice) once it has handled the messages already
+        queued for it; later calls fail with ``SupervisionError``."""
         rt = current_runtime()
         fut: Future[None] = Future()
         shape = self._shape
@@ -484,6 +512,11 @@ class ActorMesh(MeshAlgebra, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name} ({self._cls.__name__}) {self._shape.dim_sizes()}>"
+
+
+_MESH_ATTRIBUTES = frozenset(
+    name for name in dir(ActorMesh) if not name.startswith("_")
+)
 
 
 class ProcMesh(MeshAlgebra):
@@ -511,6 +544,15 @@ class ProcMesh(MeshAlgebra):
         before the first message any rank handles."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
+        shadowed = sorted(set(endpoints_of(cls)) & _MESH_ATTRIBUTES)
+        if shadowed:
+            warnings.warn(
+                f"endpoints {shadowed} of {cls.__name__} are hidden by ActorMesh attributes "
+                f"of the same name; call them as mesh.endpoint({shadowed[0]!r}).call(...) "
+                "or rename them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         rt = current_runtime()
         payload = _pickle_args(f"{cls.__name__}.__init__", args, kwargs, (cls, args, kwargs))
         key = rt.new_name(f"{name}.")
@@ -711,23 +753,36 @@ def stop_owned_procs(rt: Runtime, timeout: float) -> None:
 
 
 class Port(Generic[T]):
-    """Where replies go: picklable, so it can be passed to any actor; in-order delivery."""
+    """Where replies go: picklable, so it can be passed to any actor; in-order delivery.
+
+    A reply port (explicit response port) carries the rank it answers for; a channel port
+    (``Channel.open``) stamps each value with the sender's rank, which ``open_ranked`` shows.
+    """
 
     __slots__ = ("_index", "_ref")
 
-    def __init__(self, ref: tuple[str, int] | None, index: int = 0) -> None:
+    def __init__(self, ref: tuple[str, int] | None, index: int | None = None) -> None:
         self._ref, self._index = ref, index
 
     def __reduce__(self) -> Any:
         return (Port, (self._ref, self._index))
 
+    def _rank(self) -> int:
+        if self._index is not None:
+            return self._index
+        from ._context import current
+
+        ctx = current.get()
+        return ctx.actor_instance.rank.rank if ctx is not None else 0
+
     def send(self, value: T) -> None:
         if self._ref is not None:
-            current_runtime().send_port(self._ref, self._index, M.OK, value)
+            current_runtime().send_port(self._ref, self._rank(), M.OK, value)
 
     def exception(self, exc: BaseException) -> None:
         if self._ref is not None:
-            current_runtime().send_port(self._ref, self._index, M.ERROR, RemoteFailure.capture(exc))
+            failure = RemoteFailure.capture(exc)
+            current_runtime().send_port(self._ref, self._rank(), M.ERROR, failure)
 
     def __repr__(self) -> str:
         return f"<Port {self._ref}>"
@@ -756,7 +811,7 @@ class _Inbox:
         if status == M.OK:
             fut.set_result((index, value) if self.ranked else value)
         else:
-            fut.set_exception(ActorError("port", value, index))
+            fut.set_exception(ActorError("sent to a channel", value, index))
 
     def fail(self, exc: BaseException) -> None:
         for fut in self.waiters:

@@ -71,6 +71,13 @@ class Outbox:
         self._error: BaseException | None = None
 
     def send(self, frame: transports.Frame) -> None:
+        size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
+        if size > self._rt.config.max_frame_bytes:
+            raise ValueError(
+                f"message of {size} bytes exceeds max_frame_bytes="
+                f"{self._rt.config.max_frame_bytes}; raise it with "
+                "regency.configure(max_frame_bytes=...)"
+            )
         conn = self._conn
         if conn is None:
             with self._lock:
@@ -104,7 +111,7 @@ class Outbox:
                     await ready.wait()
                 if self._error is not None:
                     return
-            conn = await self._rt.transport.connect(self.address, _OutboundSink(self))
+            conn = await self._dial()
         except (transports.TransportError, trio.TooSlowError, OSError, ValueError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 exc = TimeoutError(
@@ -123,6 +130,23 @@ class Outbox:
                 self._conn = conn
                 return
         self._broken(error)
+
+    async def _dial(self) -> transports.Connection:
+        """Connect, retrying while nothing listens yet: a sibling proc may still be starting
+        (only procs this runtime launched announce themselves). Gives up after
+        ``spawn_timeout``; a wrong secret fails at once."""
+        deadline = trio.current_time() + self._rt.config.spawn_timeout
+        delay = 0.001
+        while True:
+            try:
+                return await self._rt.transport.connect(self.address, _OutboundSink(self))
+            except transports.AuthenticationError:
+                raise
+            except transports.ConnectionBroken:
+                if trio.current_time() + delay > deadline:
+                    raise
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     def _broken(self, exc: BaseException) -> None:
         with self._lock:

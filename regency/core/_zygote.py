@@ -30,8 +30,11 @@ from . import _bootstrap
 
 def _report(out: int, message: dict[str, Any]) -> None:
     data = (json.dumps(message) + "\n").encode()
-    while data:
-        data = data[os.write(out, data) :]
+    try:
+        while data:
+            data = data[os.write(out, data) :]
+    except BrokenPipeError:
+        sys.exit(0)  # the spawner is gone; our finally clause kills the procs
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ from ._base import (
     SinkFactory,
     Transport,
     TransportError,
+    frame_size,
+    join_frame,
 )
 from ._inproc import InprocTransport
 from ._sockets import SocketTransport
@@ -50,6 +52,8 @@ __all__ = [
     "SinkFactory",
     "Transport",
     "TransportError",
+    "frame_size",
+    "join_frame",
     "open_transport",
     "scheme_of",
 ]

@@ -187,3 +187,47 @@ class Bad(Actor):
     @endpoint
     def never(self) -> None:
         pass
+
+
+class Exiter(Actor):
+    @endpoint
+    def exit_sync(self) -> None:
+        raise SystemExit(3)
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+
+class AsyncExiter(Actor):
+    @endpoint
+    async def exit_async(self) -> None:
+        raise KeyboardInterrupt
+
+    @endpoint
+    async def ok(self) -> str:
+        return "ok"
+
+
+class TwiceAnswering(Actor):
+    @endpoint(explicit_response_port=True)
+    def answer(self, port: Port[str]) -> None:
+        port.send(f"first {current_rank().rank}")
+        port.send("second")
+
+
+class Shadowed(Actor):
+    @endpoint
+    def size(self) -> int:
+        return 7
+
+
+class Asker(Actor):
+    """Calls a sibling mesh at once, possibly before its procs listen."""
+
+    def __init__(self, peers: ActorMesh[Counter]) -> None:
+        self.peers = peers
+
+    @endpoint
+    def ask(self) -> list[int]:
+        return list(self.peers.value.call().get(timeout=20).values())

@@ -1,0 +1,103 @@
+"""Bad inputs and odd timings: each fails one thing, clearly, and loses nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import regency
+from regency.actor import Channel, ProcMesh, SupervisionError, this_host
+
+from .actors import Asker, AsyncExiter, Counter, Exiter, Producer, Shadowed, TwiceAnswering
+
+T = 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def procs() -> ProcMesh:
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    pm.initialized.get(T)
+    return pm
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sibling_procs_can_talk_before_they_all_listen(attempt: int) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 4})
+    counters = pm.spawn("counters", Counter, attempt)
+    asker = pm.slice(gpus=0).spawn("asker", Asker, counters)
+    assert asker.ask.call_one().get(T) == [attempt] * 4
+    pm.stop().get(T)
+
+
+@pytest.mark.parametrize(
+    ("cls", "method"), [(Exiter, "exit_sync"), (AsyncExiter, "exit_async")]
+)
+def test_base_exception_fails_the_actor_not_the_proc(
+    procs: ProcMesh, cls: type, method: str
+) -> None:
+    mesh = procs.spawn(f"dies_{method}", cls)
+    with pytest.raises(SupervisionError, match=rf"dies_{method} rank 1 failed: builtins\."):
+        getattr(mesh.slice(gpus=1), method).call_one().get(T)
+    with pytest.raises(SupervisionError, match="failed"):
+        mesh.slice(gpus=1).ok.call_one().get(T)
+    assert mesh.slice(gpus=0).ok.call_one().get(T) == "ok"
+    assert procs.spawn(f"after_{method}", Counter, 2).value.call().get(T).values() == [2, 2]
+
+
+def test_an_explicit_port_answering_twice_counts_once(procs: ProcMesh) -> None:
+    mesh = procs.spawn("twice", TwiceAnswering)
+    assert mesh.answer.call().get(T).values() == ["first 0", "first 1"]
+
+
+def test_open_ranked_reports_the_sender_rank(procs: ProcMesh) -> None:
+    ps = procs.spawn("ranked", Producer)
+    port, receiver = Channel[int].open_ranked()
+    ps.produce.broadcast(port, 1)
+    got = sorted(receiver.recv().get(T) for _ in range(2))
+    assert got == [(0, 0), (1, 1000)]
+
+
+def test_shadowed_endpoint_warns_and_stays_reachable(procs: ProcMesh) -> None:
+    with pytest.warns(RuntimeWarning, match=r"endpoints \['size'\] of Shadowed are hidden"):
+        mesh = procs.spawn("shadowed", Shadowed)
+    assert mesh.size("gpus") == 2
+    assert mesh.endpoint("size").call().get(T).values() == [7, 7]
+    with pytest.raises(AttributeError, match="Shadowed has no endpoint 'nope'"):
+        mesh.endpoint("nope")
+
+
+def test_configuration_values_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"spawn_timeout must be positive \(got 0\)"):
+        regency.configure(spawn_timeout=0)
+    with pytest.raises(TypeError, match=r"unknown configuration keys \['spawn_timout'\]"):
+        regency.configure(spawn_timout=1)
+
+
+def test_oversized_message_fails_at_the_call_site_and_the_link_survives() -> None:
+    program = textwrap.dedent(
+        """
+        import regency
+        from regency.actor import this_host
+        from tests.core.actors import Recorder
+        regency.configure(max_frame_bytes=1 << 20)
+        rec = this_host().spawn_procs(per_host={"gpus": 1}).spawn("rec", Recorder)
+        try:
+            rec.record.call_one(b"x" * (2 << 20)).get(30)
+        except ValueError as e:
+            print("refused:", e)
+        rec.record.call_one(b"small").get(30)
+        print("log:", rec.log.call_one().get(30))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "refused: message of 2097" in out.stdout
+    assert "exceeds max_frame_bytes=1048576" in out.stdout
+    assert "log: [b'small']" in out.stdout
