@@ -30,6 +30,13 @@ from .core import (
     this_host,
     this_proc,
 )
+from .core._oversight import UnhandledFault, default_unhandled_fault_hook
+from .supervision import MeshFailure
+
+#: Called with a :class:`MeshFailure` that no owner handled. The default prints the report
+#: and stops the program (exit status 1) within a few seconds, also when the main thread
+#: sleeps or waits on a future. Assign your own; one that returns drops the fault.
+unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "Accumulator",
@@ -40,11 +47,13 @@ __all__ = [
     "Extent",
     "Future",
     "HostMesh",
+    "MeshFailure",
     "Point",
     "Port",
     "PortReceiver",
     "ProcMesh",
     "SupervisionError",
+    "UnhandledFault",
     "ValueMesh",
     "as_endpoint",
     "context",
@@ -56,4 +65,5 @@ __all__ = [
     "send",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]

@@ -38,6 +38,18 @@ class Config:
     spawn_timeout: float = attrs.field(default=60.0, validator=lambda _inst, a, v: _positive(a, v))
     #: Seconds ``ProcMesh.stop()`` waits for a proc to exit before killing it.
     stop_timeout: float = attrs.field(default=5.0, validator=lambda _inst, a, v: _positive(a, v))
+    #: Seconds a ``__cleanup__`` may take before it is abandoned.
+    cleanup_timeout: float = attrs.field(
+        default=3.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
+    #: Seconds between a proc's heartbeats to its spawner.
+    heartbeat_interval: float = attrs.field(
+        default=1.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
+    #: Seconds without a heartbeat after which a spawner declares a proc stuck and kills it.
+    heartbeat_timeout: float = attrs.field(
+        default=10.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
 
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}

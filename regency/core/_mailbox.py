@@ -11,6 +11,16 @@ Two executors, chosen per actor class:
 
 Replies are written from wherever the handler ran (``Connection.send_nowait`` is
 thread-safe), without a hop back to the trio thread.
+
+Mailbox items are tuples whose first field says what they are: ``("call", method, args,
+port, rank, point)``, ``("supervise", MeshFailure)``, ``("escalate", FailureCause)``,
+``("stop", port)`` and ``("abandon",)``.
+
+Failure (see docs/supervision.md): an endpoint that raises with no caller waiting, a
+``BaseException`` out of an endpoint, a failed ``__init__`` or an unhandled failure of a mesh
+this actor owns make the actor *die*: its proc is poisoned (refuses new actors), its owner
+gets a FAILED report, what it owns is stopped, ``__cleanup__(exc)`` runs, and queued messages
+bounce. Stopping does the same without the report.
 """
 
 from __future__ import annotations
@@ -20,26 +30,35 @@ import logging
 import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .. import supervision as S
+from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure
+from ._future import Future
 from ._shape import Extent, Point
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
 log = logging.getLogger("regency.actor")
-_STOP = ("abandon",)
+_ABANDON = ("abandon",)
 
 
 def _point(spec: tuple[int, list[str], list[int]]) -> Point:
     rank, labels, sizes = spec
     return Point(rank, Extent(labels, sizes))
+
+
+def _exception_cause(what: str, exc: BaseException) -> S.FailureCause:
+    failure = RemoteFailure.capture(exc)
+    return S.FailureCause(f"{what} {failure.type_name}: {failure.message}", failure.traceback)
 
 
 class ActorCell:
@@ -51,6 +70,7 @@ class ActorCell:
         point: tuple[int, list[str], list[int]],
         payload: Any,
         init_port: tuple[str, int] | None,
+        owner: tuple[str, str, str],
     ) -> None:
         self.rt = runtime
         self.key = key
@@ -58,30 +78,26 @@ class ActorCell:
         self.point = _point(point)
         self._payload = payload
         self._init_port = init_port
+        #: (address, actor key, name) of the actor that spawned this mesh.
+        self.owner = owner
         self.instance: ActorInstance = ActorInstance(
             name, key, self.point, runtime.proc_id, runtime.address
         )
         self.obj: Any = None
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
-        self.failure: RemoteFailure | None = None
         cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
         self.threaded = not table or any(not e.is_async for e in table.values())
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._deque: deque[tuple[Any, ...]] = deque()
         self._wakeup = trio.Event()
-        self._done = False
 
     # -- mailbox -------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.threaded:
             threading.Thread(
-                target=self._thread_main,
-                name=f"actor {self.name}[{self.point.rank}]",
-                daemon=True,
-                # Each actor thread starts from an empty context: no leaking of the spawner's.
-                args=(),
+                target=self._thread_main, name=f"actor {self.name}[{self.point.rank}]", daemon=True
             ).start()
         else:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
@@ -96,48 +112,59 @@ class ActorCell:
 
     def abandon(self) -> None:
         """The runtime is going away: stop popping the mailbox."""
-        self.enqueue(_STOP)
+        self.enqueue(_ABANDON)
+
+    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        """From the actor thread: run ``fn`` on the trio thread and return its result."""
+        return trio.from_thread.run_sync(fn, trio_token=self.rt.token)
 
     def _thread_main(self) -> None:
-        if not self._init_sync():
-            return
-        get = self._queue.get
-        while True:
-            item = get()
-            kind = item[0]
-            if kind == "call":
-                spec = self.endpoints.get(item[1])
-                if spec is not None and spec.is_async:
-                    try:
+        try:
+            alive = self._init()
+            get = self._queue.get
+            while alive:
+                item = get()
+                kind = item[0]
+                if kind == "call":
+                    spec = self.endpoints.get(item[1])
+                    if spec is not None and spec.is_async:
                         alive = trio.from_thread.run(
                             self._call_async, item, trio_token=self.rt.token
                         )
-                    except trio.RunFinishedError:
-                        return
-                else:
-                    alive = self._call_sync(item, spec)
-                if not alive:
+                        if self._pending_death is not None:
+                            self._die_sync(*self._pending_death)
+                    else:
+                        alive = self._call_sync(item, spec)
+                elif kind == "supervise":
+                    self._supervise_sync(item[1])
+                elif kind == "escalate":
+                    self._die_sync(item[1], None)
                     return
-            elif kind == "stop":
-                self._stop(item[1])
-                return
-            else:
-                return
+                elif kind == "stop":
+                    self._stop_sync(item[1])
+                    return
+                else:
+                    return
+        except trio.RunFinishedError:
+            return
 
     async def _task_main(self) -> None:
-        if not self._init_sync():
-            return
-        while True:
+        alive = self._init()
+        while alive:
             while not self._deque:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
             item = self._deque.popleft()
             kind = item[0]
             if kind == "call":
-                if not await self._call_async(item):
-                    return
+                alive = await self._call_async(item)
+            elif kind == "supervise":
+                await self._supervise_async(item[1])
+            elif kind == "escalate":
+                await self._die_async(item[1], None)
+                return
             elif kind == "stop":
-                self._stop(item[1])
+                await self._stop_async(item[1])
                 return
             else:
                 return
@@ -162,9 +189,11 @@ class ActorCell:
 
         self.rt.call_soon(retire)
 
-    # -- handling ------------------------------------------------------------------------
+    # -- __init__ ------------------------------------------------------------------------
 
-    def _init_sync(self) -> bool:
+    def _init(self) -> bool:
+        """Construct the actor. On failure the actor dies (also on the trio executor:
+        ``__init__`` is synchronous and owns nothing yet, so no waiting is involved)."""
         payload = self._payload
         self._payload = None
         token = current.set(Context(self.instance, self.point))
@@ -177,16 +206,10 @@ class ActorCell:
             self.endpoints = endpoints_of(cls)
             self.obj = cls(*args, **kwargs)
         except BaseException as exc:
-            self.failure = RemoteFailure.capture(exc)
-            log.error(
-                "actor %s rank %s failed in __init__:\n%s",
-                self.name,
-                self.point.rank,
-                self.failure.traceback,
-            )
-            self._retire(self._init_failure())
+            cause = _exception_cause("__init__ raised", exc)
             if self._init_port is not None:
-                self._reply(self._init_port, self.point.rank, M.ERROR, self.failure)
+                self._reply(self._init_port, self.point.rank, M.ERROR, RemoteFailure.capture(exc))
+            self._retire(self._fail(cause))
             return False
         finally:
             current.reset(token)
@@ -194,15 +217,7 @@ class ActorCell:
             self._reply(self._init_port, self.point.rank, M.OK, None)
         return True
 
-    def _init_failure(self) -> RemoteFailure:
-        assert self.failure is not None
-        f = self.failure
-        return RemoteFailure(
-            f.type_name,
-            f"actor {self.name} rank {self.point.rank} failed in __init__: {f.message}",
-            f.traceback,
-            f.pickled,
-        )
+    # -- calls ---------------------------------------------------------------------------
 
     def _prepare(
         self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None
@@ -239,11 +254,11 @@ class ActorCell:
             if inspect.iscoroutine(result):  # an async plain method via as_endpoint
                 coro = result
                 result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
-        except Exception as exc:
-            self._failed(item, exc)
         except BaseException as exc:
-            self._fatal(item, exc)
-            return False
+            cause = self._raised(item, exc)
+            if cause is not None:
+                self._die_sync(cause, exc)
+                return False
         else:
             if not explicit:
                 self._succeeded(item, result)
@@ -260,13 +275,16 @@ class ActorCell:
             result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
                 result = await result
-        except Exception as exc:
-            self._failed(item, exc)
         except trio.Cancelled:
             raise  # the runtime is shutting down
         except BaseException as exc:
-            self._fatal(item, exc)
-            return False
+            cause = self._raised(item, exc)
+            if cause is not None:
+                if self.threaded:  # a mixed actor: the thread finishes dying
+                    self._pending_death = (cause, exc)
+                else:
+                    await self._die_async(cause, exc)
+                return False
         else:
             if not explicit:
                 self._succeeded(item, result)
@@ -274,22 +292,20 @@ class ActorCell:
             current.reset(token)
         return True
 
-    def _fatal(self, item: tuple[Any, ...], exc: BaseException) -> None:
-        """A BaseException (SystemExit, KeyboardInterrupt, ...) escaped an endpoint: the
-        actor fails, its caller hears why, and later messages bounce. Its proc lives on."""
-        failure = RemoteFailure.capture(exc)
-        dead = RemoteFailure(
-            failure.type_name,
-            f"actor {self.name} rank {self.point.rank} failed: "
-            f"{failure.type_name}: {failure.message}",
-            failure.traceback,
-            failure.pickled,
-        )
-        log.error("actor %s rank %s failed:\n%s", self.name, self.point.rank, failure.traceback)
-        port, index = item[3], item[4]
+    def _raised(self, item: tuple[Any, ...], exc: BaseException) -> S.FailureCause | None:
+        """An endpoint raised. Return why the actor must die, or None when the caller just
+        gets the error (an ``Exception`` with a caller waiting)."""
+        port, index, method = item[3], item[4], item[1]
+        what = f"endpoint {self.name}.{method}"
+        if isinstance(exc, Exception) and port is not None:
+            self._reply(port, index, M.ERROR, RemoteFailure.capture(exc))
+            return None
+        if isinstance(exc, Exception):
+            return _exception_cause(f"{what} raised with no caller waiting:", exc)
+        cause = _exception_cause(f"{what} raised", exc)
         if port is not None:
-            self._reply(port, index, M.DEAD, dead)
-        self._retire(dead)
+            self._reply(port, index, M.DEAD, self._dead_failure(cause))
+        return cause
 
     def _succeeded(self, item: tuple[Any, ...], result: Any) -> None:
         port, index = item[3], item[4]
@@ -298,28 +314,10 @@ class ActorCell:
         try:
             self.rt.send_port(port, index, M.OK, result)
         except Exception as exc:
-            self._failed(
-                item,
-                TypeError(
-                    f"endpoint {self.name}.{item[1]} returned a value that cannot be sent: {exc}"
-                ),
+            error = TypeError(
+                f"endpoint {self.name}.{item[1]} returned a value that cannot be sent: {exc}"
             )
-
-    def _failed(self, item: tuple[Any, ...], exc: Exception) -> None:
-        port, index = item[3], item[4]
-        failure = RemoteFailure.capture(exc)
-        if port is None:
-            # Nobody waits for this result. Supervision of such failures is issue #3's
-            # job; until then the failure is logged with its traceback and the actor goes on.
-            log.error(
-                "endpoint %s.%s raised with no caller waiting (rank %s):\n%s",
-                self.name,
-                item[1],
-                self.point.rank,
-                failure.traceback,
-            )
-            return
-        self._reply(port, index, M.ERROR, failure)
+            self._reply(port, index, M.ERROR, RemoteFailure.capture(error))
 
     def _reply(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         try:
@@ -327,14 +325,150 @@ class ActorCell:
         except Exception:
             log.exception("could not reply to %s for actor %s", port, self.name)
 
-    def _stop(self, port: tuple[str, int] | None) -> None:
-        failure = RemoteFailure(
-            "regency.SupervisionError",
-            f"actor {self.name} rank {self.point.rank} was stopped",
-            "",
+    # -- supervision ---------------------------------------------------------------------
+
+    def _supervise_fn(self) -> Any:
+        return getattr(self.obj, "__supervise__", None)
+
+    def _supervised(self, failure: S.MeshFailure, result: Any, error: BaseException | None) -> None:
+        cause = None if error is None else _exception_cause("__supervise__ raised", error)
+        handled = error is None and bool(result)
+        self.rt.call_soon(
+            lambda: self.rt.oversight.feed(S.SuperviseDone(self.key, failure, handled, cause))
         )
+
+    def _supervise_sync(self, failure: S.MeshFailure) -> None:
+        fn = self._supervise_fn()
+        result, error = None, None
+        token = current.set(Context(self.instance, self.point))
+        try:
+            if fn is not None:
+                result = fn(failure)
+                if inspect.iscoroutine(result):
+                    coro = result
+                    result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+        except Exception as exc:
+            error = exc
+        finally:
+            current.reset(token)
+        self._supervised(failure, result, error)
+
+    async def _supervise_async(self, failure: S.MeshFailure) -> None:
+        fn = self._supervise_fn()
+        result, error = None, None
+        token = current.set(Context(self.instance, self.point))
+        try:
+            if fn is not None:
+                result = fn(failure)
+                if inspect.iscoroutine(result):
+                    result = await result
+        except Exception as exc:
+            error = exc
+        finally:
+            current.reset(token)
+        self._supervised(failure, result, error)
+
+    # -- dying and stopping --------------------------------------------------------------
+
+    _pending_death: tuple[S.FailureCause, BaseException | None] | None = None
+
+    def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
+        return RemoteFailure(
+            "regency.SupervisionError",
+            f"actor {self.name} rank {self.point.rank} failed: {cause.summary}",
+            cause.traceback,
+        )
+
+    def _fail(self, cause: S.FailureCause) -> RemoteFailure:
+        """The bookkeeping of a death: log, poison the proc, report to the owner."""
+        failure = self._dead_failure(cause)
+        log.error("%s\n%s", failure.message, cause.traceback)
+        rt = self.rt
+        rt.call_soon(lambda: rt.poison(failure))
+        address, _owner_key, _ = self.owner
+        try:
+            rt.send(
+                address, _codec.pack((M.FAILED, self.key, self.point.rank), _codec.dumps(cause))
+            )
+        except Exception as exc:
+            log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
+        return failure
+
+    def _die_sync(self, cause: S.FailureCause, exc: BaseException | None) -> None:
+        failure = self._fail(cause)
+        self._wind_down_sync(exc)
         self._retire(failure)
+
+    async def _die_async(self, cause: S.FailureCause, exc: BaseException | None) -> None:
+        failure = self._fail(cause)
+        await self._wind_down_async(exc)
+        self._retire(failure)
+
+    def _stopped_failure(self) -> RemoteFailure:
+        return RemoteFailure(
+            "regency.SupervisionError", f"actor {self.name} rank {self.point.rank} was stopped", ""
+        )
+
+    def _stop_sync(self, port: tuple[str, int] | None) -> None:
+        self._wind_down_sync(None)
+        self._retire(self._stopped_failure())
         if port is not None:
             self._reply(port, self.point.rank, M.OK, None)
 
+    async def _stop_async(self, port: tuple[str, int] | None) -> None:
+        await self._wind_down_async(None)
+        self._retire(self._stopped_failure())
+        if port is not None:
+            self._reply(port, self.point.rank, M.OK, None)
 
+    def _wind_down_sync(self, exc: BaseException | None) -> None:
+        """Stop what this actor owns (children first), then run ``__cleanup__(exc)``."""
+        owned: Future[None] = self._on_loop(lambda: self.rt.oversight.stop_owned(self.key))
+        try:
+            owned.get(self.rt.config.stop_timeout + 1)
+        except Exception as error:
+            log.warning("stopping what %s owns: %s", self.name, error)
+        cleanup = getattr(self.obj, "__cleanup__", None)
+        if cleanup is None:
+            return
+        timeout = self.rt.config.cleanup_timeout
+        if inspect.iscoroutinefunction(cleanup):
+
+            async def bounded() -> None:
+                with trio.move_on_after(timeout):
+                    await cleanup(exc)
+
+            self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
+        else:
+            worker = threading.Thread(target=self._guard, args=(lambda: cleanup(exc),), daemon=True)
+            worker.start()
+            worker.join(timeout)
+            if worker.is_alive():
+                log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
+
+    async def _wind_down_async(self, exc: BaseException | None) -> None:
+        owned = self.rt.oversight.stop_owned(self.key)
+        with trio.move_on_after(self.rt.config.stop_timeout + 1):
+            try:
+                await owned
+            except Exception as error:
+                log.warning("stopping what %s owns: %s", self.name, error)
+        cleanup = getattr(self.obj, "__cleanup__", None)
+        if cleanup is None:
+            return
+        with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
+            try:
+                if inspect.iscoroutinefunction(cleanup):
+                    await cleanup(exc)
+                else:
+                    await trio.to_thread.run_sync(cleanup, exc, abandon_on_cancel=True)
+            except Exception:
+                log.exception("__cleanup__ of %s raised", self.name)
+        if scope.cancelled_caught:
+            log.warning("__cleanup__ of %s took too long; abandoned", self.name)
+
+    def _guard(self, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("__cleanup__ of %s raised", self.name)

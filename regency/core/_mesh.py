@@ -15,9 +15,11 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
+from ..supervision import ROOT, MeshStopped
 from ..transports import Frame
 from . import _codec
 from . import _messages as M
+from ._context import current as current_context
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import ActorError, RemoteFailure, SupervisionError, UndeliverableError
 from ._future import Future
@@ -42,16 +44,26 @@ def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> 
         return value
     if status == M.ERROR:
         raise ActorError(endpoint, value, index)
-    raise SupervisionError(f"Endpoint call {endpoint} failed on rank {index}: {value.message}")
+    raise SupervisionError(f"Endpoint call {endpoint} failed: {value.message}")
+
+
+def _call_failed(
+    endpoint: str, exc: BaseException, address: str | None, route: _Route
+) -> SupervisionError:
+    """The error for a call whose destination is lost, naming the mesh ranks behind it."""
+    ranks = [route.ranks[r] for r, a in enumerate(route.addresses) if a == address]
+    where = f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {ranks}" if ranks else ""
+    return SupervisionError(f"Endpoint call {endpoint} failed{where}: {exc}")
 
 
 class _OneReply:
-    __slots__ = ("dests", "endpoint", "fut")
+    __slots__ = ("dests", "endpoint", "fut", "rank")
 
-    def __init__(self, fut: Future[Any], endpoint: str, dests: frozenset[str]) -> None:
+    def __init__(self, fut: Future[Any], endpoint: str, dests: frozenset[str], rank: int) -> None:
         self.fut = fut
         self.endpoint = endpoint
         self.dests = dests
+        self.rank = rank
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         try:
@@ -60,20 +72,23 @@ class _OneReply:
             self.fut.set_exception(exc)
         return True
 
-    def fail(self, exc: BaseException) -> None:
-        self.fut.set_exception(SupervisionError(f"Endpoint call {self.endpoint} failed: {exc}"))
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(
+            SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.rank}: {exc}")
+        )
 
 
 class _MeshReplies:
     """Builds the ValueMesh of a ``call``; the first error fails the whole future."""
 
     def __init__(
-        self, fut: Future[Any], endpoint: str, shape: Shape, dests: frozenset[str]
+        self, fut: Future[Any], endpoint: str, shape: Shape, route: _Route
     ) -> None:
         self.fut = fut
         self.endpoint = endpoint
         self.shape = shape
-        self.dests = dests
+        self.route = route
+        self.dests = route.all_dests
         self.values: list[Any] = [None] * len(shape)
         self.seen = [False] * len(shape)
         self.missing = len(shape)
@@ -93,18 +108,19 @@ class _MeshReplies:
             return True
         return False
 
-    def fail(self, exc: BaseException) -> None:
-        self.fut.set_exception(SupervisionError(f"Endpoint call {self.endpoint} failed: {exc}"))
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
 
 
 class _StreamReplies:
     """Resolves the k-th future with the k-th reply to arrive."""
 
-    def __init__(self, futs: list[Future[Any]], endpoint: str, dests: frozenset[str]) -> None:
+    def __init__(self, futs: list[Future[Any]], endpoint: str, route: _Route) -> None:
         self.futs = futs
         self.next = 0
         self.endpoint = endpoint
-        self.dests = dests
+        self.route = route
+        self.dests = route.all_dests
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         fut = self.futs[self.next]
@@ -115,9 +131,9 @@ class _StreamReplies:
             fut.set_exception(exc)
         return self.next == len(self.futs)
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
         for fut in self.futs[self.next :]:
-            fut.set_exception(SupervisionError(f"Endpoint call {self.endpoint} failed: {exc}"))
+            fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
 
 
 class _Fold:
@@ -130,10 +146,11 @@ class _Fold:
         n: int,
         acc: Any,
         combine: Callable[[Any, Any], Any],
-        dests: frozenset[str],
+        route: _Route,
     ) -> None:
         self.fut, self.endpoint, self.missing = fut, endpoint, n
-        self.acc, self.combine, self.dests = acc, combine, dests
+        self.acc, self.combine, self.route = acc, combine, route
+        self.dests = route.all_dests
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         try:
@@ -147,8 +164,8 @@ class _Fold:
             return True
         return False
 
-    def fail(self, exc: BaseException) -> None:
-        self.fut.set_exception(SupervisionError(f"Endpoint call {self.endpoint} failed: {exc}"))
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
 
 
 class _Acks:
@@ -176,7 +193,7 @@ class _Acks:
             self.fut.set_result(None)
         return True
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
         self.fut.set_exception(SupervisionError(f"{self.what} failed: {exc}"))
 
 
@@ -185,6 +202,7 @@ class _Acks:
 
 class _Route(NamedTuple):
     addresses: tuple[str, ...]  # by local rank
+    ranks: tuple[int, ...]  # the mesh rank of each local rank
     dest_sets: tuple[frozenset[str], ...]  # {address}, by local rank
     all_dests: frozenset[str]
     labels: tuple[str, ...]
@@ -255,44 +273,54 @@ class Endpoint(Generic[R]):
             frame: Frame = [head, *payload] if big else b"".join((head, *payload))
             rt.send(route.addresses[local], frame)
 
-    def _dests(self, local_ranks: Sequence[int]) -> frozenset[str]:
-        route = self._mesh._route()
-        if len(local_ranks) == 1:
-            return route.dest_sets[local_ranks[0]]
-        return route.all_dests
+    def _issue(
+        self, rt: Runtime, local_ranks: Sequence[int], handler: Any, payload: list[Any]
+    ) -> None:
+        """Open a reply port for ``handler`` and send to ``local_ranks``.
 
-    def _fail_fast(self, rt: Runtime, handler: Any, port: tuple[str, int], exc: Exception) -> None:
-        rt.close_port(port[1])
-        handler.fail(exc)
+        A rank known to have failed, or a proc known to be unreachable, fails the handler at
+        once; a message too large raises here, at the call site.
+        """
+        port = rt.open_port(handler)
+        try:
+            self._check_alive(rt, local_ranks)
+            self._send(rt, local_ranks, port, payload)
+        except SupervisionError as exc:
+            rt.close_port(port[1])
+            handler.fail(exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
+
+    def _check_alive(self, rt: Runtime, local_ranks: Sequence[int]) -> None:
+        machine, key, ranks = rt.oversight.machine, self._mesh._key, self._mesh._shape.ranks
+        for local in local_ranks:
+            if machine.failed(key, ranks[local]):
+                cause = machine.cause_of(key, ranks[local])
+                why = f": {cause.summary}" if cause is not None else ""
+                raise SupervisionError(
+                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why}"
+                )
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Send to every rank; the future resolves to a ValueMesh of the replies."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[ValueMesh[R]] = Future()
-        ranks = range(len(self._mesh._shape))
-        handler = _MeshReplies(fut, self.qualname, self._mesh._shape, self._dests(ranks))
-        port = rt.open_port(handler)
-        try:
-            self._send(rt, ranks, port, payload)
-        except UndeliverableError as exc:
-            self._fail_fast(rt, handler, port, exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        route = self._mesh._route()
+        self._issue(
+            rt,
+            range(len(route.addresses)),
+            _MeshReplies(fut, self.qualname, self._mesh._shape, route),
+            payload,
+        )
         return fut
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         fut: Future[R] = Future()
-        handler = _OneReply(fut, self.qualname, self._dests((local,)))
-        port = rt.open_port(handler)
-        try:
-            self._send(rt, (local,), port, payload)
-        except UndeliverableError as exc:
-            self._fail_fast(rt, handler, port, exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        route = self._mesh._route()
+        handler = _OneReply(fut, self.qualname, route.dest_sets[local], route.ranks[local])
+        self._issue(rt, (local,), handler, payload)
         return fut
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -316,41 +344,31 @@ class Endpoint(Generic[R]):
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        ranks = range(len(self._mesh._shape))
-        futs: list[Future[R]] = [Future() for _ in ranks]
-        handler = _StreamReplies(futs, self.qualname, self._dests(ranks))
-        port = rt.open_port(handler)
-        try:
-            self._send(rt, ranks, port, payload)
-        except UndeliverableError as exc:
-            self._fail_fast(rt, handler, port, exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        route = self._mesh._route()
+        futs: list[Future[R]] = [Future() for _ in route.addresses]
+        handler = _StreamReplies(futs, self.qualname, route)
+        self._issue(rt, range(len(futs)), handler, payload)
         return iter(futs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Send to every rank; wait for nothing."""
+        """Send to every rank; wait for nothing. A rank known to have failed raises
+        ``SupervisionError`` here."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        self._send(rt, range(len(self._mesh._shape)), None, payload)
+        ranks = range(len(self._mesh._shape))
+        self._check_alive(rt, ranks)
+        self._send(rt, ranks, None, payload)
 
     def _fold(
         self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
     ) -> Future[Any]:
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        ranks = range(len(self._mesh._shape))
+        route = self._mesh._route()
         fut: Future[Any] = Future()
-        handler = _Fold(fut, self.qualname, len(ranks), acc, combine, self._dests(ranks))
-        port = rt.open_port(handler)
-        try:
-            self._send(rt, ranks, port, payload)
-        except UndeliverableError as exc:
-            self._fail_fast(rt, handler, port, exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        n = len(route.addresses)
+        handler = _Fold(fut, self.qualname, n, acc, combine, route)
+        self._issue(rt, range(n), handler, payload)
         return fut
 
     def __repr__(self) -> str:
@@ -446,6 +464,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             addresses = tuple(self._procs[r][1] for r in shape.ranks)
             route = _Route(
                 addresses,
+                shape.ranks,
                 tuple(frozenset((a,)) for a in addresses),
                 frozenset(addresses),
                 shape.labels,
@@ -501,6 +520,9 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         rt = current_runtime()
         fut: Future[None] = Future()
         shape = self._shape
+        key, ranks = self._key, tuple(shape.ranks)
+        # Stopping is not failing: the owner is not told about these ranks.
+        rt.call_soon(lambda: rt.oversight.machine.handle(MeshStopped(key, ranks)))
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         port = rt.open_port(_Acks(fut, len(shape), f"stopping {self._name}", dests))
         for global_rank in shape.ranks:
@@ -512,6 +534,14 @@ class ActorMesh(MeshAlgebra, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name} ({self._cls.__name__}) {self._shape.dim_sizes()}>"
+
+
+def _owner(rt: Runtime) -> tuple[str, str, str]:
+    """(address, key, name) of the actor running now, or of the root client."""
+    ctx = current_context.get()
+    if ctx is None:
+        return (rt.address, ROOT, "client")
+    return (rt.address, ctx.actor_instance.actor_id, ctx.actor_instance.name)
 
 
 _MESH_ATTRIBUTES = frozenset(
@@ -564,10 +594,13 @@ class ProcMesh(MeshAlgebra):
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
         mesh = ActorMesh(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
-        for local, global_rank in enumerate(shape.ranks):
+        owner = _owner(rt)
+        addresses = tuple(address for _, address in procs)
+        rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
+        for local, address in enumerate(addresses):
             rt.send(
-                self._procs[global_rank][1],
-                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port), payload),
+                address,
+                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
             )
         return mesh
 
@@ -658,7 +691,10 @@ class HostMesh(MeshAlgebra):
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 
+        owner = _owner(rt)[1]
+
         def launch() -> None:
+            rt.oversight.procs_spawned(owner, [c.address for c in children])
             try:
                 rt.launch_procs(children, env, boot)
             except BaseException as exc:
@@ -813,7 +849,7 @@ class _Inbox:
         else:
             fut.set_exception(ActorError("sent to a channel", value, index))
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
         for fut in self.waiters:
             fut.set_exception(exc)
 

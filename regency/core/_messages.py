@@ -8,11 +8,16 @@ kind           envelope fields after the kind                                  p
 =============  ==============================================================  ============
 CALL           actor_key, method, port, rank, labels, sizes                    (args, kwargs)
 PORT           port_id, index, status                                          value
-SPAWN          actor_key, name, rank, labels, sizes, port                      (cls, args, kwargs)
+SPAWN          actor_key, name, rank, labels, sizes, port, owner                (cls, args, kwargs)
 STOP_ACTOR     actor_key, port                                                 -
 STOP_PROC      port                                                            -
 HELLO          proc_id, address                                                -
+FAILED         mesh_key, rank                                                  FailureCause
+HEARTBEAT      address                                                         -
 =============  ==============================================================  ============
+
+``owner`` is ``(address, actor_key, name)`` of the actor that spawned the mesh (``actor_key``
+is ``"client"`` for the controller's main code): FAILED reports go there.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ SPAWN = 2
 STOP_ACTOR = 3
 STOP_PROC = 4
 HELLO = 5
+FAILED = 6
+HEARTBEAT = 7
 
 # PORT statuses
 OK = 0

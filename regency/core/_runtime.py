@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import secrets
+import signal
 import socket
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import trio
 
 from .. import transports
+from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec
 from . import _messages as M
 from ._config import Config, current_config
@@ -36,6 +38,7 @@ from ._errors import RemoteFailure, UndeliverableError
 from ._future import Future, runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
+from ._oversight import Oversight, install_interrupt_handler
 
 log = logging.getLogger("regency.runtime")
 
@@ -49,8 +52,8 @@ class PortHandler(Protocol):
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         """Handle one message; return True when the port is finished and can be closed."""
 
-    def fail(self, exc: BaseException) -> None:
-        """The port can no longer complete (a destination is unreachable)."""
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        """The port can no longer complete (``address``, a destination, is unreachable)."""
 
 
 class Outbox:
@@ -194,6 +197,26 @@ class Child:
         self.handle: ProcHandle | None = None
         self.returncode: int | None = None
         self.exited = trio.Event()
+        #: trio time of the last HELLO or heartbeat; None until the proc has started.
+        self.last_seen: float | None = None
+        #: Why the runtime killed this proc, if it did.
+        self.killed_for: str | None = None
+
+    def describe_exit(self) -> str:
+        code = self.returncode
+        if code is None:
+            return f"proc {self.proc_id} is running"
+        if code < 0:
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                name = ""
+            how = f"was killed by signal {-code}{name}"
+        else:
+            how = f"exited with status {code}"
+        if self.killed_for:
+            how += f" after it {self.killed_for}"
+        return f"proc {self.proc_id} {how}"
 
 
 def _free_tcp_port(host: str) -> int:
@@ -242,6 +265,10 @@ class Runtime:
         self.thread_id: int | None = None
         self.launcher: ProcLauncher | None = None
         self.on_child_exit: list[Callable[[Child], None]] = []
+        self.oversight = Oversight(self)
+        #: Set once an actor here failed: the proc refuses new actors from then on.
+        self.poisoned: RemoteFailure | None = None
+        self._lost: set[str] = set()
 
     def _default_address(self, proc_id: str) -> str:
         if self.config.default_transport == "unix":
@@ -282,6 +309,9 @@ class Runtime:
                 if self.parent_address is None and isinstance(self.launcher, ZygoteLauncher):
                     # A controller will almost surely spawn procs: warm the zygote now.
                     self.launcher.start()
+                if self.parent_address is not None:
+                    nursery.start_soon(self._send_heartbeats, self.parent_address)
+                nursery.start_soon(self._watch_heartbeats)
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -294,6 +324,31 @@ class Runtime:
             for handler in list(self.ports.values()):
                 handler.fail(UndeliverableError("the runtime stopped"))
             self.ports.clear()
+
+    async def _send_heartbeats(self, address: str) -> None:
+        """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
+        frame = _codec.pack((M.HEARTBEAT, self.address))
+        while True:
+            await trio.sleep(self.config.heartbeat_interval)
+            try:
+                self.send(address, frame)
+            except Exception:
+                return  # the spawner is gone; we die with it
+
+    async def _watch_heartbeats(self) -> None:
+        """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
+        while True:
+            await trio.sleep(self.config.heartbeat_interval)
+            now = trio.current_time()
+            for child in list(self.children.values()):
+                if child.last_seen is None or child.returncode is not None:
+                    continue
+                silent = now - child.last_seen
+                if silent > self.config.heartbeat_timeout and child.handle is not None:
+                    child.killed_for = f"sent no heartbeat for {silent:.1f} s (stuck)"
+                    log.error("proc %s %s; killing it", child.proc_id, child.killed_for)
+                    child.last_seen = None
+                    child.handle.kill()
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
@@ -351,16 +406,38 @@ class Runtime:
         self.send(address, _codec.pack((M.PORT, port_id, index, status), payload))
 
     def link_failed(self, address: str, exc: BaseException) -> None:
-        """The way to ``address`` is gone: fail every port that waits on it."""
+        """The way to ``address`` is gone: fail every port that waits on it and tell
+        supervision the proc is lost. For a proc we launched, wait briefly for its exit
+        status so errors can say how it died."""
 
-        def fail_ports() -> None:
-            error = UndeliverableError(f"lost the link to the proc at {address}: {exc}")
-            for port_id, handler in list(self.ports.items()):
-                if address in handler.dests:
-                    del self.ports[port_id]
-                    handler.fail(error)
+        def lost() -> None:
+            child = self.children.get(address)
+            if child is not None and child.returncode is None:
+                self.nursery.start_soon(self._await_exit_then_lose, child, exc)
+            else:
+                self._lose(address, exc, child)
 
-        self.call_soon(fail_ports)
+        self.call_soon(lost)
+
+    async def _await_exit_then_lose(self, child: Child, exc: BaseException) -> None:
+        with trio.move_on_after(0.5):
+            await child.exited.wait()
+        self._lose(child.address, exc, child)
+
+    def _lose(self, address: str, exc: BaseException, child: Child | None) -> None:
+        if address in self._lost:
+            return
+        self._lost.add(address)
+        if child is not None and child.returncode is not None:
+            cause = FailureCause(child.describe_exit(), exit_code=child.returncode)
+        else:
+            cause = FailureCause(f"lost the link to the proc at {address}: {exc}")
+        error = UndeliverableError(cause.summary)
+        for port_id, handler in list(self.ports.items()):
+            if address in handler.dests:
+                del self.ports[port_id]
+                handler.fail(error, address)
+        self.oversight.feed(ProcLost(address, cause))
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -389,12 +466,20 @@ class Runtime:
             if finished:
                 self.ports.pop(port_id, None)
         elif kind == M.SPAWN:
-            _, key, name, rank, labels, sizes, port = envelope
+            _, key, name, rank, labels, sizes, port, owner = envelope
             try:
                 payload = _codec.loads(parts)
             except Exception as exc:
                 payload = exc
-            self._spawn(key, name, (rank, labels, sizes), payload, port)
+            self._spawn(key, name, (rank, labels, sizes), payload, port, owner)
+        elif kind == M.FAILED:
+            _, key, rank = envelope
+            self.oversight.feed(RanksFailed(key, (rank,), _codec.loads(parts)))
+        elif kind == M.HEARTBEAT:
+            (_, address) = envelope
+            child = self.children.get(address)
+            if child is not None and child.last_seen is not None:
+                child.last_seen = trio.current_time()
         elif kind == M.STOP_ACTOR:
             _, key, port = envelope
             self._to_actor(key, ("stop", port))
@@ -408,6 +493,9 @@ class Runtime:
             ready = self.child_ready.pop(address, None)
             if ready is not None:
                 ready.set()
+            child = self.children.get(address)
+            if child is not None:
+                child.last_seen = trio.current_time()
         else:
             raise ValueError(f"unknown frame kind {kind!r}")
 
@@ -429,14 +517,25 @@ class Runtime:
         point: tuple[int, list[str], list[int]],
         payload: Any,
         port: tuple[str, int] | None,
+        owner: tuple[str, str, str],
     ) -> None:
         if key in self.actors or key in self.dead:
             raise ValueError(f"actor {key!r} already exists on proc {self.proc_id}")
-        cell = ActorCell(self, key, name, point, payload, port)
+        if self.poisoned is not None:
+            payload = RuntimeError(
+                f"proc {self.proc_id} refuses new actors because an actor on it failed: "
+                f"{self.poisoned.message}"
+            )
+        cell = ActorCell(self, key, name, point, payload, port, owner)
         self.actors[key] = cell
         cell.start()
         for item in self.limbo.pop(key, []):
             cell.enqueue(item)
+
+    def poison(self, failure: RemoteFailure) -> None:
+        """An actor here failed: refuse new actors from now on (Monarch's poisoned proc)."""
+        if self.poisoned is None:
+            self.poisoned = failure
 
     def actor_gone(self, cell: ActorCell, failure: RemoteFailure) -> None:
         """A cell stopped or failed: later messages to it bounce with ``failure``."""
@@ -489,8 +588,7 @@ class Runtime:
         ready = self.child_ready.pop(child.address, None)
         if ready is not None:
             ready.set()  # wakes senders waiting for it; they find the outbox broken
-        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        error = ProcessLookupError(f"proc {child.proc_id} {how}")
+        error = ProcessLookupError(child.describe_exit())
         self.outbox(child.address)._broken(error)
         for hook in self.on_child_exit:
             hook(child)
@@ -520,6 +618,10 @@ _runtime_lock = threading.Lock()
 def set_current_runtime(rt: Runtime) -> None:
     global _runtime
     _runtime = rt
+
+
+def current_runtime_or_none() -> Runtime | None:
+    return _runtime
 
 
 def current_runtime() -> Runtime:
@@ -555,6 +657,7 @@ def _start_controller() -> None:
             errors.append(exc)
             rt.started.set()
 
+    install_interrupt_handler()
     thread = threading.Thread(target=run, name="regency-runtime", daemon=True)
     thread.start()
     rt.started.wait()

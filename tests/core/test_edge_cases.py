@@ -34,19 +34,23 @@ def test_sibling_procs_can_talk_before_they_all_listen(attempt: int) -> None:
     pm.stop().get(T)
 
 
-@pytest.mark.parametrize(
-    ("cls", "method"), [(Exiter, "exit_sync"), (AsyncExiter, "exit_async")]
-)
-def test_base_exception_fails_the_actor_not_the_proc(
-    procs: ProcMesh, cls: type, method: str
-) -> None:
-    mesh = procs.spawn(f"dies_{method}", cls)
-    with pytest.raises(SupervisionError, match=rf"dies_{method} rank 1 failed: builtins\."):
+@pytest.mark.parametrize(("cls", "method"), [(Exiter, "exit_sync"), (AsyncExiter, "exit_async")])
+def test_base_exception_fails_the_actor_and_poisons_only_its_proc(cls: type, method: str) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = pm.spawn(f"dies_{method}", cls)
+    with pytest.raises(
+        SupervisionError,
+        match=rf"actor dies_{method} rank 1 failed: endpoint dies_{method}.{method} raised builtins",
+    ):
         getattr(mesh.slice(gpus=1), method).call_one().get(T)
     with pytest.raises(SupervisionError, match="failed"):
         mesh.slice(gpus=1).ok.call_one().get(T)
     assert mesh.slice(gpus=0).ok.call_one().get(T) == "ok"
-    assert procs.spawn(f"after_{method}", Counter, 2).value.call().get(T).values() == [2, 2]
+    # The failed actor's proc refuses new actors; the other proc takes them.
+    with pytest.raises(SupervisionError, match=r"refuses new actors because an actor on it failed"):
+        pm.slice(gpus=1).spawn("after", Counter).initialized.get(T)
+    assert pm.slice(gpus=0).spawn("after", Counter, 2).value.call_one().get(T) == 2
+    pm.stop().get(T)
 
 
 def test_an_explicit_port_answering_twice_counts_once(procs: ProcMesh) -> None:

@@ -250,12 +250,14 @@ def test_await_from_asyncio(procs: ProcMesh) -> None:
     assert asyncio.run(main()) == [9] * 5
 
 
-def test_init_failure_is_reported_and_calls_fail(procs: ProcMesh) -> None:
-    bad = procs.spawn("bad", Bad)
+def test_init_failure_is_reported_and_calls_fail() -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    bad = pm.spawn("bad", Bad)
     with pytest.raises(SupervisionError, match="init exploded"):
         bad.initialized.get(T)
-    with pytest.raises(SupervisionError, match=r"failed in __init__: init exploded"):
+    with pytest.raises(SupervisionError, match=r"__init__ raised builtins.RuntimeError: init exploded"):
         bad.never.call().get(T)
+    pm.stop().get(T)
 
 
 def test_actor_mesh_stop(procs: ProcMesh) -> None:

@@ -1,0 +1,216 @@
+"""The runtime side of supervision: feeds a process's :class:`~regency.supervision.Supervisor`
+and carries out what it decides.
+
+Everything here runs on the runtime's trio thread (callers hop with ``Runtime.call_soon``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .. import supervision as S
+from . import _codec
+from . import _messages as M
+from ._future import Future
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+log = logging.getLogger("regency.supervision")
+
+#: Seconds the default fault hook gives the program to unwind before it exits hard.
+EXIT_GRACE = 3.0
+
+
+class UnhandledFault(BaseException):
+    """Raised in the controller's main thread when an actor failure reached the root unhandled.
+
+    A ``BaseException`` so that ``except Exception`` in user code does not swallow it: the
+    program stops like a local script with an uncaught exception, exit status 1.
+    """
+
+
+def default_unhandled_fault_hook(failure: S.MeshFailure) -> None:
+    """Print the report and stop the program (Monarch's default, without waiting for the
+    main thread to wake: a sleeping or blocked main thread is interrupted)."""
+    print(failure.report(), file=sys.stderr, flush=True)
+    stop_program(failure)
+
+
+_interrupt_installed = False
+
+
+def install_interrupt_handler() -> None:
+    """Let the runtime raise :class:`UnhandledFault` in the main thread through SIGUSR2.
+
+    Only from the main thread, and only when nobody else handles SIGUSR2.
+    """
+    global _interrupt_installed
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None):
+        return
+    signal.signal(signal.SIGUSR2, _raise_unhandled)
+    _interrupt_installed = True
+
+
+_pending_fault: list[S.MeshFailure] = []
+
+
+def _raise_unhandled(signum: int, frame: Any) -> None:
+    failure = _pending_fault[-1] if _pending_fault else None
+    raise UnhandledFault(f"an actor failure reached the root unhandled: {failure}")
+
+
+def stop_program(failure: S.MeshFailure, grace: float = EXIT_GRACE) -> None:
+    """Interrupt the main thread (a real signal wakes ``time.sleep`` and ``Future.get``), and
+    exit hard after ``grace`` seconds if the program has not stopped by then."""
+    _pending_fault.append(failure)
+    if _interrupt_installed:
+        os.kill(os.getpid(), signal.SIGUSR2)
+    else:
+        _thread.interrupt_main()
+
+    def hard_exit() -> None:
+        time.sleep(grace)
+        from ._runtime import current_runtime_or_none
+
+        rt = current_runtime_or_none()
+        if rt is not None:
+            for child in list(rt.children.values()):
+                if child.handle is not None and child.returncode is None:
+                    child.handle.kill()
+        sys.stderr.flush()
+        os._exit(1)
+
+    threading.Thread(target=hard_exit, name="regency-fault-exit", daemon=True).start()
+
+
+def _current_hook() -> Callable[[S.MeshFailure], Any]:
+    actor = sys.modules.get("regency.actor")
+    hook = getattr(actor, "unhandled_fault_hook", None) if actor is not None else None
+    return hook if callable(hook) else default_unhandled_fault_hook
+
+
+class Oversight:
+    """Glue between one runtime and its supervision state machine."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self.machine = S.Supervisor()
+        #: Rank addresses of meshes owned here, to stop them when their owner goes.
+        self.routes: dict[str, tuple[str, ...]] = {}
+        #: Addresses of procs spawned by each owner here.
+        self.owned_procs: dict[str, list[str]] = {}
+
+    # -- events ------------------------------------------------------------------------
+
+    def feed(self, event: S.Event) -> None:
+        actions = self.machine.handle(event)
+        if self.machine.broken is not None:
+            log.error("supervision state machine failed: %s", self.machine.broken)
+        for action in actions:
+            self._perform(action)
+
+    def mesh_spawned(
+        self, key: str, name: str, owner: str, owner_name: str, addresses: tuple[str, ...]
+    ) -> None:
+        self.routes[key] = addresses
+        self.feed(S.MeshSpawned(key, name, owner, owner_name, addresses))
+
+    def procs_spawned(self, owner: str, addresses: list[str]) -> None:
+        self.owned_procs.setdefault(owner, []).extend(addresses)
+
+    # -- actions -----------------------------------------------------------------------
+
+    def _perform(self, action: S.Action) -> None:
+        if isinstance(action, S.Notify):
+            cell = self.rt.actors.get(action.owner)
+            if cell is not None:
+                cell.enqueue(("supervise", action.failure))
+            else:
+                log.warning("owner %s is gone; dropping: %s", action.owner, action.failure)
+        elif isinstance(action, S.Escalate):
+            cell = self.rt.actors.get(action.owner)
+            if cell is not None:
+                cell.enqueue(("escalate", action.cause))
+        elif isinstance(action, S.RunRootHook):
+            self.root_fault(action.failure)
+        elif isinstance(action, S.StopMeshes):
+            for key in action.keys:
+                self._stop_mesh(key, None)
+
+    def root_fault(self, failure: S.MeshFailure) -> None:
+        hook = _current_hook()
+        try:
+            hook(failure)
+        except BaseException:
+            log.exception("unhandled_fault_hook raised")
+
+    def _stop_mesh(self, key: str, port: tuple[str, int] | None) -> int:
+        """Send STOP_ACTOR to every rank of an owned mesh; returns how many were sent."""
+        sent = 0
+        for address in self.routes.get(key, ()):
+            try:
+                self.rt.send(address, _codec.pack((M.STOP_ACTOR, key, port)))
+                sent += 1
+            except Exception:
+                pass  # already unreachable: nothing to stop
+        self.machine.handle(S.MeshStopped(key))
+        return sent
+
+    def stop_owned(self, owner: str) -> Future[None]:
+        """Stop every mesh and proc ``owner`` owns (children first). The future resolves when
+        they have acknowledged or ``stop_timeout`` passed."""
+        from ._mesh import _Acks
+
+        done: Future[None] = Future()
+        keys = self.machine.owned_by(owner)
+        procs = self.owned_procs.pop(owner, [])
+        self.machine.handle(S.OwnerGone(owner))
+        if not keys and not procs:
+            done.set_result(None)
+            return done
+        rt = self.rt
+        dests = frozenset(a for k in keys for a in self.routes.get(k, ()))
+        acks: Future[None] = Future()
+        n = sum(len(self.routes.get(k, ())) for k in keys)
+        if n:
+            handler = _Acks(acks, n, f"stopping what {owner} owns", dests)
+            port = rt.open_port(handler)
+            sent = sum(self._stop_mesh(k, port) for k in keys)
+            for _ in range(n - sent):
+                handler.deliver(0, M.OK, [memoryview(_codec.dumps(None)[0])])
+        else:
+            acks.set_result(None)
+
+        async def finish() -> None:
+            from ._mesh import _stop_procs
+
+            with trio.move_on_after(rt.config.stop_timeout):
+                while not acks.done():
+                    await _wait(acks)
+            if procs:
+                stopped: Future[None] = Future()
+                await _stop_procs(rt, procs, stopped)
+            done.set_result(None)
+
+        rt.nursery.start_soon(finish)
+        return done
+
+
+async def _wait(fut: Future[Any]) -> None:
+    try:
+        await fut
+    except Exception:
+        pass

@@ -1,0 +1,48 @@
+"""Supervision: who owns which mesh, what happens when actors fail, and who is told.
+
+The decisions live in a pure state machine (:class:`Supervisor`); the runtime feeds it events
+and carries out its actions. See docs/supervision.md.
+"""
+
+from ._failure import FailureCause, MeshFailure
+from ._machine import (
+    FAILED,
+    ROOT,
+    RUNNING,
+    STOPPED,
+    Action,
+    Escalate,
+    Event,
+    MeshSpawned,
+    MeshStopped,
+    Notify,
+    OwnerGone,
+    ProcLost,
+    RanksFailed,
+    RunRootHook,
+    StopMeshes,
+    SuperviseDone,
+    Supervisor,
+)
+
+__all__ = [
+    "FAILED",
+    "ROOT",
+    "RUNNING",
+    "STOPPED",
+    "Action",
+    "Escalate",
+    "Event",
+    "FailureCause",
+    "MeshFailure",
+    "MeshSpawned",
+    "MeshStopped",
+    "Notify",
+    "OwnerGone",
+    "ProcLost",
+    "RanksFailed",
+    "RunRootHook",
+    "StopMeshes",
+    "SuperviseDone",
+    "Supervisor",
+]

@@ -1,0 +1,55 @@
+"""What an owner is told when actors it owns fail."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class FailureCause:
+    """Why one or more ranks failed, as plain data (it crosses processes)."""
+
+    #: One line: "endpoint Trainer.step raised ValueError: bad batch", "proc ... was killed
+    #: by signal 9", ...
+    summary: str
+    #: The remote traceback, when the cause was an exception.
+    traceback: str = ""
+    #: The proc's exit status when the proc died (negative: killed by that signal).
+    exit_code: int | None = None
+    #: The failure this one escalated from (an owner that did not handle its child's failure).
+    chained: MeshFailure | None = None
+
+
+@attrs.frozen
+class MeshFailure:
+    """Ranks of an actor mesh failed (Monarch's ``MeshFailure``), delivered to the mesh's owner
+    through ``__supervise__``, or at the root to ``unhandled_fault_hook``."""
+
+    mesh_name: str
+    #: The mesh's unique key (``proc_id.name.N``).
+    mesh_key: str
+    ranks: tuple[int, ...]
+    cause: FailureCause
+    #: Names of the owners from the mesh's owner up to the root client.
+    owners: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        ranks = ", ".join(map(str, self.ranks))
+        return f"actor mesh {self.mesh_name} failed at rank(s) {ranks}: {self.cause.summary}"
+
+    def report(self) -> str:
+        """A multi-line report: what failed, why, the remote traceback and the owner chain."""
+        lines = [f"Regency: {self}"]
+        if self.owners:
+            lines.append("  owners: " + " <- ".join(self.owners))
+        if self.cause.exit_code is not None:
+            code = self.cause.exit_code
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            lines.append(f"  proc: {how}")
+        if self.cause.traceback:
+            lines.append("  remote traceback:")
+            lines.extend("    " + line for line in self.cause.traceback.rstrip().splitlines())
+        if self.cause.chained is not None:
+            lines.append("  caused by:")
+            lines.extend("  " + line for line in self.cause.chained.report().splitlines())
+        return "\n".join(lines)
