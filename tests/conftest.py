@@ -6,6 +6,7 @@ tests that check that default run a controller in a subprocess.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,10 +14,45 @@ import pytest
 import regency.actor
 from regency.supervision import MeshFailure
 
-root_failures: list[MeshFailure] = []
+
+class RootFailures:
+    """Every MeshFailure that reached the root, with a way to wait for one."""
+
+    def __init__(self) -> None:
+        self.failures: list[MeshFailure] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, failure: MeshFailure) -> None:
+        with self._changed:
+            self.failures.append(failure)
+            self._changed.notify_all()
+
+    def wait_for(self, mesh_name: str, timeout: float = 20.0) -> MeshFailure:
+        def found() -> MeshFailure | None:
+            return next((f for f in self.failures if f.mesh_name == mesh_name), None)
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: found() is not None, timeout):
+                raise TimeoutError(f"no failure of mesh {mesh_name!r} reached the root")
+            result = found()
+            assert result is not None
+            return result
+
+    def of(self, mesh_name: str) -> list[MeshFailure]:
+        return [f for f in self.failures if f.mesh_name == mesh_name]
+
+
+root_failures = RootFailures()
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _record_root_failures() -> Iterator[None]:
-    regency.actor.unhandled_fault_hook = root_failures.append
+    regency.actor.unhandled_fault_hook = root_failures
     yield
+
+
+@pytest.fixture
+def roots() -> RootFailures:
+    return root_failures
+
+

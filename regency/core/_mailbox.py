@@ -436,11 +436,13 @@ class ActorCell:
 
             async def bounded() -> None:
                 with trio.move_on_after(timeout):
-                    await cleanup(exc)
+                    await self._as_actor(cleanup, exc)
 
             self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
         else:
-            worker = threading.Thread(target=self._guard, args=(lambda: cleanup(exc),), daemon=True)
+            worker = threading.Thread(
+                target=self._guard, args=(lambda: self._as_actor(cleanup, exc),), daemon=True
+            )
             worker.start()
             worker.join(timeout)
             if worker.is_alive():
@@ -459,13 +461,24 @@ class ActorCell:
         with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
             try:
                 if inspect.iscoroutinefunction(cleanup):
-                    await cleanup(exc)
+                    await self._as_actor(cleanup, exc)
                 else:
-                    await trio.to_thread.run_sync(cleanup, exc, abandon_on_cancel=True)
+                    await trio.to_thread.run_sync(
+                        self._as_actor, cleanup, exc, abandon_on_cancel=True
+                    )
             except Exception:
                 log.exception("__cleanup__ of %s raised", self.name)
         if scope.cancelled_caught:
             log.warning("__cleanup__ of %s took too long; abandoned", self.name)
+
+    def _as_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn`` with ``context()`` saying this actor (a coroutine is returned as is:
+        the context is copied into the task that awaits it)."""
+        token = current.set(Context(self.instance, self.point))
+        try:
+            return fn(*args)
+        finally:
+            current.reset(token)
 
     def _guard(self, fn: Callable[[], Any]) -> None:
         try:

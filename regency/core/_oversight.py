@@ -76,8 +76,13 @@ def stop_program(failure: S.MeshFailure, grace: float = EXIT_GRACE) -> None:
     """Interrupt the main thread (a real signal wakes ``time.sleep`` and ``Future.get``), and
     exit hard after ``grace`` seconds if the program has not stopped by then."""
     _pending_fault.append(failure)
-    if _interrupt_installed:
-        os.kill(os.getpid(), signal.SIGUSR2)
+    # Aim the signal at the main thread itself: a signal taken by another thread would not
+    # interrupt the main thread's wait (a lock in Future.get(), a sleep).
+    main = threading.main_thread().ident
+    if _interrupt_installed and main is not None:
+        signal.pthread_kill(main, signal.SIGUSR2)
+    elif signal.getsignal(signal.SIGINT) is signal.default_int_handler and main is not None:
+        signal.pthread_kill(main, signal.SIGINT)
     else:
         _thread.interrupt_main()
 
