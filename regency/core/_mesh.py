@@ -15,7 +15,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
-from ..supervision import ROOT, MeshStopped
+from ..supervision import ROOT, MeshStopped, ProcStopped
 from ..transports import Frame
 from . import _codec
 from . import _messages as M
@@ -638,6 +638,8 @@ class ProcMesh(MeshAlgebra):
 
 
 async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> None:
+    for address in addresses:
+        rt.oversight.feed(ProcStopped(address))  # stopping is not failing
     children = [rt.children[a] for a in addresses if a in rt.children]
     for child in children:
         if child.returncode is None:

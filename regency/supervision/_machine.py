@@ -58,6 +58,13 @@ class ProcLost:
 
 
 @attrs.frozen
+class ProcStopped:
+    """A proc is being stopped on purpose: its ranks stop, they do not fail."""
+
+    address: str
+
+
+@attrs.frozen
 class MeshStopped:
     key: str
     ranks: tuple[int, ...] | None = None  # None: every rank
@@ -79,7 +86,9 @@ class OwnerGone:
     owner: str
 
 
-Event = MeshSpawned | RanksFailed | ProcLost | MeshStopped | SuperviseDone | OwnerGone
+Event = (
+    MeshSpawned | RanksFailed | ProcLost | ProcStopped | MeshStopped | SuperviseDone | OwnerGone
+)
 
 
 # -- actions -------------------------------------------------------------------------------
@@ -184,6 +193,12 @@ class Supervisor:
                 ranks = [r for r, a in enumerate(mesh.addresses) if a == event.address]
                 actions.extend(self._fail(key, mesh, ranks, event.cause))
             return actions
+        if isinstance(event, ProcStopped):
+            for mesh in self._meshes.values():
+                for rank, address in enumerate(mesh.addresses):
+                    if address == event.address and mesh.status[rank] == RUNNING:
+                        mesh.status[rank] = STOPPED
+            return []
         if isinstance(event, MeshStopped):
             mesh = self._meshes.get(event.key)
             if mesh is not None:
