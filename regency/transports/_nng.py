@@ -56,7 +56,7 @@ from ._base import (
     SinkFactory,
     Transport,
     TransportError,
-    join_frame,
+    frame_size,
 )
 from ._sockets import _check_private_dir
 
@@ -82,6 +82,8 @@ _DIAL_TIMEOUT = 5.0
 _NO_REDIAL_MS = 3_600_000
 #: Messages the reader handles between checkpoints, so a flood cannot starve other tasks.
 _DRAIN_BATCH = 64
+#: Seconds between checks that TLS pipes still have a connection (see _Endpoint._housekeeping).
+_TLS_LIVENESS_INTERVAL = 1.0
 
 
 @attrs.frozen
@@ -112,9 +114,7 @@ def _parse(address: str) -> tuple[str, str, str]:
     """Split an address into (scheme, nng URL, host); host is empty for ipc."""
     scheme, sep, rest = address.partition("://")
     if not sep or scheme not in NngTransport.schemes:
-        raise ValueError(
-            f"address scheme must be one of {NngTransport.schemes} (got {address!r})"
-        )
+        raise ValueError(f"address scheme must be one of {NngTransport.schemes} (got {address!r})")
     url = address.removeprefix("nng+")
     if scheme == "nng+ipc":
         if not rest:
@@ -164,8 +164,8 @@ class NngConnection(Connection):
         self._trio_thread = threading.get_ident()
         self._lock = threading.Lock()
         # Everything below up to _lost_notified is guarded by _lock.
-        # Frames accepted by send_nowait and not yet in a message, oldest first.
-        self._pending: deque[bytes | bytearray | memoryview] = deque()
+        # Frames accepted by send_nowait and not yet in a message, oldest first, with sizes.
+        self._pending: deque[tuple[int, Frame]] = deque()
         # A built message nng refused (queue full); it goes before anything in _pending.
         self._stalled: Any = None
         # Messages the peer may still be sent unacknowledged; None on a dialer (no window).
@@ -184,15 +184,14 @@ class NngConnection(Connection):
         return self._closed
 
     def send_nowait(self, frame: Frame) -> None:
-        frame = join_frame(frame)
-        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        size = len(frame) if isinstance(frame, bytes) else frame_size(frame)
         if size > self._endpoint.max_frame:
             raise ValueError(
                 f"frame of {size} bytes exceeds max_frame_bytes={self._endpoint.max_frame}"
             )
         with self._lock:
             self._check_open_locked()
-            self._pending.append(frame)
+            self._pending.append((size, frame))
             if self._scheduled or self._credit == 0:
                 return  # the writer, or the reader when acks return, sends it in order
             status = self._flush_locked()
@@ -201,7 +200,12 @@ class NngConnection(Connection):
         if status is _Flush.BLOCKED:
             self._call_on_trio(self._endpoint.mark_dirty, self)
         elif status is _Flush.FAILED:
-            self._call_on_trio(self._report_failure)
+            # Reported later even on the trio thread: connection_lost must not run inside a
+            # caller's send_nowait.
+            try:
+                self._endpoint.token.run_sync_soon(self._report_failure)
+            except trio.RunFinishedError:
+                pass
             with self._lock:
                 self._check_open_locked()
 
@@ -248,13 +252,15 @@ class NngConnection(Connection):
         size = 0
         pending = self._pending
         while pending:
-            frame = pending[0]
-            n = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+            n, frame = pending[0]
             if size and size + _U32.size + n > _BATCH_BYTES:
                 break
             pending.popleft()
             parts.append(_U32.pack(n))
-            parts.append(frame)
+            if isinstance(frame, list):
+                parts.extend(frame)
+            else:
+                parts.append(frame)
             size += _U32.size + n
         return b"".join(parts)
 
@@ -404,6 +410,7 @@ class _Endpoint:
         self._reader_wait: trio.CancelScope | None = None
         self._scope = trio.CancelScope()
         self._closed = False
+        self._next_liveness_check = math.inf if scheme != "nng+tls+tcp" else 0.0
         sock.add_post_pipe_connect_cb(functools.partial(self._post_event, True))
         sock.add_post_pipe_remove_cb(functools.partial(self._post_event, False))
 
@@ -418,6 +425,7 @@ class _Endpoint:
                     task_status.started()
         finally:
             self._closed = True
+            self._ended()
             trio.lowlevel.notify_closing(recv_fd)
             trio.lowlevel.notify_closing(send_fd)
             self.sock.close()
@@ -448,7 +456,6 @@ class _Endpoint:
     # trio thread ----------------------------------------------------------------------------
 
     def _event_arrived(self, added: bool, pipe: Any) -> None:
-        log.debug("DBG %s event added=%s pipe=%s closed=%s wait=%s", type(self).__name__, added, pipe.id, self._closed, self._reader_wait)
         if self._closed:
             return
         self._events.append((added, pipe))
@@ -476,7 +483,7 @@ class _Endpoint:
                     self._pipe_removed(pipe)
             if self._events:
                 continue
-            deadline = self._expire_handshakes()
+            deadline = self._housekeeping()
             with trio.CancelScope(deadline=deadline) as wait:
                 self._reader_wait = wait
                 await trio.lowlevel.wait_readable(fd)
@@ -515,6 +522,9 @@ class _Endpoint:
         """Raises pynng.NNGException when nng does not take it at once."""
         self.sock.send_msg(pynng.Message(data, pipe), block=False)
 
+    def _ended(self) -> None:
+        """The tasks are done and the socket is about to close."""
+
     def _pipe_added(self, pipe: Any) -> None:
         pass
 
@@ -524,9 +534,25 @@ class _Endpoint:
     def _handshake_message(self, pipe: Any, data: bytes) -> None:
         raise NotImplementedError
 
-    def _expire_handshakes(self) -> float:
-        """Drop handshakes past their deadline; return the next deadline."""
-        return math.inf
+    def _housekeeping(self) -> float:
+        """Do what is due now; return when the reader must next wake up for it.
+
+        nng 1.11's TLS transport can lose a peer's close: when the last data and the close
+        arrive together it shuts the TCP connection but never fails the pipe, so no removal
+        event ever comes. Such a pipe no longer has a peer address, which is cheap to ask.
+        """
+        if not self.conns:
+            return math.inf
+        now = trio.current_time()
+        if now >= self._next_liveness_check:
+            for conn in list(self.conns.values()):
+                try:
+                    conn._pipe.remote_address  # noqa: B018 - the query is the check
+                except pynng.NNGException as exc:
+                    log.info("connection to %s lost: its TLS pipe has no peer (%s)", conn.peer, exc)
+                    conn._fail(ConnectionBroken("peer closed the connection"))
+            self._next_liveness_check = now + _TLS_LIVENESS_INTERVAL
+        return self._next_liveness_check
 
 
 @attrs.frozen
@@ -594,7 +620,6 @@ class _ListenEndpoint(_Endpoint):
         self._handshakes[pipe.id] = _ServerHandshake(pipe, nonce, deadline)
 
     def _pipe_removed(self, pipe: Any) -> None:
-        log.debug("DBG listener removed %s conns=%s", pipe.id, list(self.conns))
         self._handshakes.pop(pipe.id, None)
         conn = self.conns.get(pipe.id)
         if conn is not None:
@@ -602,6 +627,9 @@ class _ListenEndpoint(_Endpoint):
 
     def _handshake_message(self, pipe: Any, data: bytes) -> None:
         pending = self._handshakes.pop(pipe.id, None)
+        if not self._accepting:
+            _close_pipe(pipe)
+            return
         if pending is None:
             self._refuse(pipe, "it sent data before the handshake greeting")
             return
@@ -622,9 +650,9 @@ class _ListenEndpoint(_Endpoint):
             del self.conns[pipe.id]
             _close_pipe(pipe)
 
-    def _expire_handshakes(self) -> float:
+    def _housekeeping(self) -> float:
         now = trio.current_time()
-        upcoming = math.inf
+        upcoming = super()._housekeeping()
         for pipe_id, pending in list(self._handshakes.items()):
             if pending.deadline <= now:
                 del self._handshakes[pipe_id]
@@ -666,6 +694,9 @@ class _DialEndpoint(_Endpoint):
     def release(self, conn: NngConnection) -> None:
         self.conns.pop(conn._pipe.id, None)
         self.close()
+
+    def _ended(self) -> None:
+        self._settle(ConnectionBroken(f"cannot connect to {self._address}: transport closed"))
 
     def _vet_pipe(self, pipe: Any) -> None:
         # One pipe per dialer, ever: a redial would be a new, unauthenticated peer.
