@@ -30,6 +30,7 @@ from .core import (
     this_host,
     this_proc,
 )
+from .core._hosts import attach_to_workers
 from .core._oversight import UnhandledFault, default_unhandled_fault_hook
 from .supervision import MeshFailure
 
@@ -56,6 +57,7 @@ __all__ = [
     "UnhandledFault",
     "ValueMesh",
     "as_endpoint",
+    "attach_to_workers",
     "context",
     "current_actor_name",
     "current_rank",

@@ -6,6 +6,7 @@ tests that check that default run a controller in a subprocess.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
@@ -41,6 +42,10 @@ class RootFailures:
     def of(self, mesh_name: str) -> list[MeshFailure]:
         return [f for f in self.failures if f.mesh_name == mesh_name]
 
+
+#: Known to the multi-host tests' workers; set before anything starts the runtime.
+TEST_SECRET = "regency-test-suite-job-secret"
+os.environ.setdefault("REGENCY_SECRET", TEST_SECRET)
 
 root_failures = RootFailures()
 

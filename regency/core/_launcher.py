@@ -21,6 +21,8 @@ import trio
 
 class ProcHandle(abc.ABC):
     pid: int
+    #: True when the proc runs on another host: a kill cannot be confirmed locally.
+    remote = False
 
     @abc.abstractmethod
     def kill(self) -> None: ...

@@ -23,6 +23,7 @@ from ._context import current as current_context
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import ActorError, RemoteFailure, SupervisionError, UndeliverableError
 from ._future import Future
+from ._hosts import HostRef, launch_remote, plan_remote
 from ._runtime import Child, Runtime, current_runtime
 from ._shape import MeshAlgebra, Shape, ValueMesh
 
@@ -661,13 +662,18 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
 class HostMesh(MeshAlgebra):
     """Hosts, arranged as a mesh; start procs on them."""
 
-    __slots__ = ("_shape",)
+    __slots__ = ("_hosts", "_shape")
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, hosts: tuple[HostRef, ...] | None = None) -> None:
         self._shape = shape
+        #: Remote hosts by global rank (``attach_to_workers``); None for this host.
+        self._hosts = hosts
 
     def _with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape)
+        return HostMesh(shape, self._hosts)
+
+    def __reduce__(self) -> Any:
+        return (HostMesh, (self._shape, self._hosts))
 
     def spawn_procs(
         self,
@@ -689,7 +695,13 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         rt = current_runtime()
-        children = rt.plan_procs(len(shape), name or "p")
+        remote = self._hosts is not None
+        if self._hosts is not None:
+            count = len(shape) // max(len(self._shape), 1)
+            hosts = [self._hosts[r] for r in self._shape.ranks]
+            children = plan_remote(rt, hosts, count, name or "p")
+        else:
+            children = rt.plan_procs(len(shape), name or "p")
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 
@@ -698,7 +710,10 @@ class HostMesh(MeshAlgebra):
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
             try:
-                rt.launch_procs(children, env, boot)
+                if remote:
+                    launch_remote(rt, children, env, boot)
+                else:
+                    rt.launch_procs(children, env, boot)
             except BaseException as exc:
                 ready.set_exception(exc)
                 raise

@@ -30,6 +30,14 @@ STOP_PROC = 4
 HELLO = 5
 FAILED = 6
 HEARTBEAT = 7
+# Multi-host (regency/core/_hosts.py, _worker.py): controller <-> worker daemon.
+ATTACH = 20  # controller_address, lease_seconds, port -> (hostname, host_ip, ports)
+RESERVE = 21  # count, port -> ports
+LAUNCH = 22  # payload: list of (bootstrap record, env)
+EXITED = 23  # address, code (worker -> controller)
+KILL = 24  # address
+LEASE = 25  # (controller -> worker, renews the lease)
+DETACH = 26  # (controller -> worker, on a clean exit)
 
 # PORT statuses
 OK = 0

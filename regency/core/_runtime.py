@@ -14,6 +14,7 @@ one sender to one receiver arrive in send order; mailboxes are FIFO, so handling
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -266,6 +267,9 @@ class Runtime:
         self.launcher: ProcLauncher | None = None
         self.on_child_exit: list[Callable[[Child], None]] = []
         self.oversight = Oversight(self)
+        #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
+        #: controller's side of multi-host), by kind. Called on the trio thread.
+        self.extensions: dict[int, Callable[[tuple[Any, ...], list[memoryview]], None]] = {}
         #: Set once an actor here failed: the proc refuses new actors from then on.
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
@@ -325,6 +329,14 @@ class Runtime:
                 handler.fail(UndeliverableError("the runtime stopped"))
             self.ports.clear()
 
+    async def listen_also(self, address: str) -> str:
+        """Listen on another address too, and make it this runtime's identity from now on
+        (ports and owner references opened later carry it). Multi-host jobs use this to
+        give the controller a TCP address its remote procs can reach."""
+        listener = await self.transport.listen(address, lambda c: _InboundSink(self))
+        self.address = listener.address
+        return self.address
+
     async def _send_heartbeats(self, address: str) -> None:
         """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
         frame = _codec.pack((M.HEARTBEAT, self.address))
@@ -349,6 +361,9 @@ class Runtime:
                     log.error("proc %s %s; killing it", child.proc_id, child.killed_for)
                     child.last_seen = None
                     child.handle.kill()
+                    if child.handle.remote:
+                        # Its host may be unreachable: the kill cannot be confirmed.
+                        self._child_exited(child, -signal.SIGKILL)
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
@@ -497,7 +512,10 @@ class Runtime:
             if child is not None:
                 child.last_seen = trio.current_time()
         else:
-            raise ValueError(f"unknown frame kind {kind!r}")
+            extension = self.extensions.get(kind)
+            if extension is None:
+                raise ValueError(f"unknown frame kind {kind!r}")
+            extension(envelope, parts)
 
     def _to_actor(self, key: str, item: tuple[Any, ...]) -> None:
         cell = self.actors.get(key)
@@ -552,12 +570,33 @@ class Runtime:
         self.config = current_config()
         children = []
         for _ in range(count):
-            proc_id = f"{self.proc_id}.{name}{next(self._child_ids)}"
-            child = Child(proc_id, self._default_address(proc_id))
-            # Sends to the child wait for its HELLO; the event exists before any send.
-            self.child_ready[child.address] = trio.Event()
-            children.append(child)
+            proc_id = self.new_proc_id(name)
+            children.append(self.plan_child(proc_id, self._default_address(proc_id)))
         return children
+
+    def new_proc_id(self, name: str) -> str:
+        return f"{self.proc_id}.{name}{next(self._child_ids)}"
+
+    def plan_child(self, proc_id: str, address: str) -> Child:
+        self.config = current_config()  # the child gets, and is watched by, today's settings
+        child = Child(proc_id, address)
+        # Sends to the child wait for its HELLO; the event exists before any send.
+        self.child_ready[address] = trio.Event()
+        return child
+
+    def bootstrap_record(self, child: Child, boot: str | None) -> dict[str, Any]:
+        """What a new proc needs to become one (see :mod:`regency.core._bootstrap`)."""
+        return {
+            "proc_id": child.proc_id,
+            "address": child.address,
+            "parent_address": self.address,
+            "secret": self.secret.hex(),
+            "jobdir": self.jobdir,
+            "config": self.config.to_env(),
+            "sys_path": list(sys.path),
+            "parent_pid": os.getpid(),
+            "boot": boot,
+        }
 
     def launch_procs(
         self, children: list[Child], env: dict[str, str] | None, boot: str | None
@@ -566,23 +605,16 @@ class Runtime:
         assert self.on_runtime_thread()
         assert self.launcher is not None
         for child in children:
-            bootstrap = {
-                "proc_id": child.proc_id,
-                "address": child.address,
-                "parent_address": self.address,
-                "secret": self.secret.hex(),
-                "jobdir": self.jobdir,
-                "config": self.config.to_env(),
-                "sys_path": list(sys.path),
-                "parent_pid": os.getpid(),
-                "boot": boot,
-            }
             self.children[child.address] = child
             child.handle = self.launcher.launch(
-                bootstrap, dict(env or {}), functools.partial(self._child_exited, child)
+                self.bootstrap_record(child, boot),
+                dict(env or {}),
+                functools.partial(self._child_exited, child),
             )
 
     def _child_exited(self, child: Child, code: int) -> None:
+        if child.returncode is not None:
+            return  # already known (a remote proc declared lost, then reported)
         child.returncode = code
         child.exited.set()
         ready = self.child_ready.pop(child.address, None)
@@ -620,6 +652,27 @@ def set_current_runtime(rt: Runtime) -> None:
     _runtime = rt
 
 
+def derive_secret(text: str) -> bytes:
+    """The job secret from a passphrase (``REGENCY_SECRET``, a secret file, an argument)."""
+    text = text.strip()
+    if len(text) < 16:
+        raise ValueError(f"a job secret must be at least 16 characters (got {len(text)})")
+    return hashlib.sha256(text.encode()).digest()
+
+
+#: Set by ``attach_to_workers(secret=...)`` before the runtime starts.
+secret_override: bytes | None = None
+
+
+def job_secret() -> bytes:
+    """The secret given to ``attach_to_workers``, else ``REGENCY_SECRET`` (multi-host jobs
+    share it), else a fresh random secret."""
+    if secret_override is not None:
+        return secret_override
+    text = os.environ.get("REGENCY_SECRET")
+    return derive_secret(text) if text else secrets.token_bytes(32)
+
+
 def current_runtime_or_none() -> Runtime | None:
     return _runtime
 
@@ -644,7 +697,7 @@ def _start_controller() -> None:
     os.chmod(jobdir, 0o700)
     rt = Runtime(
         f"c{os.getpid()}",
-        secret=secrets.token_bytes(32),
+        secret=job_secret(),
         jobdir=jobdir,
         config=current_config(),
     )
@@ -669,10 +722,12 @@ def _start_controller() -> None:
 
 def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> None:
     global _runtime
+    from ._hosts import detach_all
     from ._mesh import stop_owned_procs
 
     try:
         stop_owned_procs(rt, timeout=1.0)
+        rt.call_soon(lambda: detach_all(rt))
     finally:
         rt.stop()
         thread.join(timeout=2.0)

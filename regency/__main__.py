@@ -1,0 +1,45 @@
+"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="regency")
+    commands = parser.add_subparsers(dest="command", required=True)
+    worker = commands.add_parser(
+        "worker", help="serve one host of a multi-host job (see docs/multihost.md)"
+    )
+    worker.add_argument("--listen", required=True, help="tcp://HOST:PORT to listen on")
+    worker.add_argument(
+        "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("REGENCY_LOG_LEVEL", "INFO"),
+        format="[worker] %(levelname)s %(name)s: %(message)s",
+    )
+    from .core._runtime import derive_secret
+    from .core._worker import serve_worker
+
+    if args.secret_file:
+        with open(args.secret_file) as f:
+            text = f.read()
+    else:
+        text = os.environ.get("REGENCY_SECRET", "")
+    if not text.strip():
+        parser.error("the job secret must come from --secret-file or REGENCY_SECRET")
+    try:
+        serve_worker(args.listen, derive_secret(text))
+    except (ValueError, OSError) as exc:
+        print(f"regency worker: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

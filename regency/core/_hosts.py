@@ -1,0 +1,228 @@
+"""The controller's side of multi-host jobs: ``attach_to_workers`` and procs on other hosts.
+
+See :mod:`regency.core._worker` for the worker daemon and the protocol.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+import trio
+
+from . import _codec, _runtime
+from . import _messages as M
+from ._errors import RemoteFailure, SupervisionError
+from ._future import Future
+from ._launcher import ProcHandle
+from ._runtime import Child, Runtime, current_runtime, derive_secret
+
+
+class HostRef(NamedTuple):
+    """One host of a host mesh: its worker's address, name and IP."""
+
+    worker: str
+    hostname: str
+    ip: str
+
+
+class _Reply:
+    """A one-shot reply port handler for worker requests."""
+
+    def __init__(self, fut: Future[Any], what: str, worker: str) -> None:
+        self.fut, self.what = fut, what
+        self.dests = frozenset((worker,))
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        value = _codec.loads(parts)
+        if status == M.OK:
+            self.fut.set_result(value)
+        else:
+            failure: RemoteFailure = value
+            self.fut.set_exception(ConnectionRefusedError(f"{self.what}: {failure.message}"))
+        return True
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(ConnectionError(f"{self.what}: {exc}"))
+
+
+class _Hosts:
+    """Per-runtime state of attached workers."""
+
+    def __init__(self, rt: Runtime, lease: float) -> None:
+        self.rt = rt
+        self.lease = lease
+        self.workers: dict[str, HostRef] = {}
+        self.ports: dict[str, deque[int]] = {}
+        rt.extensions[M.EXITED] = self._exited
+
+    def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
+        _, address, code = envelope
+        child = self.rt.children.get(address)
+        if child is not None:
+            self.rt._child_exited(child, code)
+
+    async def renew_leases(self) -> None:
+        while True:
+            await trio.sleep(self.lease / 4)
+            for worker in list(self.workers):
+                try:
+                    self.rt.send(worker, _codec.pack((M.LEASE, self.rt.address)))
+                except Exception:
+                    pass  # its procs are lost through heartbeats or links
+
+    def request(self, worker: str, envelope: tuple[Any, ...], what: str, timeout: float) -> Any:
+        """Send ``envelope + (port,)`` to a worker and wait for the reply (not on the loop)."""
+        fut: Future[Any] = Future()
+        port = self.rt.open_port(_Reply(fut, what, worker))
+        self.rt.send(worker, _codec.pack((*envelope, port)))
+        return fut.get(timeout)
+
+    def take_ports(self, worker: str, count: int) -> list[int]:
+        pool = self.ports[worker]
+        if len(pool) < count:
+            if self.rt.on_runtime_thread():
+                raise RuntimeError(
+                    "spawning many procs on remote hosts from an async endpoint needs ports "
+                    "reserved beforehand; spawn them from a sync endpoint or the controller"
+                )
+            more = self.request(
+                worker,
+                (M.RESERVE, self.rt.address, max(count - len(pool), 32)),
+                f"reserving ports on {worker}",
+                30,
+            )
+            pool.extend(more)
+        return [pool.popleft() for _ in range(count)]
+
+
+class RemoteProcHandle(ProcHandle):
+    remote = True
+
+    def __init__(self, rt: Runtime, worker: str, address: str) -> None:
+        self.rt, self.worker, self.address = rt, worker, address
+        self.pid = 0
+
+    def kill(self) -> None:
+        try:
+            self.rt.send(self.worker, _codec.pack((M.KILL, self.rt.address, self.address)))
+        except Exception:
+            pass  # the worker is gone, and its procs with it
+
+    def terminate(self) -> None:
+        self.kill()
+
+
+def _local_ip_towards(host: str, port: int) -> str:
+    """The address of this machine's interface that routes to ``host``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        ip: str = probe.getsockname()[0]
+        return ip
+
+
+def attach_to_workers(
+    workers: Sequence[str], secret: str | bytes | None = None, *, lease: float = 10.0
+) -> Any:
+    """Attach to running ``regency worker`` daemons; return a ``HostMesh`` with dim ``hosts``.
+
+    ``secret`` (or ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
+    process's job secret, so call this before anything else starts Regency here. ``lease``:
+    seconds a worker keeps our procs alive without hearing from us.
+    """
+    from ._mesh import HostMesh
+    from ._shape import Shape
+
+    if not workers:
+        raise ValueError("attach_to_workers needs at least one worker address")
+    parsed = []
+    for address in workers:
+        parts = urlsplit(address)
+        if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"worker addresses must look like tcp://HOST:PORT (got {address!r})")
+        parsed.append((parts.hostname, parts.port))
+    key: bytes | None
+    if isinstance(secret, bytes):
+        key = secret
+    elif isinstance(secret, str):
+        key = derive_secret(secret)
+    else:
+        key = None
+    if key is not None:
+        if _runtime.current_runtime_or_none() is None:
+            _runtime.secret_override = key
+        elif current_runtime().secret != key:
+            raise RuntimeError(
+                "attach_to_workers(secret=...) must come before anything else starts Regency "
+                "in this process (or set REGENCY_SECRET before starting)"
+            )
+    rt = current_runtime()
+    hosts = getattr(rt, "hosts", None)
+    if hosts is None:
+        hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
+        # Our procs on other hosts must be able to reach us: listen on the interface that
+        # routes to the first worker, and make that our address from now on.
+        ip = _local_ip_towards(*parsed[0])
+        host = f"[{ip}]" if ":" in ip else ip
+        trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
+        rt.call_soon(lambda: rt.nursery.start_soon(hosts.renew_leases))
+    refs = []
+    for address in workers:
+        try:
+            hostname, ip, ports = hosts.request(
+                address,
+                (M.ATTACH, rt.address, lease),
+                f"attaching to the worker at {address}",
+                rt.config.spawn_timeout,
+            )
+        except TimeoutError:
+            raise ConnectionError(f"the worker at {address} did not answer") from None
+        except SupervisionError as exc:
+            raise ConnectionError(f"cannot reach the worker at {address}: {exc}") from None
+        hosts.workers[address] = HostRef(address, hostname, ip)
+        hosts.ports[address] = deque(ports)
+        refs.append(HostRef(address, hostname, ip))
+    return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs))
+
+
+def plan_remote(rt: Runtime, hosts: Sequence[HostRef], per_host: int, name: str) -> list[Child]:
+    """Name and address procs on remote hosts (``per_host`` on each, in host order)."""
+    state: _Hosts = rt.hosts  # type: ignore[attr-defined]
+    children = []
+    for host in hosts:
+        ip = f"[{host.ip}]" if ":" in host.ip else host.ip
+        for port in state.take_ports(host.worker, per_host):
+            child = rt.plan_child(rt.new_proc_id(name), f"tcp://{ip}:{port}")
+            child.handle = RemoteProcHandle(rt, host.worker, child.address)
+            child.worker = host.worker  # type: ignore[attr-defined]
+            children.append(child)
+    return children
+
+
+def launch_remote(
+    rt: Runtime, children: list[Child], env: dict[str, str] | None, boot: str | None
+) -> None:
+    """Ask each child's worker to start it (on the trio thread)."""
+    by_worker: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {}
+    for child in children:
+        rt.children[child.address] = child
+        record = rt.bootstrap_record(child, boot)
+        by_worker.setdefault(child.worker, []).append((record, dict(env or {})))  # type: ignore[attr-defined]
+    for worker, requests in by_worker.items():
+        rt.send(worker, _codec.pack((M.LAUNCH, rt.address), _codec.dumps(requests)))
+
+
+def detach_all(rt: Runtime) -> None:
+    """On a clean exit: tell every worker we are done (they kill what is left of ours)."""
+    hosts: _Hosts | None = getattr(rt, "hosts", None)
+    if hosts is None:
+        return
+    for worker in hosts.workers:
+        try:
+            rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+        except Exception:
+            pass

@@ -1,0 +1,111 @@
+"""Several "hosts" on one Linux machine: network namespaces joined by a bridge.
+
+Each :class:`VirtualHost` is a network namespace with its own address on a private /24,
+reachable from this (the root) namespace through a bridge; a ``regency worker`` can run in it.
+Needs root and iproute2 (``ip``). Everything is created with unique names and removed on exit,
+and traffic only ever goes to these addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+
+
+def virtual_hosts_available() -> str | None:
+    """None when virtual hosts can be made here, else why not."""
+    if sys.platform != "linux":
+        return "virtual hosts need Linux network namespaces"
+    if os.geteuid() != 0:
+        return "virtual hosts need root (ip netns)"
+    if shutil.which("ip") is None:
+        return "virtual hosts need iproute2's `ip`"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@attrs.define
+class VirtualHost:
+    name: str  #: the network namespace
+    ip: str
+    veth: str  #: the root-side end of its link, for cutting it
+    worker: subprocess.Popen[str] | None = None
+    worker_address: str = ""
+
+    def start_worker(self, secret: str, port: int = 7700) -> str:
+        """Start ``regency worker`` in this host; return its address once it listens."""
+        self.worker_address = f"tcp://{self.ip}:{port}"
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {
+            **os.environ,
+            "REGENCY_SECRET": secret,
+            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        }
+        self.worker = subprocess.Popen(
+            ["ip", "netns", "exec", self.name, sys.executable, "-m", "regency", "worker",
+             "--listen", self.worker_address],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        assert self.worker.stdout is not None
+        line = self.worker.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"the worker in {self.name} did not start: {line!r}")
+        return self.worker_address
+
+    def stop_worker(self) -> None:
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.kill()
+            self.worker.wait()
+
+    def cut(self) -> None:
+        """Take this host's link down (packets are lost; connections are not reset)."""
+        _ip("link", "set", self.veth, "down")
+
+    def restore(self) -> None:
+        _ip("link", "set", self.veth, "up")
+
+
+@contextmanager
+def virtual_hosts(count: int, subnet: str = "10.77.0") -> Iterator[list[VirtualHost]]:
+    """Make ``count`` virtual hosts (10.77.0.11, .12, ...); this namespace is 10.77.0.1."""
+    why = virtual_hosts_available()
+    if why is not None:
+        raise RuntimeError(why)
+    tag = f"{os.getpid() % 100000}"
+    bridge = f"rgb{tag}"
+    hosts: list[VirtualHost] = []
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i in range(count):
+            host = VirtualHost(f"rgh{tag}-{i}", f"{subnet}.{11 + i}", f"rgv{tag}{i}")
+            peer = f"rgp{tag}{i}"
+            _ip("netns", "add", host.name)
+            hosts.append(host)
+            _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
+            _ip("link", "set", peer, "netns", host.name)
+            _ip("link", "set", host.veth, "master", bridge)
+            _ip("link", "set", host.veth, "up")
+            _ip("-n", host.name, "addr", "add", f"{host.ip}/24", "dev", peer)
+            _ip("-n", host.name, "link", "set", peer, "up")
+            _ip("-n", host.name, "link", "set", "lo", "up")
+        time.sleep(0.05)  # let the bridge ports reach forwarding state
+        yield hosts
+    finally:
+        for host in hosts:
+            host.stop_worker()
+            subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)

@@ -1,0 +1,200 @@
+"""Multi-host jobs between Linux network namespaces on this machine: real TCP, real workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import regency
+from regency.actor import HostMesh, SupervisionError, attach_to_workers
+from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
+
+from ..conftest import TEST_SECRET, RootFailures
+from .actors import Relay, Where
+
+pytestmark = pytest.mark.skipif(
+    virtual_hosts_available() is not None, reason=str(virtual_hosts_available())
+)
+T = 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[VirtualHost]]:
+    if os.environ.get("REGENCY_SECRET") != TEST_SECRET:
+        pytest.skip("REGENCY_SECRET was overridden: the test workers would not match")
+    with virtual_hosts(4) as made:
+        for host in made:
+            host.start_worker(TEST_SECRET)
+        yield made
+
+
+@pytest.fixture(scope="module")
+def mesh(hosts: list[VirtualHost]) -> HostMesh:
+    """The first three hosts, attached to this test process (the controller)."""
+    return attach_to_workers([h.worker_address for h in hosts[:3]], lease=5.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHost]) -> None:
+    two = mesh.slice(hosts=slice(0, 2))
+    pm = two.spawn_procs(per_host={"gpus": 2})
+    assert pm.sizes == {"hosts": 2, "gpus": 2}
+    where = pm.spawn("where", Where)
+    addresses = where.where.call().get(T)
+    for point, address in addresses.items():
+        assert address.startswith(f"tcp://{hosts[point['hosts']].ip}:")
+    where.bump.broadcast()
+    assert where.bump.call().get(T).values() == [2, 2, 2, 2]
+    # Actors talk to actors on the other host directly.
+    relays = pm.spawn("relays", Relay, where)
+    answers = relays.ask_other_host.call().get(T)
+    for point, answer in answers.items():
+        assert answer.startswith(f"tcp://{hosts[1 - point['hosts']].ip}:")
+    pm.stop().get(T)
+
+
+def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+) -> None:
+    pm = mesh.slice(hosts=slice(1, 3)).spawn_procs(per_host={"gpus": 1})
+    where = pm.spawn("victims", Where)
+    pids = where.pid.call().get(T).values()
+    busy = where.slice(hosts=1).bump.call_one()  # host index 1 of the slice: hosts[2]
+    busy.get(T)
+    start = time.monotonic()
+    worker = hosts[2].worker
+    assert worker is not None
+    worker.send_signal(signal.SIGKILL)
+    failure = roots.wait_for("victims")
+    detected = time.monotonic() - start
+    assert failure.ranks == (1,)
+    assert detected < 5
+    assert not _alive(pids[1])  # its proc died with the worker
+    with pytest.raises(SupervisionError, match="victims has failed at rank 1"):
+        where.slice(hosts=1).bump.call_one().get(T)
+    assert where.slice(hosts=0).bump.call_one().get(T) == 1
+    pm.slice(hosts=0).stop().get(T)
+
+
+def test_a_cut_link_that_heals_loses_nothing_and_duplicates_nothing(
+    mesh: HostMesh, hosts: list[VirtualHost]
+) -> None:
+    pm = mesh.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
+    counter = pm.spawn("counter", Where)
+    assert counter.bump.call_one().get(T) == 1
+    hosts[0].cut()
+    try:
+        pending = [counter.bump.call_one() for _ in range(20)]
+        time.sleep(1.0)  # shorter than the heartbeat timeout: TCP retransmits
+    finally:
+        hosts[0].restore()
+    assert sorted(f.get(T) for f in pending) == list(range(2, 22))
+    assert counter.total.call_one().get(T) == 21
+    pm.stop().get(T)
+
+
+def test_a_cut_link_that_stays_cut_is_detected_by_heartbeat(
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+) -> None:
+    regency.configure(heartbeat_interval=0.2, heartbeat_timeout=2.0)
+    try:
+        pm = mesh.slice(hosts=1).spawn_procs(per_host={"gpus": 1})
+        lonely = pm.spawn("lonely", Where)
+        lonely.bump.call_one().get(T)
+        start = time.monotonic()
+        hosts[1].cut()
+        try:
+            with pytest.raises(SupervisionError, match="sent no heartbeat"):
+                lonely.bump.call_one().get(T)
+            roots.wait_for("lonely")
+            detected = time.monotonic() - start
+        finally:
+            hosts[1].restore()
+        assert detected < 5
+    finally:
+        regency.configure(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+
+
+def test_wrong_secret_and_garbage_are_refused_and_the_worker_keeps_serving(
+    hosts: list[VirtualHost],
+) -> None:
+    program = textwrap.dedent(
+        """
+        import sys
+        from regency.actor import attach_to_workers
+        try:
+            attach_to_workers([sys.argv[1]], secret="not-the-job-secret-at-all")
+        except Exception as e:
+            print(type(e).__name__, e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, hosts[3].worker_address],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"},
+    )
+    assert "secret" in out.stdout, out.stdout + out.stderr
+    import socket
+
+    with socket.create_connection((hosts[3].ip, 7700), timeout=5) as raw:
+        raw.sendall(os.urandom(4096))
+    worker = hosts[3].worker
+    assert worker is not None and worker.poll() is None
+
+
+CONTROLLER = textwrap.dedent(
+    """
+    import sys, time
+    from regency.actor import attach_to_workers
+    from tests.multihost.actors import Where
+    hosts = attach_to_workers([sys.argv[1]], lease=1.0)
+    pm = hosts.spawn_procs(per_host={"gpus": 2})
+    print(" ".join(str(p) for p in pm.spawn("w", Where).pid.call().get(30).values()), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
+    hosts: list[VirtualHost],
+) -> None:
+    address = hosts[3].worker_address
+    controller = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, address],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    assert controller.stdout is not None
+    pids = [int(p) for p in controller.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    # While it lives, the worker refuses a second controller.
+    with pytest.raises(ConnectionRefusedError, match="already serves the controller"):
+        attach_to_workers([address], lease=5.0)
+    controller.send_signal(signal.SIGKILL)
+    controller.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "procs outlived their controller's lease"
+        time.sleep(0.1)
+    # The worker now accepts us.
+    mine = attach_to_workers([address], lease=5.0).spawn_procs(per_host={"gpus": 1})
+    assert mine.spawn("w", Where).bump.call_one().get(T) == 1
+    mine.stop().get(T)
