@@ -216,6 +216,39 @@ def launch_remote(
         rt.send(worker, _codec.pack((M.LAUNCH, rt.address), _codec.dumps(requests)))
 
 
+def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
+    """Stop our procs on these hosts and detach from their workers; once no worker is left,
+    this runtime's address is its local one again."""
+    from ._mesh import _stop_procs
+
+    done: Future[None] = Future()
+    state: _Hosts | None = getattr(rt, "hosts", None)
+    if state is None:
+        done.set_result(None)
+        return done
+    workers = {ref.worker for ref in refs}
+
+    async def shutdown() -> None:
+        addresses = [
+            a for a, c in rt.children.items() if getattr(c, "worker", None) in workers
+        ]
+        stopped: Future[None] = Future()
+        await _stop_procs(rt, addresses, stopped)
+        for worker in workers:
+            if state.workers.pop(worker, None) is not None:
+                try:
+                    rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+                except Exception:
+                    pass
+                state.ports.pop(worker, None)
+        if not state.workers:
+            rt.address = rt.local_address
+        done.set_result(None)
+
+    rt.call_soon(lambda: rt.nursery.start_soon(shutdown))
+    return done
+
+
 def detach_all(rt: Runtime) -> None:
     """On a clean exit: tell every worker we are done (they kill what is left of ours)."""
     hosts: _Hosts | None = getattr(rt, "hosts", None)

@@ -23,7 +23,7 @@ from ._context import current as current_context
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import ActorError, RemoteFailure, SupervisionError, UndeliverableError
 from ._future import Future
-from ._hosts import HostRef, launch_remote, plan_remote
+from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
 from ._runtime import Child, Runtime, current_runtime
 from ._shape import MeshAlgebra, Shape, ValueMesh
 
@@ -721,6 +721,14 @@ class HostMesh(MeshAlgebra):
 
         rt.call_soon(launch)
         return ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+
+    def shutdown(self) -> Future[None]:
+        """Stop this mesh's procs on its hosts and detach from their workers (hosts from
+        ``attach_to_workers``; on this host it stops nothing)."""
+        if self._hosts is None:
+            return Future._resolved(None)
+        rt = current_runtime()
+        return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks])
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.dim_sizes()}>"

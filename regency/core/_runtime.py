@@ -300,7 +300,7 @@ class Runtime:
                 self.nursery = nursery
                 self.launcher = self.launcher or default_launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: _InboundSink(self))
-                self.address = listener.address
+                self.address = self.local_address = listener.address
                 # Frames this process sends to itself take the in-process transport.
                 self._loopback = await transport.listen(
                     f"inproc://{self.proc_id}-{os.getpid()}-{id(self)}",

@@ -37,9 +37,11 @@ def hosts() -> Iterator[list[VirtualHost]]:
 
 
 @pytest.fixture(scope="module")
-def mesh(hosts: list[VirtualHost]) -> HostMesh:
+def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
     """The first three hosts, attached to this test process (the controller)."""
-    return attach_to_workers([h.worker_address for h in hosts[:3]], lease=5.0)
+    attached = attach_to_workers([h.worker_address for h in hosts[:3]], lease=5.0)
+    yield attached
+    attached.shutdown().get(T)
 
 
 def _alive(pid: int) -> bool:
@@ -195,6 +197,7 @@ def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
         assert time.monotonic() < deadline, "procs outlived their controller's lease"
         time.sleep(0.1)
     # The worker now accepts us.
-    mine = attach_to_workers([address], lease=5.0).spawn_procs(per_host={"gpus": 1})
+    again = attach_to_workers([address], lease=5.0)
+    mine = again.spawn_procs(per_host={"gpus": 1})
     assert mine.spawn("w", Where).bump.call_one().get(T) == 1
-    mine.stop().get(T)
+    again.shutdown().get(T)
