@@ -202,6 +202,8 @@ class Child:
         self.last_seen: float | None = None
         #: Why the runtime killed this proc, if it did.
         self.killed_for: str | None = None
+        #: Silence after which it counts as stuck (the setting it was started with).
+        self.heartbeat_timeout = 10.0
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -356,7 +358,7 @@ class Runtime:
                 if child.last_seen is None or child.returncode is not None:
                     continue
                 silent = now - child.last_seen
-                if silent > self.config.heartbeat_timeout and child.handle is not None:
+                if silent > child.heartbeat_timeout and child.handle is not None:
                     child.killed_for = f"sent no heartbeat for {silent:.1f} s (stuck)"
                     log.error("proc %s %s; killing it", child.proc_id, child.killed_for)
                     child.last_seen = None
@@ -435,7 +437,10 @@ class Runtime:
         self.call_soon(lost)
 
     async def _await_exit_then_lose(self, child: Child, exc: BaseException) -> None:
-        with trio.move_on_after(0.5):
+        # A local exit status comes from a pidfd at once; a remote one from its worker, which
+        # may itself be gone, so wait less for it.
+        remote = child.handle is not None and child.handle.remote
+        with trio.move_on_after(0.1 if remote else 0.5):
             await child.exited.wait()
         self._lose(child.address, exc, child)
 
@@ -580,6 +585,7 @@ class Runtime:
     def plan_child(self, proc_id: str, address: str) -> Child:
         self.config = current_config()  # the child gets, and is watched by, today's settings
         child = Child(proc_id, address)
+        child.heartbeat_timeout = self.config.heartbeat_timeout
         # Sends to the child wait for its HELLO; the event exists before any send.
         self.child_ready[address] = trio.Event()
         return child
