@@ -26,6 +26,10 @@ _PENDING = object()
 #: Thread ids that run a runtime's trio loop: blocking there would freeze message delivery.
 runtime_threads: set[int] = set()
 
+#: ``blocking.wait(fut, timeout)``, when set on a thread, replaces blocking that thread on a
+#: lock: the simulator's lockstep threads hand control back to its loop instead.
+blocking = threading.local()
+
 
 class Future(Generic[R]):
     """The eventual value of a remote call (Monarch's ``Future``)."""
@@ -90,6 +94,10 @@ class Future(Generic[R]):
         A timeout does not cancel the call: ``get`` may be called again later.
         """
         if not self.done():
+            wait = getattr(blocking, "wait", None)
+            if wait is not None:
+                wait(self, timeout)
+                return self._outcome()
             if threading.get_ident() in runtime_threads:
                 raise RuntimeError(
                     "Future.get() would block the runtime's event loop; "

@@ -32,6 +32,11 @@ class ProcHandle(abc.ABC):
 
 
 class ProcLauncher(abc.ABC):
+    def address_for(self, proc_id: str) -> str | None:
+        """The address a new proc should listen on, when this launcher decides it (the
+        simulator does); None lets the runtime pick one from its transport settings."""
+        return None
+
     @abc.abstractmethod
     def launch(
         self,

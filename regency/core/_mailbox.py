@@ -87,7 +87,11 @@ class ActorCell:
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
         cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
-        self.threaded = not table or any(not e.is_async for e in table.values())
+        # With a sync runner (the simulator) every actor is a trio task whose sync code goes
+        # through the runner; otherwise an actor with sync endpoints gets its own thread.
+        self.threaded = runtime.sync_runner is None and (
+            not table or any(not e.is_async for e in table.values())
+        )
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._deque: deque[tuple[Any, ...]] = deque()
         self._wakeup = trio.Event()
@@ -119,6 +123,9 @@ class ActorCell:
         return trio.from_thread.run_sync(fn, trio_token=self.rt.token)
 
     def _thread_main(self) -> None:
+        from ._runtime import _runtime_var
+
+        _runtime_var.set(self.rt)
         try:
             alive = self._init()
             get = self._queue.get
@@ -272,7 +279,12 @@ class ActorCell:
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
-            result = fn(self.obj, *args, **kwargs)
+            runner = self.rt.sync_runner
+            if runner is not None and not inspect.iscoroutinefunction(fn):
+                context = self._context(item)
+                result = await runner(lambda: self._in(context, fn, self.obj, *args, **kwargs))
+            else:
+                result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
                 result = await result
         except trio.Cancelled:
@@ -358,10 +370,14 @@ class ActorCell:
         result, error = None, None
         token = current.set(Context(self.instance, self.point))
         try:
-            if fn is not None:
+            runner = self.rt.sync_runner
+            if fn is not None and runner is not None and not inspect.iscoroutinefunction(fn):
+                context = Context(self.instance, self.point)
+                result = await runner(lambda: self._in(context, fn, failure))
+            elif fn is not None:
                 result = fn(failure)
-                if inspect.iscoroutine(result):
-                    result = await result
+            if inspect.iscoroutine(result):
+                result = await result
         except Exception as exc:
             error = exc
         finally:
@@ -462,6 +478,8 @@ class ActorCell:
             try:
                 if inspect.iscoroutinefunction(cleanup):
                     await self._as_actor(cleanup, exc)
+                elif self.rt.sync_runner is not None:
+                    await self.rt.sync_runner(lambda: self._as_actor(cleanup, exc))
                 else:
                     await trio.to_thread.run_sync(
                         self._as_actor, cleanup, exc, abandon_on_cancel=True
@@ -470,6 +488,17 @@ class ActorCell:
                 log.exception("__cleanup__ of %s raised", self.name)
         if scope.cancelled_caught:
             log.warning("__cleanup__ of %s took too long; abandoned", self.name)
+
+    def _in(self, context: Context, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn`` on another thread as this actor: its context and runtime."""
+        from ._runtime import _runtime_var
+
+        _runtime_var.set(self.rt)
+        token = current.set(context)
+        try:
+            return fn(*args)
+        finally:
+            current.reset(token)
 
     def _as_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call ``fn`` with ``context()`` saying this actor (a coroutine is returned as is:

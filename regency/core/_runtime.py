@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import contextvars
 import itertools
 import logging
 import os
@@ -25,7 +26,8 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import trio
@@ -242,14 +244,19 @@ class Runtime:
         address: str | None = None,
         parent_address: str | None = None,
         seed: int | None = None,
+        transport: TransportFactory | None = None,
+        launcher: ProcLauncher | None = None,
     ) -> None:
         self.proc_id = proc_id
         self.secret = secret
         self.jobdir = jobdir
         self.config = config
+        self.launcher: ProcLauncher | None = launcher
         self.address = address or self._default_address(proc_id)
         self.parent_address = parent_address
         self.rng = random.Random(seed)
+        #: Opens this runtime's transport; the simulator passes its own.
+        self._open_transport = transport or _open_real_transport
         self.actors: dict[str, ActorCell] = {}
         #: Keys of actors that stopped or failed here, with why (later messages bounce).
         self.dead: dict[str, RemoteFailure] = {}
@@ -266,7 +273,12 @@ class Runtime:
         self._names = itertools.count()
         self.started = threading.Event()
         self.thread_id: int | None = None
-        self.launcher: ProcLauncher | None = None
+        #: Launchers for hosts this runtime can place procs on directly, by the ``worker``
+        #: field of their HostRef (the simulator's hosts); other hosts go through workers.
+        self.host_launchers: dict[str, ProcLauncher] = {}
+        #: When set, sync actor code runs through it instead of on actor threads (the
+        #: simulator runs it in lockstep with its loop). ``await sync_runner(fn)``.
+        self.sync_runner: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
         self.on_child_exit: list[Callable[[Child], None]] = []
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
@@ -277,6 +289,9 @@ class Runtime:
         self._lost: set[str] = set()
 
     def _default_address(self, proc_id: str) -> str:
+        decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
+        if decided is not None:
+            return decided
         if self.config.default_transport == "unix":
             return f"unix://{self.jobdir}/{proc_id}.sock"
         if self.config.default_transport == "tcp":
@@ -295,9 +310,8 @@ class Runtime:
         self.token = trio.lowlevel.current_trio_token()
         self._stop_event = trio.Event()
         try:
-            async with transports.open_transport(
-                self.secret, max_frame_bytes=self.config.max_frame_bytes
-            ) as transport, trio.open_nursery() as nursery:
+            _runtime_var.set(self)  # tasks spawned from here on know their runtime
+            async with self._open_transport(self) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
                 self.launcher = self.launcher or default_launcher(nursery)
@@ -649,7 +663,18 @@ def bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
 
 # -- this process's runtime ----------------------------------------------------------------
 
+def _open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.MultiTransport]:
+    return transports.open_transport(rt.secret, max_frame_bytes=rt.config.max_frame_bytes)
+
+
+TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]
+
 _runtime: Runtime | None = None
+#: The runtime of the code running now, where a process holds several (the simulator):
+#: set in each runtime's tasks and actor threads; the process-wide one otherwise.
+_runtime_var: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
+    "regency_runtime", default=None
+)
 _runtime_lock = threading.Lock()
 
 
@@ -680,12 +705,12 @@ def job_secret() -> bytes:
 
 
 def current_runtime_or_none() -> Runtime | None:
-    return _runtime
+    return _runtime_var.get() or _runtime
 
 
 def current_runtime() -> Runtime:
     """This process's runtime; in a controller the first call starts it on its own thread."""
-    rt = _runtime
+    rt = _runtime_var.get() or _runtime
     if rt is not None:
         return rt
     with _runtime_lock:
