@@ -695,11 +695,17 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         rt = current_runtime()
-        remote = self._hosts is not None
+        remote = False
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
             hosts = [self._hosts[r] for r in self._shape.ranks]
-            children = plan_remote(rt, hosts, count, name or "p")
+            if all(h.worker in rt.host_launchers for h in hosts):
+                children = rt.plan_on_launchers(
+                    [rt.host_launchers[h.worker] for h in hosts], count, name or "p"
+                )
+            else:
+                remote = True
+                children = plan_remote(rt, hosts, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
         ready: Future[None] = Future()

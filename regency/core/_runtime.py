@@ -206,6 +206,8 @@ class Child:
         self.killed_for: str | None = None
         #: Silence after which it counts as stuck (the setting it was started with).
         self.heartbeat_timeout = 10.0
+        #: Who starts it, when not the runtime's own launcher.
+        self.launcher: ProcLauncher | None = None
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -317,11 +319,15 @@ class Runtime:
                 self.launcher = self.launcher or default_launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: _InboundSink(self))
                 self.address = self.local_address = listener.address
-                # Frames this process sends to itself take the in-process transport.
-                self._loopback = await transport.listen(
-                    f"inproc://{self.proc_id}-{os.getpid()}-{id(self)}",
-                    lambda c: _InboundSink(self),
-                )
+                # Frames this process sends to itself take the in-process transport, where
+                # there is one (the simulator's network carries them like any other).
+                if "inproc" in transport.schemes:
+                    self._loopback = await transport.listen(
+                        f"inproc://{self.proc_id}-{os.getpid()}-{id(self)}",
+                        lambda c: _InboundSink(self),
+                    )
+                else:
+                    self._loopback = listener
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
                         _codec.pack((M.HELLO, self.proc_id, self.address))
@@ -593,6 +599,21 @@ class Runtime:
             children.append(self.plan_child(proc_id, self._default_address(proc_id)))
         return children
 
+    def plan_on_launchers(
+        self, launchers: list[ProcLauncher], per_launcher: int, name: str
+    ) -> list[Child]:
+        """Plan ``per_launcher`` procs on each of ``launchers`` (hosts this runtime can
+        start procs on directly, like the simulator's)."""
+        children = []
+        for launcher in launchers:
+            for _ in range(per_launcher):
+                proc_id = self.new_proc_id(name)
+                address = launcher.address_for(proc_id) or self._default_address(proc_id)
+                child = self.plan_child(proc_id, address)
+                child.launcher = launcher
+                children.append(child)
+        return children
+
     def new_proc_id(self, name: str) -> str:
         return f"{self.proc_id}.{name}{next(self._child_ids)}"
 
@@ -626,7 +647,8 @@ class Runtime:
         assert self.launcher is not None
         for child in children:
             self.children[child.address] = child
-            child.handle = self.launcher.launch(
+            launcher = child.launcher or self.launcher
+            child.handle = launcher.launch(
                 self.bootstrap_record(child, boot),
                 dict(env or {}),
                 functools.partial(self._child_exited, child),

@@ -1,0 +1,262 @@
+"""A simulated cluster: the production runtime on simulated hosts, one trio loop, virtual time.
+
+Each simulated proc is an ordinary :class:`~regency.core.Runtime` whose transport is the
+simulated network (``sim://HOST/PROC``), whose launcher starts more simulated procs, and whose
+sync actor code runs in lockstep with the loop (:mod:`._lockstep`). Nothing in the core knows
+it is simulated: the simulator provides the transport, the launcher, the clock and the sync
+runner.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ..core import _codec
+from ..core._config import current_config
+from ..core._launcher import ProcHandle, ProcLauncher
+from ..core._runtime import Runtime, _runtime_var
+from ._clock import SimEvent, run_deterministic
+from ._lockstep import Lockstep
+from ._network import LinkFaults, SimNetwork
+
+CONTROLLER_HOST = "controller"
+_SECRET = b"simulated-cluster-needs-no-secret"
+
+_current: SimCluster | None = None
+
+
+def current() -> SimCluster:
+    """The simulated cluster this code runs in (for scheduling faults on purpose)."""
+    if _current is None:
+        raise RuntimeError("regency.sim.current() is only available inside a simulation")
+    return _current
+
+
+class _SimProc(ProcHandle):
+    def __init__(self, cluster: SimCluster, rt: Runtime, scope: trio.CancelScope) -> None:
+        self.cluster, self.rt, self.scope = cluster, rt, scope
+        self.pid = 0
+        self.crashed = False
+
+    def kill(self) -> None:
+        self.crashed = True
+        self.scope.cancel()
+
+    def terminate(self) -> None:
+        self.kill()
+
+
+class SimLauncher(ProcLauncher):
+    """Starts simulated procs on one simulated host."""
+
+    def __init__(self, cluster: SimCluster, host: str) -> None:
+        self.cluster, self.host = cluster, host
+
+    def address_for(self, proc_id: str) -> str:
+        return f"sim://{self.host}/{proc_id}"
+
+    def launch(
+        self,
+        bootstrap: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_exit: Callable[[int], None],
+    ) -> ProcHandle:
+        return self.cluster._start_proc(self.host, dict(bootstrap), on_exit)
+
+
+class SimCluster:
+    """Simulated hosts running simulated procs over a :class:`SimNetwork`."""
+
+    def __init__(self, rng: random.Random, faults: LinkFaults | None = None) -> None:
+        self.rng = rng
+        self.network = SimNetwork(rng, faults)
+        self.lockstep = Lockstep()
+        self.procs: dict[str, _SimProc] = {}  # by address, in start order
+        self._nursery: trio.Nursery | None = None
+        self.controller: Runtime | None = None
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Runtime]:
+        """Run the cluster and its controller (on host ``controller``) until the block ends."""
+        global _current
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.lockstep.attach(nursery)
+            _current = self
+            rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")
+            await nursery.start(rt.serve)
+            self.controller = rt
+            _runtime_var.set(rt)
+            nursery.start_soon(self.network.run_faults)
+            try:
+                yield rt
+            finally:
+                _current = None
+                nursery.cancel_scope.cancel()
+
+    def _runtime(
+        self, host: str, proc_id: str, parent: str | None, address: str
+    ) -> Runtime:
+        network = self.network
+
+        @asynccontextmanager
+        async def transport(rt: Runtime) -> AsyncIterator[Any]:
+            async with trio.open_nursery() as nursery:
+                yield network.transport(host, nursery, max_frame_bytes=rt.config.max_frame_bytes)
+                nursery.cancel_scope.cancel()
+
+        rt = Runtime(
+            proc_id,
+            secret=_SECRET,
+            jobdir="/simulated",
+            config=current_config(),
+            address=address,
+            parent_address=parent,
+            seed=self.rng.getrandbits(64),
+            transport=transport,
+            launcher=SimLauncher(self, host),
+        )
+        rt.sync_runner = self.lockstep.run
+        for name in self.network.hosts:
+            rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
+        return rt
+
+    def _start_proc(
+        self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
+    ) -> ProcHandle:
+        assert self._nursery is not None
+        rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
+        scope = trio.CancelScope()
+        proc = _SimProc(self, rt, scope)
+        self.procs[rt.address] = proc
+        boot = record.get("boot")
+
+        async def main() -> None:
+            _runtime_var.set(rt)
+            with scope:
+                if boot:
+                    result = _codec.loads([bytes.fromhex(boot)])()
+                    if inspect.iscoroutine(result):
+                        await result
+                await rt.serve()
+            self.procs.pop(rt.address, None)
+            on_exit(-9 if proc.crashed else 0)
+
+        self._nursery.start_soon(main, name=f"proc {rt.proc_id}")
+        return proc
+
+    # -- hosts and faults --------------------------------------------------------------
+
+    def hosts(self, count: int) -> Any:
+        """A ``HostMesh`` of ``count`` fresh simulated hosts (dim ``hosts``)."""
+        from ..core._hosts import HostRef
+        from ..core._mesh import HostMesh
+        from ..core._shape import Shape
+
+        assert self.controller is not None
+        names = [f"host{i}" for i in range(count)]
+        for name in names:
+            self.controller.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
+        refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
+        return HostMesh(Shape.full(["hosts"], [count]), refs)
+
+    def crash_proc(self, address: str) -> None:
+        """Kill a simulated proc at once (its connections break, like SIGKILL)."""
+        proc = self.procs.get(address)
+        if proc is None:
+            raise LookupError(f"no running simulated proc at {address!r}")
+        proc.kill()
+
+    def crash_host(self, host: str) -> None:
+        """Crash a host: every proc on it dies and its links break."""
+        for address, proc in list(self.procs.items()):
+            if address.startswith(f"sim://{host}/"):
+                proc.kill()
+        self.network.crash_host(host)
+
+    def restart_host(self, host: str) -> None:
+        self.network.restart_host(host)
+
+    def partition(
+        self, a: Iterable[str], b: Iterable[str], duration: float | None = None, one_way: bool = False
+    ) -> int:
+        """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given)."""
+        cut = self.network.partition(a, b, one_way=one_way)
+        if duration is not None:
+            assert self._nursery is not None
+
+            async def heal_later() -> None:
+                await trio.sleep(duration)
+                self.network.heal(cut)
+
+            self._nursery.start_soon(heal_later)
+        return cut
+
+    def heal(self) -> None:
+        self.network.heal()
+
+
+@attrs.frozen
+class SimResult:
+    """What :func:`simulate` returns."""
+
+    value: Any
+    #: Virtual seconds the program took.
+    virtual_time: float
+    #: A hash of the schedule and every random draw: equal for equal runs.
+    trace_hash: str
+    events: list[SimEvent]
+    seed: int
+
+    @property
+    def replay(self) -> str:
+        return f"regency.sim.simulate(program, seed={self.seed})"
+
+
+def simulate(
+    program: Callable[[Any], Any],
+    *,
+    seed: int = 0,
+    hosts: int = 4,
+    faults: LinkFaults | None = None,
+    timeout: float | None = 24 * 3600.0,
+) -> SimResult:
+    """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.
+
+    ``program`` may be sync (blocking ``.get()`` style) or async. The same program and seed
+    give the same result, virtual time, trace hash and event log.
+    """
+
+    async def main(rng: random.Random) -> tuple[Any, float]:
+        cluster = SimCluster(rng, faults)
+        async with cluster.running() as controller:
+            mesh = cluster.hosts(hosts)
+            start = trio.current_time()
+            if inspect.iscoroutinefunction(program):
+                value = await program(mesh)
+            else:
+
+                def run_program() -> Any:
+                    _runtime_var.set(controller)
+                    return program(mesh)
+
+                value = await cluster.lockstep.run(run_program)
+            return value, trio.current_time() - start
+
+    try:
+        (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
+    except BaseException as exc:
+        exc.add_note(f"replay: regency.sim.simulate(program, seed={seed}, hosts={hosts})")
+        raise
+    return SimResult(value, elapsed, digest, events, seed)
+
+
