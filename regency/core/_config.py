@@ -23,8 +23,18 @@ def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
 
 
+def _check_runtime(_: Any, __: Any, value: str) -> None:
+    if value not in ("real", "sim"):
+        raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
+
+
 @attrs.frozen
 class Config:
+    #: "real" (processes and sockets) or "sim" (a deterministic simulated cluster in this
+    #: process; docs/simulation.md). Read when the controller's runtime starts.
+    runtime: str = attrs.field(default="real", validator=_check_runtime)
+    #: The simulation's seed: the same program and seed replay exactly.
+    seed: int = 0
     #: Transport between procs: "unix" (default: fastest, see docs/transports.md), "tcp"
     #: (needed across hosts), or an nng flavour.
     default_transport: str = attrs.field(default="unix", validator=_check_transport)

@@ -40,10 +40,14 @@ class UnhandledFault(BaseException):
     """
 
 
+#: Appended to the default report (the simulator says how to replay the run).
+report_suffix = ""
+
+
 def default_unhandled_fault_hook(failure: S.MeshFailure) -> None:
     """Print the report and stop the program (Monarch's default, without waiting for the
     main thread to wake: a sleeping or blocked main thread is interrupted)."""
-    print(failure.report(), file=sys.stderr, flush=True)
+    print(failure.report() + report_suffix, file=sys.stderr, flush=True)
     stop_program(failure)
 
 

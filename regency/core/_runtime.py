@@ -13,9 +13,9 @@ one sender to one receiver arrive in send order; mailboxes are FIFO, so handling
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
-import contextvars
 import itertools
 import logging
 import os
@@ -745,6 +745,14 @@ def current_runtime() -> Runtime:
 def _start_controller() -> None:
     global _runtime
     import atexit
+
+    config = current_config()
+    if config.runtime == "sim":
+        from ..sim._cluster import start_simulated_controller
+
+        install_interrupt_handler()
+        _runtime = start_simulated_controller(config.seed)
+        return
 
     jobdir = tempfile.mkdtemp(prefix="regency-")
     os.chmod(jobdir, 0o700)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -74,12 +75,19 @@ class SimLauncher(ProcLauncher):
 class SimCluster:
     """Simulated hosts running simulated procs over a :class:`SimNetwork`."""
 
-    def __init__(self, rng: random.Random, faults: LinkFaults | None = None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        faults: LinkFaults | None = None,
+        lockstep: Lockstep | None = None,
+    ) -> None:
         self.rng = rng
         self.network = SimNetwork(rng, faults)
-        self.lockstep = Lockstep()
+        self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
         self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread = 0
         self.controller: Runtime | None = None
 
     # -- lifetime ------------------------------------------------------------------------
@@ -90,6 +98,8 @@ class SimCluster:
         global _current
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._token = trio.lowlevel.current_trio_token()
+            self._thread = threading.get_ident()
             self.lockstep.attach(nursery)
             _current = self
             rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")
@@ -169,40 +179,61 @@ class SimCluster:
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Faults change the simulation's state, which only its loop may touch: from a
+        lockstep thread (a program, a sync endpoint) they take effect when the loop runs
+        next, which is before anything else happens in virtual time."""
+        if self._thread == threading.get_ident():
+            fn()
+        else:
+            assert self._token is not None
+            self._token.run_sync_soon(fn)
+
     def crash_proc(self, address: str) -> None:
-        """Kill a simulated proc at once (its connections break, like SIGKILL)."""
-        proc = self.procs.get(address)
-        if proc is None:
+        """Kill a simulated proc (its connections break, like SIGKILL)."""
+        if address not in self.procs:
             raise LookupError(f"no running simulated proc at {address!r}")
-        proc.kill()
+        self._on_loop(lambda: self.procs[address].kill() if address in self.procs else None)
 
     def crash_host(self, host: str) -> None:
         """Crash a host: every proc on it dies and its links break."""
-        for address, proc in list(self.procs.items()):
-            if address.startswith(f"sim://{host}/"):
-                proc.kill()
-        self.network.crash_host(host)
+
+        def crash() -> None:
+            for address, proc in list(self.procs.items()):
+                if address.startswith(f"sim://{host}/"):
+                    proc.kill()
+            self.network.crash_host(host)
+
+        self._on_loop(crash)
 
     def restart_host(self, host: str) -> None:
-        self.network.restart_host(host)
+        self._on_loop(lambda: self.network.restart_host(host))
 
     def partition(
-        self, a: Iterable[str], b: Iterable[str], duration: float | None = None, one_way: bool = False
-    ) -> int:
+        self,
+        a: Iterable[str],
+        b: Iterable[str],
+        duration: float | None = None,
+        one_way: bool = False,
+    ) -> None:
         """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given)."""
-        cut = self.network.partition(a, b, one_way=one_way)
-        if duration is not None:
-            assert self._nursery is not None
+        a, b = list(a), list(b)
 
-            async def heal_later() -> None:
-                await trio.sleep(duration)
-                self.network.heal(cut)
+        def cut() -> None:
+            number = self.network.partition(a, b, one_way=one_way)
+            if duration is not None:
+                assert self._nursery is not None
 
-            self._nursery.start_soon(heal_later)
-        return cut
+                async def heal_later() -> None:
+                    await trio.sleep(duration)
+                    self.network.heal(number)
+
+                self._nursery.start_soon(heal_later)
+
+        self._on_loop(cut)
 
     def heal(self) -> None:
-        self.network.heal()
+        self._on_loop(self.network.heal)
 
 
 @attrs.frozen
@@ -260,3 +291,43 @@ def simulate(
     return SimResult(value, elapsed, digest, events, seed)
 
 
+def start_simulated_controller(seed: int) -> Runtime:
+    """``REGENCY_RUNTIME=sim``: run this unchanged program on a simulated cluster.
+
+    The simulation's loop runs on a background thread; the calling (main) thread becomes a
+    lockstep thread, so the program's blocking calls interleave with the simulation
+    deterministically. Returns the controller's runtime once the program may go on.
+    """
+    import sys
+    import threading
+
+    from ..core import _oversight
+
+    lockstep = Lockstep()
+    started: dict[str, Runtime] = {}
+    failed: list[BaseException] = []
+    wait_first_turn = lockstep.adopt_current_thread()
+    command = " ".join(sys.argv) or "python your_program.py"
+    _oversight.report_suffix = (
+        f"\nreplay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED={seed} {command}"
+    )
+
+    async def main(rng: random.Random) -> None:
+        cluster = SimCluster(rng, lockstep=lockstep)
+        async with cluster.running() as rt:
+            started["rt"] = rt
+            lockstep.start_main()
+            await trio.sleep_forever()
+
+    def run() -> None:
+        try:
+            run_deterministic(main, seed, timeout=None)
+        except BaseException as exc:
+            failed.append(exc)
+            lockstep._main_worker.turn.release()
+
+    threading.Thread(target=run, name="regency-simulation", daemon=True).start()
+    wait_first_turn()
+    if failed:
+        raise RuntimeError(f"the simulation failed to start: {failed[0]!r}") from failed[0]
+    return started["rt"]

@@ -1,0 +1,43 @@
+"""Actors for the simulated-cluster tests."""
+
+from __future__ import annotations
+
+import trio
+
+from regency.actor import Actor, ActorMesh, current_rank, endpoint
+
+
+class Counter(Actor):
+    def __init__(self, v: int = 0) -> None:
+        self.v = v
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.v += by
+        return self.v
+
+    @endpoint
+    async def value(self) -> int:
+        return self.v
+
+    @endpoint
+    async def nap(self, seconds: float) -> float:
+        await trio.sleep(seconds)
+        return seconds
+
+
+class Gossip(Actor):
+    """Each rank calls its neighbours through a mesh it was given (blocking style)."""
+
+    def __init__(self, peers: ActorMesh[Counter]) -> None:
+        self.peers = peers
+
+    @endpoint
+    def poke_neighbours(self, rounds: int) -> list[int]:
+        me = current_rank().rank
+        n = len(self.peers)
+        seen = []
+        for r in range(rounds):
+            target = self.peers.flatten("r").slice(r=(me + r + 1) % n)
+            seen.append(target.incr.call_one().get())
+        return seen
