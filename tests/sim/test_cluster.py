@@ -169,3 +169,11 @@ def test_a_failing_simulated_program_prints_how_to_replay_it() -> None:
     assert out.returncode != 0
     assert "actor mesh bad failed at rank(s) 0" in out.stderr
     assert "replay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED=11" in out.stderr
+
+
+def test_scale_in_small() -> None:
+    """The 4,096-proc benchmark (benchmarks/bench_sim.py), at 128 procs."""
+    from benchmarks.bench_sim import program
+
+    result = simulate(program, seed=1, hosts=16)
+    assert result.value == (128, 112)
