@@ -56,6 +56,19 @@ def _record_root_failures() -> Iterator[None]:
     yield
 
 
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.fixture
 def roots() -> RootFailures:
     return root_failures

@@ -16,6 +16,7 @@ from regency.actor import ProcMesh, SupervisionError, this_host
 from regency.core import current_runtime
 from regency.transports import AuthenticationError, Connection, open_transport
 
+from ..conftest import pid_alive as _alive
 from .actors import Counter
 
 T = 30
@@ -34,17 +35,6 @@ CONTROLLER = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes; its parent (reaped by init) is gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _start_controller(mode: str) -> tuple[subprocess.Popen[str], list[int]]:

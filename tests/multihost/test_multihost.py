@@ -17,6 +17,7 @@ from regency.actor import HostMesh, SupervisionError, attach_to_workers
 from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 
 from ..conftest import TEST_SECRET, RootFailures
+from ..conftest import pid_alive as _alive
 from .actors import Relay, Where
 
 pytestmark = pytest.mark.skipif(
@@ -44,16 +45,6 @@ def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
     attached.shutdown().get(T)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHost]) -> None:

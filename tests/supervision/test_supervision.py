@@ -17,6 +17,7 @@ import regency
 from regency.actor import SupervisionError, this_host
 
 from ..conftest import RootFailures
+from ..conftest import pid_alive as _alive
 from .actors import AsyncManager, Level, Manager, Tidy, Worker
 
 T = 30
@@ -192,16 +193,6 @@ def test_a_stuck_proc_is_found_by_heartbeat(roots: RootFailures) -> None:
         regency.configure(heartbeat_interval=1.0, heartbeat_timeout=10.0)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 UNHANDLED = textwrap.dedent(
