@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 
+from regency.sim import SimNetwork
 from regency.transports import (
     AuthenticationError,
     Connection,
@@ -20,7 +22,7 @@ from regency.transports import (
 )
 
 SECRET = b"s" * 32
-BACKENDS = ["tcp", "unix", "inproc", "nng+tcp", "nng+ipc", "nng+tls+tcp"]
+BACKENDS = ["tcp", "unix", "inproc", "nng+tcp", "nng+ipc", "nng+tls+tcp", "sim"]
 AUTHENTICATED = ["tcp", "unix", "nng+tcp", "nng+ipc", "nng+tls+tcp"]
 STREAM = ["tcp", "unix"]
 
@@ -40,6 +42,7 @@ def address_for(kind: str, sockdir: str) -> str:
         "nng+tcp": "nng+tcp://127.0.0.1:0",
         "nng+ipc": f"nng+ipc://{sockdir}/nng.sock",
         "nng+tls+tcp": "nng+tls+tcp://127.0.0.1:0",
+        "sim": "sim://h0/",
     }[kind]
 
 
@@ -78,8 +81,10 @@ class Recorder:
 
 @pytest.fixture
 async def transport() -> AsyncIterator[MultiTransport]:
-    async with open_transport(SECRET) as t:
-        yield t
+    async with open_transport(SECRET) as t, trio.open_nursery() as nursery:
+        sim = SimNetwork(random.Random(0)).transport("h0", nursery)
+        yield MultiTransport([t, sim])
+        nursery.cancel_scope.cancel()
 
 
 class Server:

@@ -1,0 +1,67 @@
+"""The simulated cluster: a deterministic network, virtual time, faults and exact replay.
+
+The same core and supervision code that production runs can run here, inside one
+``trio.run`` on a mock clock, with every decision drawn from one seeded generator. This
+package provides the ``sim://`` transport (:class:`SimNetwork`), its faults
+(:class:`LinkFaults`, explicit :class:`FaultSchedule` entries and the Hypothesis strategy
+:func:`fault_schedules`), and the tools that run a workload deterministically and check that
+it is (:func:`run_deterministic`, :func:`check_determinism`, :class:`Trace`).
+"""
+
+from __future__ import annotations
+
+from ._clock import (
+    DEFAULT_TIMEOUT,
+    SimEvent,
+    Trace,
+    check_determinism,
+    current_trace,
+    run_deterministic,
+)
+from ._cluster import SimCluster, SimLauncher, SimResult, current, simulate
+from ._network import (
+    SCHEME,
+    ClogFault,
+    CrashHostFault,
+    DelayFault,
+    DisconnectFault,
+    FaultSchedule,
+    Latency,
+    LinkFaults,
+    PartitionFault,
+    ScheduledFault,
+    SimConnection,
+    SimListener,
+    SimNetwork,
+    SimTransport,
+    fault_schedules,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "SCHEME",
+    "ClogFault",
+    "CrashHostFault",
+    "DelayFault",
+    "DisconnectFault",
+    "FaultSchedule",
+    "Latency",
+    "LinkFaults",
+    "PartitionFault",
+    "ScheduledFault",
+    "SimCluster",
+    "SimConnection",
+    "SimEvent",
+    "SimLauncher",
+    "SimListener",
+    "SimNetwork",
+    "SimResult",
+    "SimTransport",
+    "Trace",
+    "check_determinism",
+    "current",
+    "current_trace",
+    "fault_schedules",
+    "run_deterministic",
+    "simulate",
+]

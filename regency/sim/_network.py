@@ -1,0 +1,1079 @@
+"""The simulated network: a :class:`~regency.transports.Transport` backend on virtual time.
+
+One :class:`SimNetwork` per simulated cluster owns the delivery of every frame between
+simulated hosts. Each simulated process gets its own :class:`SimTransport` (scheme ``sim``,
+addresses ``sim://HOST/NAME``) from :meth:`SimNetwork.transport`, with the same semantics as
+the other backends: whole frames, in order per connection, sink callbacks on the trio thread,
+``close()`` reported locally with ``None`` and at the peer with :class:`ConnectionBroken`.
+There is no authentication handshake: every simulated process lives in one Python process
+that already shares the job secret and all of memory.
+
+How delivery works, and why it is deterministic:
+
+* A frame sent on a connection is delivered after a latency drawn from the network's seeded
+  generator (:class:`Latency`: ``base`` plus up to ``jitter``, per host pair), but never
+  before the frame sent ahead of it on that connection: its delivery time is
+  ``max(now + drawn, previous frame's delivery time)``. Nothing is reordered.
+* Each transport runs one delivery task (in the nursery it was given, in the context of the
+  code that made it, so context variables of the simulated process are visible to its sinks).
+  It keeps a heap of due entries keyed by ``(virtual time, global sequence number)`` and calls
+  the sinks; every sink callback but a local ``close()``'s runs there. The heap order depends
+  only on draws and sequence numbers, never on ``id()``.
+* All time is trio's clock (a ``MockClock`` in a simulation); all randomness comes from the
+  ``random.Random`` handed to :class:`SimNetwork`, and every draw is folded into the run's
+  :class:`~regency.sim.Trace` with a label. Registries are dicts iterated in insertion order
+  or sorted by stable keys; sets are only used for membership.
+
+Faults are set from code (:meth:`SimNetwork.partition`, :meth:`~SimNetwork.heal`,
+:meth:`~SimNetwork.disconnect`, :meth:`~SimNetwork.clog`, :meth:`~SimNetwork.delay`,
+:meth:`~SimNetwork.set_latency`, :meth:`~SimNetwork.crash_host`), from an explicit schedule
+(:class:`FaultSchedule`, run by :meth:`SimNetwork.run_faults`), or drawn at random at the
+rates of :class:`LinkFaults`. Every fault is encoded so that its zero value means "no fault":
+rates of 0, durations of 0 and extra delays of 0 do nothing, and empty schedules are quiet,
+so Hypothesis shrinks failing schedules toward the fewest, shortest faults.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import random
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import attrs
+import trio
+
+from ..transports._base import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Connection,
+    ConnectionBroken,
+    ConnectionClosed,
+    Frame,
+    FrameSink,
+    Listener,
+    SinkFactory,
+    Transport,
+    join_frame,
+)
+from ._clock import SimEvent, Trace, current_trace
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+log = logging.getLogger("regency.sim")
+
+V = TypeVar("V")
+
+SCHEME: Final = "sim"
+
+# What a delivery heap entry carries. Frames and FINs travel the link (latency, clogs and
+# partitions apply); LOST and ACCEPT are the network telling one end something, at once.
+_FRAME: Final = 0
+_FIN: Final = 1
+_LOST: Final = 2
+_ACCEPT: Final = 3
+
+# (delivery time, global sequence number, receiving end, kind, payload). The payload of a
+# frame is (its index on the connection, its bytes); of a FIN, the reason. An entry is in the
+# heap at most once and keeps its sequence number, so tuples never compare past it.
+_Entry = tuple[float, int, "SimConnection", int, Any]
+
+
+def _non_negative(what: str) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name} must be a finite {what} >= 0 "
+                f"(got {value!r})"
+            )
+
+    return check
+
+
+def _duration(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value >= 0:  # inf allowed: a fault that lasts until healed
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be a duration >= 0 in virtual "
+            f"seconds (got {value!r})"
+        )
+
+
+@attrs.frozen
+class Latency:
+    """One-way latency of a link: ``base`` plus a uniform draw in ``[0, jitter)`` seconds."""
+
+    base: float = attrs.field(default=0.001, validator=_non_negative("latency in seconds"))
+    jitter: float = attrs.field(default=0.001, validator=_non_negative("jitter in seconds"))
+
+
+@attrs.frozen
+class LinkFaults:
+    """Random link faults, each a rate per simulated second; all zero (no faults) by default.
+
+    ``delay`` adds up to ``max_delay`` seconds to one host pair's latency for a while;
+    ``disconnect`` breaks every connection between the two hosts of a random live connection;
+    ``partition`` cuts a random split of the hosts in two (one way or both); ``clog`` holds
+    every frame from and to one host for a while, then delivers them in order. How long a
+    fault lasts is drawn from an exponential distribution with mean ``mean_duration``. A rate of
+    0 never draws that fault, and ``max_delay=0`` or ``mean_duration=0`` make faults harmless,
+    so the zero value is always "no fault" (which Hypothesis shrinks toward).
+    """
+
+    delay: float = attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
+    disconnect: float = attrs.field(
+        default=0.0, validator=_non_negative("rate per simulated second")
+    )
+    partition: float = attrs.field(
+        default=0.0, validator=_non_negative("rate per simulated second")
+    )
+    clog: float = attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
+    max_delay: float = attrs.field(default=0.5, validator=_non_negative("delay in seconds"))
+    mean_duration: float = attrs.field(default=1.0, validator=_non_negative("duration in seconds"))
+
+    @property
+    def total_rate(self) -> float:
+        return self.delay + self.disconnect + self.partition + self.clog
+
+
+@attrs.frozen
+class PartitionFault:
+    """At ``at``, cut ``a_hosts`` from ``b_hosts`` for ``duration`` (see ``partition``).
+
+    An empty side or a zero duration is no fault at all.
+    """
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    duration: float = attrs.field(validator=_duration)
+    a_hosts: tuple[str, ...]
+    b_hosts: tuple[str, ...]
+    one_way: bool = False
+
+
+@attrs.frozen
+class DisconnectFault:
+    """At ``at``, break every connection between ``host_a`` and ``host_b``."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    host_a: str
+    host_b: str
+
+
+@attrs.frozen
+class ClogFault:
+    """At ``at``, hold frames from and to ``host`` for ``duration`` (zero: no fault)."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    host: str
+    duration: float = attrs.field(validator=_duration)
+
+
+@attrs.frozen
+class DelayFault:
+    """At ``at``, add ``extra`` seconds of latency between two hosts for ``duration``."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    host_a: str
+    host_b: str
+    extra: float = attrs.field(validator=_non_negative("delay in seconds"))
+    duration: float = attrs.field(validator=_duration)
+
+
+@attrs.frozen
+class CrashHostFault:
+    """At ``at``, crash ``host`` (see :meth:`SimNetwork.crash_host`)."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    host: str
+
+
+ScheduledFault = PartitionFault | DisconnectFault | ClogFault | DelayFault | CrashHostFault
+
+
+@attrs.frozen
+class FaultSchedule:
+    """Random fault rates plus explicit faults at given times (relative to ``run_faults``).
+
+    The empty schedule (zero rates, no faults) is a quiet network.
+    """
+
+    rates: LinkFaults = LinkFaults()
+    faults: tuple[ScheduledFault, ...] = ()
+
+
+def fault_schedules(
+    hosts: Sequence[str],
+    *,
+    horizon: float = 10.0,
+    max_faults: int = 6,
+    max_rate: float = 0.5,
+    crashes: bool = False,
+) -> SearchStrategy[FaultSchedule]:
+    """A Hypothesis strategy of :class:`FaultSchedule` over ``hosts`` that shrinks to quiet.
+
+    Explicit faults happen within ``horizon`` virtual seconds and last at most that long;
+    random rates are at most ``max_rate`` per second. Rates, durations, delays and lists all
+    shrink toward zero or empty, which is "no fault". Host crashes are permanent (nothing
+    restarts a host here), so they are only drawn when ``crashes`` is set.
+    """
+    from hypothesis import strategies as st
+
+    names = tuple(hosts)
+    if not names:
+        raise ValueError("fault_schedules needs at least one host name (got none)")
+    if not (math.isfinite(horizon) and horizon > 0):
+        raise ValueError(f"horizon must be a positive number of virtual seconds (got {horizon})")
+    times = st.floats(0, horizon, allow_nan=False)
+    durations = st.floats(0, horizon, allow_nan=False)
+    host = st.sampled_from(names)
+
+    @st.composite
+    def partitions(draw: st.DrawFn) -> PartitionFault:
+        at, duration = draw(times), draw(durations)
+        a = draw(st.lists(host, unique=True, max_size=len(names) - 1))
+        rest = [h for h in names if h not in a]
+        b = draw(st.lists(st.sampled_from(rest), unique=True)) if rest else []
+        return PartitionFault(at, duration, tuple(sorted(a)), tuple(sorted(b)), draw(st.booleans()))
+
+    kinds: list[SearchStrategy[ScheduledFault]] = [
+        partitions(),
+        st.builds(DisconnectFault, times, host, host),
+        st.builds(ClogFault, times, host, durations),
+        st.builds(DelayFault, times, host, host, st.floats(0, 1), durations),
+    ]
+    if crashes:
+        kinds.append(st.builds(CrashHostFault, times, host))
+    rate = st.floats(0, max_rate, allow_nan=False)
+    rates = st.builds(
+        LinkFaults,
+        delay=rate,
+        disconnect=rate,
+        partition=rate,
+        clog=rate,
+        max_delay=st.floats(0, 1),
+        mean_duration=st.floats(0, horizon / 2),
+    )
+    faults = st.lists(st.one_of(kinds), max_size=max_faults).map(tuple)
+    return st.builds(FaultSchedule, rates, faults)
+
+
+def _parse(address: str) -> tuple[str, str]:
+    scheme, sep, rest = address.partition("://")
+    host, slash, name = rest.partition("/")
+    if scheme != SCHEME or not sep or not host or not slash:
+        raise ValueError(f"sim address must look like sim://HOST/NAME (got {address!r})")
+    return host, name
+
+
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+def _hosts_text(hosts: Iterable[str]) -> str:
+    return ",".join(sorted(hosts)) or "-"
+
+
+@attrs.define
+class _Cut:
+    id: int
+    a: frozenset[str]
+    b: frozenset[str]
+    one_way: bool
+    until: float
+
+    def blocks(self, src: str, dst: str) -> bool:
+        if src in self.a and dst in self.b:
+            return True
+        return not self.one_way and src in self.b and dst in self.a
+
+    def crosses(self, x: str, y: str) -> bool:
+        return (x in self.a and y in self.b) or (x in self.b and y in self.a)
+
+
+@attrs.define
+class _Slowdown:
+    pair: tuple[str, str]
+    extra: float
+    until: float
+
+
+class _Wire:
+    """One simulated connection: its two ends, dialer first."""
+
+    __slots__ = ("accepted", "ends", "id")
+
+    #: Set right after construction, once both ends exist.
+    ends: tuple[SimConnection, SimConnection]
+
+    def __init__(self, wire_id: int) -> None:
+        self.id = wire_id
+        #: Set once the acceptor's sink exists, or the wire broke first.
+        self.accepted = trio.Event()
+
+    def hosts(self) -> tuple[str, str]:
+        return self.ends[0].host, self.ends[1].host
+
+
+class SimConnection(Connection):
+    """One end of a simulated connection.
+
+    Frames sent here travel to the other end with a drawn latency, in order. The end is closed
+    (``closed`` is True, sends raise) from the moment it breaks; its sink hears of it through
+    ``connection_lost`` from its transport's delivery task soon after, and no frame reaches
+    that sink after that.
+    """
+
+    def __init__(
+        self,
+        wire: _Wire,
+        side: int,
+        transport: SimTransport,
+        peer: str,
+        sink: FrameSink | None,
+    ) -> None:
+        self.peer = peer
+        self.sink = sink
+        self._wire = wire
+        self._side = side  # 0 dialer, 1 acceptor
+        self._transport = transport
+        self._closed = False
+        self._error: BaseException | None = None
+        self._reported = False  # connection_lost was called: the sink hears nothing more
+        self._muted = False  # connect() gave up after the wire was accepted: never call sink
+        #: A dialer's end until connect() returns it: nothing reaches its sink before that.
+        #: What falls due meanwhile waits in ``_parked``, keys unchanged, in order.
+        self._pending = False
+        self._parked: list[_Entry] = []
+        #: The latest delivery time scheduled into this end. Frames into it get delivery times
+        #: that never decrease, which is what keeps them in order.
+        self._last_at = -math.inf
+        self._sent = 0  # frames sent from this end: the next frame's index
+
+    @property
+    def id(self) -> int:
+        """The connection's number, shared by both ends (``cN`` in the event log)."""
+        return self._wire.id
+
+    @property
+    def host(self) -> str:
+        """The host this end is on."""
+        return self._transport.host
+
+    @property
+    def other(self) -> SimConnection:
+        return self._wire.ends[1 - self._side]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _broken(self, reason: str) -> ConnectionBroken:
+        return ConnectionBroken(f"connection to {self.peer} is broken: {reason}")
+
+    def _label(self, towards_me: bool) -> str:
+        src, dst = (self.other.host, self.host) if towards_me else (self.host, self.other.host)
+        return f"c{self._wire.id} {src}->{dst}"
+
+    def send_nowait(self, frame: Frame) -> None:
+        if self._closed:
+            error = self._error
+            if error is None:
+                raise ConnectionClosed(f"connection to {self.peer} is closed")
+            if isinstance(error, ConnectionBroken | ConnectionClosed):
+                raise type(error)(str(error))
+            raise self._broken(repr(error))
+        transport = self._transport
+        if threading.get_ident() != transport._thread:
+            # Outside a simulation (the conformance suite) a sender may be another thread:
+            # hop onto the trio thread, in order, so every draw happens there.
+            try:
+                transport._token.run_sync_soon(self._send_on_trio_thread, frame)
+            except trio.RunFinishedError:
+                raise ConnectionClosed(f"connection to {self.peer} is closed") from None
+            return
+        transport._net._transmit(self, _FRAME, join_frame(frame))
+
+    def _send_on_trio_thread(self, frame: Frame) -> None:
+        if not self._closed:
+            self._transport._net._transmit(self, _FRAME, join_frame(frame))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        net = self._transport._net
+        net._mark_closed(self, None)
+        net._record("close", self._label(towards_me=False))
+        if not self.other._closed:
+            net._transmit(self, _FIN, f"sim://{self.host} closed the connection")
+        net._report(self)
+
+
+class SimListener(Listener):
+    def __init__(self, address: str, transport: SimTransport, sinks: SinkFactory) -> None:
+        self.address = address
+        self._transport = transport
+        self._sinks = sinks
+
+    def close(self) -> None:
+        self._transport._net._unlisten(self, "unlisten")
+
+
+class SimTransport(Transport):
+    """The ``sim://`` transport of one simulated process on one host.
+
+    Made by :meth:`SimNetwork.transport`. Its delivery task lives in the nursery it was given;
+    when that nursery is cancelled (the process ends), its listeners vanish and the peers of
+    its connections see them break, as with a process killed by the kernel.
+    """
+
+    schemes = (SCHEME,)
+
+    def __init__(
+        self,
+        net: SimNetwork,
+        host: str,
+        index: int,
+        max_frame_bytes: int,
+    ) -> None:
+        self.host = host
+        self.name = f"sim transport {host}#{index}"
+        self._net = net
+        self._max_frame_bytes = max_frame_bytes
+        self._heap: list[_Entry] = []
+        self._wakeup = trio.Event()
+        self._dead = False
+        #: Open ends on this side, by (wire id, side): insertion order is creation order.
+        self._ends: dict[tuple[int, int], SimConnection] = {}
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.get_ident()
+
+    async def listen(self, address: str, sinks: SinkFactory) -> Listener:
+        host, name = _parse(address)
+        if host != self.host:
+            raise ValueError(
+                f"a sim transport on host {self.host!r} can only listen on "
+                f"sim://{self.host}/NAME (got {address!r})"
+            )
+        net = self._net
+        if host in net._crashed:
+            raise OSError(f"cannot listen on {address}: host {host!r} has crashed")
+        if self._dead:
+            raise OSError(f"cannot listen on {address}: {self.name} has stopped")
+        if not name:
+            while True:
+                net._names[host] = net._names.get(host, 0) + 1
+                address = f"{SCHEME}://{host}/{net._names[host]}"
+                if address not in net._listeners:
+                    break
+        elif address in net._listeners:
+            raise OSError(f"sim address already in use: {address}")
+        listener = SimListener(address, self, sinks)
+        net._listeners[address] = listener
+        net._record("listen", address)
+        await trio.lowlevel.checkpoint()
+        return listener
+
+    async def connect(self, address: str, sink: FrameSink) -> Connection:
+        """Dial ``address``: a round trip of drawn latency, then the connection.
+
+        Raises :class:`ConnectionBroken` naming the address when nothing listens there (after
+        the round trip) or when the far host cannot be reached (partitioned or crashed: after
+        the network's ``connect_timeout``).
+        """
+        host, _ = _parse(address)
+        net = self._net
+        me = self.host
+        if me in net._crashed:
+            raise ConnectionBroken(f"cannot connect to {address}: host {me!r} has crashed")
+        if self._dead:
+            raise ConnectionBroken(f"cannot connect to {address}: {self.name} has stopped")
+        start = trio.current_time()
+        arrive = max(start + net._draw_latency(me, host), net._held_until(me, host))
+        if not net._reachable(me, host):
+            await self._give_up(address, start)
+        await trio.sleep_until(arrive)
+        if not net._reachable(me, host):
+            await self._give_up(address, start)
+        listener = net._listeners.get(address)
+        if listener is None:
+            await trio.sleep(net._draw_latency(host, me))
+            net._record("connect_failed", f"{me}->{address} nothing listens")
+            raise ConnectionBroken(f"cannot connect to {address}: nothing listens there")
+        now = trio.current_time()
+        wire = net._new_wire(self, listener, sink)
+        net._record("connect", f"c{wire.id} {me}->{address}")
+        dialer = wire.ends[0]
+        # The answer arrives at `established`; so does anything the acceptor sends at once.
+        established = now + net._draw_latency(host, me)
+        dialer._last_at = established
+        try:
+            listener._transport._push(now, None, wire.ends[1], _ACCEPT, listener)
+            with trio.move_on_at(start + net.connect_timeout):
+                await wire.accepted.wait()
+            if not wire.accepted.is_set():
+                net._break(wire, "the listener did not accept in time")
+            elif wire.ends[1].sink is None:
+                net._break(wire, "the listening process exited before it accepted")
+            else:
+                await trio.sleep_until(established)
+        except BaseException:
+            dialer._muted = True
+            net._break(wire, "the dialer gave up")
+            raise
+        if dialer._closed:
+            dialer._muted = True
+            raise ConnectionBroken(f"cannot connect to {address}: {dialer._error}")
+        dialer._pending = False
+        for entry in dialer._parked:
+            self._push(*entry)
+        dialer._parked.clear()
+        return dialer
+
+    async def _give_up(self, address: str, start: float) -> None:
+        net = self._net
+        await trio.sleep_until(start + net.connect_timeout)
+        net._record("connect_failed", f"{self.host}->{address} unreachable")
+        raise ConnectionBroken(
+            f"cannot connect to {address}: timed out after {net.connect_timeout} virtual "
+            f"seconds (host {_parse(address)[0]!r} is partitioned from {self.host!r} or crashed)"
+        )
+
+    def _push(
+        self, at: float, seq: int | None, end: SimConnection, kind: int, payload: Any
+    ) -> None:
+        """Schedule an entry; ``seq`` is None for a new one, given for one put back.
+
+        An entry put back keeps its sequence number. Hold times only grow (clogs extend, never
+        shrink), so with the original numbers an earlier frame of a connection always sorts
+        before a later one, however often either is held; fresh numbers would let a frame
+        held twice fall behind one held once.
+        """
+        if self._dead:
+            return
+        if seq is None:
+            seq = next(self._net._seq)
+        heapq.heappush(self._heap, (at, seq, end, kind, payload))
+        if self._heap[0][1] == seq:
+            self._wakeup.set()
+
+    async def _run(self) -> None:
+        """Deliver due entries forever, oldest first; on the way out, act as a dead process."""
+        heap = self._heap
+        try:
+            while True:
+                now = trio.current_time()
+                batch: list[_Entry] = []
+                while heap and heap[0][0] <= now:
+                    batch.append(heapq.heappop(heap))
+                if batch:
+                    for entry in batch:
+                        try:
+                            self._dispatch(entry)
+                        except Exception:
+                            log.exception("%s: a sink callback failed", self.name)
+                    await trio.lowlevel.checkpoint()
+                    continue
+                self._wakeup = trio.Event()
+                with trio.move_on_at(heap[0][0] if heap else math.inf):
+                    await self._wakeup.wait()
+        finally:
+            self._net._transport_gone(self)
+
+    def _dispatch(self, entry: _Entry) -> None:
+        _, seq, end, kind, payload = entry
+        net = self._net
+        if kind == _LOST:
+            net._report(end)
+            return
+        if kind == _ACCEPT:
+            self._accept(end, payload)
+            return
+        label = f"{end._label(towards_me=True)} {'fin' if kind == _FIN else f'#{payload[0]}'}"
+        if end._closed:
+            net._record("drop", label)
+            return
+        if end._pending:
+            # Due no earlier than the moment connect() returns, but its task has not run yet.
+            end._parked.append(entry)
+            return
+        src, dst = end.other.host, end.host
+        now = trio.current_time()
+        held = net._held_until(src, dst)
+        if held > now:
+            net._record("hold", f"{label} until {held:.9f}")
+            self._push(held, seq, end, kind, payload)
+            return
+        if net._blocked(src, dst):
+            net._record("drop", f"{label} partitioned")
+            net._break(end._wire, f"a frame from {src!r} to {dst!r} was lost to a partition")
+            return
+        if kind == _FIN:
+            net._mark_closed(end, end._broken(payload))
+            net._record("fin", label)
+            net._report(end)
+            return
+        frame = payload[1]
+        size = memoryview(frame).nbytes
+        if size > self._max_frame_bytes:
+            net._fail(
+                end,
+                end._broken(
+                    f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame_bytes}"
+                ),
+            )
+            return
+        net._record("deliver", f"{label} {size}B")
+        assert end.sink is not None
+        try:
+            end.sink.frame_received(end, memoryview(frame))
+        except Exception as exc:
+            log.error("closing sim connection to %s after bad frame: %r", end.peer, exc)
+            net._fail(end, exc)
+
+    def _accept(self, end: SimConnection, listener: SimListener) -> None:
+        wire = end._wire
+        if end._closed:
+            return
+        try:
+            end.sink = listener._sinks(end)
+        except Exception as exc:
+            log.exception("no handler for sim connection from %s", end.peer)
+            net = self._net
+            net._mark_closed(end, exc)
+            net._break(wire, f"the listener at {listener.address} failed to accept: {exc!r}")
+            return
+        self._net._record("accept", f"c{wire.id} {listener.address}")
+        wire.accepted.set()
+
+
+class SimNetwork:
+    """Every link between the hosts of one simulated cluster, and its faults.
+
+    Lives inside one ``trio.run`` (normally on ``MockClock(autojump_threshold=0)``; see
+    :func:`regency.sim.run_deterministic`). Every decision it makes is drawn from ``rng`` and
+    recorded in ``trace`` (by default the current run's trace, else a private one), together
+    with an event for everything that happens to a frame, connection or link. Not thread-safe:
+    only ``send_nowait`` may be called from another thread.
+
+    Random faults at the ``faults`` rates are only drawn while :meth:`run_faults` runs.
+    ``connect_timeout`` is how long a dial into a partition or a crashed host takes to fail.
+    """
+
+    def __init__(
+        self,
+        rng: random.Random,
+        faults: LinkFaults | None = None,
+        *,
+        latency: Latency | None = None,
+        connect_timeout: float = 1.0,
+        trace: Trace | None = None,
+    ) -> None:
+        if not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a seeded random.Random (got {type(rng).__name__})")
+        if not (math.isfinite(connect_timeout) and connect_timeout > 0):
+            raise ValueError(
+                f"connect_timeout must be a positive number of virtual seconds "
+                f"(got {connect_timeout!r})"
+            )
+        self.faults = faults if faults is not None else LinkFaults()
+        self.connect_timeout = connect_timeout
+        self.trace = trace if trace is not None else (current_trace() or Trace())
+        self._rng = rng
+        self._latency = latency if latency is not None else Latency()
+        self._links: dict[tuple[str, str], Latency] = {}
+        self._hosts: dict[str, None] = {}  # an ordered set
+        self._transports = 0
+        self._names: dict[str, int] = {}
+        self._listeners: dict[str, SimListener] = {}
+        self._wires: dict[int, _Wire] = {}  # live wires (an end still open), in id order
+        self._wire_ids = itertools.count(1)
+        self._seq = itertools.count()
+        self._cuts: list[_Cut] = []
+        self._last_cut = 0
+        self._slowdowns: list[_Slowdown] = []
+        self._clogs: dict[str, float] = {}
+        self._crashed: set[str] = set()  # membership only: never iterated
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[SimEvent]:
+        """The event log this network records into (shared with its trace)."""
+        return self.trace.events
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every host a transport was made for, sorted."""
+        return tuple(sorted(self._hosts))
+
+    def transport(
+        self,
+        host: str,
+        nursery: trio.Nursery,
+        *,
+        secret: bytes | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> SimTransport:
+        """A transport for one simulated process on ``host``, its task in ``nursery``.
+
+        ``secret`` is accepted so the call lines up with the other backends and ignored: no
+        handshake is needed between simulated processes in one Python process. Frames larger
+        than ``max_frame_bytes`` break the connection at the receiver, as on sockets.
+        """
+        del secret
+        if not host or "/" in host or ":" in host:
+            raise ValueError(f"sim host names must be non-empty without '/' or ':' (got {host!r})")
+        if host in self._crashed:
+            raise RuntimeError(
+                f"host {host!r} has crashed; call restart_host({host!r}) before starting "
+                "processes on it"
+            )
+        self._hosts.setdefault(host)
+        self._transports += 1
+        transport = SimTransport(self, host, self._transports, max_frame_bytes)
+        # start_soon copies the calling context: the sinks run with the process's context.
+        nursery.start_soon(transport._run, name=transport.name)
+        self._record("transport", transport.name)
+        return transport
+
+    def set_latency(
+        self, base: float, jitter: float = 0.0, *, between: tuple[str, str] | None = None
+    ) -> None:
+        """Set the one-way latency of every link, or of the link ``between`` two hosts.
+
+        Applies to frames sent from now on; a link set explicitly keeps its own latency when
+        the default changes.
+        """
+        latency = Latency(base, jitter)
+        if between is None:
+            self._latency = latency
+            self._record("latency", f"* base={base} jitter={jitter}")
+        else:
+            self._links[_pair(*between)] = latency
+            self._record("latency", f"{'|'.join(_pair(*between))} base={base} jitter={jitter}")
+
+    def partition(
+        self,
+        a_hosts: Iterable[str],
+        b_hosts: Iterable[str],
+        one_way: bool = False,
+        *,
+        duration: float = math.inf,
+    ) -> int:
+        """Cut ``a_hosts`` from ``b_hosts`` for ``duration`` virtual seconds; return its id.
+
+        Every existing connection across the cut breaks at once (both ends see
+        ``connection_lost``), and dialing across it fails after ``connect_timeout``. With
+        ``one_way`` only frames from ``a_hosts`` to ``b_hosts`` are lost: a ``b`` host can
+        still dial an ``a`` host and send to it, and such a connection breaks when it loses
+        its first frame towards ``b``. An empty side or a zero duration is no fault (and
+        returns 0). The cut ends by itself after ``duration``, or with :meth:`heal`.
+        """
+        a, b = frozenset(a_hosts), frozenset(b_hosts)
+        if a & b:
+            raise ValueError(f"partition sides must not share hosts (both have {sorted(a & b)!r})")
+        if not a or not b or not duration > 0:
+            return 0
+        self._last_cut += 1
+        cut = _Cut(self._last_cut, a, b, one_way, trio.current_time() + duration)
+        self._cuts.append(cut)
+        self._record(
+            "partition",
+            f"#{cut.id} {_hosts_text(a)} {'->' if one_way else '|'} {_hosts_text(b)} "
+            f"until {cut.until:.9f}",
+        )
+        for wire in list(self._wires.values()):
+            if cut.crosses(*wire.hosts()):
+                self._break(wire, f"hosts {_hosts_text(a)} were partitioned from {_hosts_text(b)}")
+        return cut.id
+
+    def heal(self, cut: int | None = None) -> None:
+        """End partition ``cut`` (an id from :meth:`partition`), or every partition and delay.
+
+        ``heal(0)`` heals nothing: 0 is what a partition that was no fault returns. Clogs are
+        not healed: they end by themselves. Broken connections stay broken.
+        """
+        if cut is None:
+            self._cuts.clear()
+            self._slowdowns.clear()
+            self._record("heal", "*")
+            return
+        if cut == 0:
+            return
+        if not 0 < cut <= self._last_cut:
+            raise LookupError(f"no partition with id {cut} (ids come from partition())")
+        self._cuts = [c for c in self._cuts if c.id != cut]
+        self._record("heal", f"#{cut}")
+
+    def disconnect(self, host_a: str, host_b: str) -> int:
+        """Break every connection between two hosts (both ends told); return how many."""
+        broken = 0
+        for wire in list(self._wires.values()):
+            if _pair(*wire.hosts()) == _pair(host_a, host_b):
+                self._break(wire, f"hosts {host_a!r} and {host_b!r} were disconnected")
+                broken += 1
+        self._record("disconnect", f"{host_a}|{host_b} broke {broken}")
+        return broken
+
+    def clog(self, host: str, duration: float) -> None:
+        """Hold every frame from and to ``host`` for ``duration``, then deliver them in order.
+
+        Frames already in flight are held too; dials to and from the host arrive after the
+        clog. A zero duration is no fault.
+        """
+        if not duration > 0:
+            return
+        until = trio.current_time() + duration
+        self._clogs[host] = max(self._clogs.get(host, -math.inf), until)
+        self._record("clog", f"{host} until {self._clogs[host]:.9f}")
+
+    def delay(self, host_a: str, host_b: str, extra: float, duration: float) -> None:
+        """Add ``extra`` seconds to the latency between two hosts for ``duration``.
+
+        Order per connection still holds. A zero ``extra`` or ``duration`` is no fault.
+        """
+        if not (extra > 0 and duration > 0):
+            return
+        until = trio.current_time() + duration
+        self._slowdowns.append(_Slowdown(_pair(host_a, host_b), extra, until))
+        self._record("delay", f"{'|'.join(_pair(host_a, host_b))} +{extra} until {until:.9f}")
+
+    def crash_host(self, host: str) -> None:
+        """Crash ``host``: its listeners vanish and every connection to it breaks.
+
+        Dials to it fail after ``connect_timeout``; its own transports can no longer listen or
+        dial. Stopping its processes is the launcher's job, not the network's.
+        """
+        self._record("crash", host)
+        self._crashed.add(host)
+        for listener in list(self._listeners.values()):
+            if listener._transport.host == host:
+                self._unlisten(listener, "unlisten")
+        for wire in list(self._wires.values()):
+            if host in wire.hosts():
+                self._break(wire, f"host {host!r} crashed")
+
+    def restart_host(self, host: str) -> None:
+        """Let a crashed ``host`` take new transports again (its old state is gone)."""
+        self._crashed.discard(host)
+        self._record("restart", host)
+
+    def apply(self, fault: ScheduledFault) -> None:
+        """Apply one explicit fault now (its ``at`` is ignored)."""
+        if isinstance(fault, PartitionFault):
+            self.partition(fault.a_hosts, fault.b_hosts, fault.one_way, duration=fault.duration)
+        elif isinstance(fault, DisconnectFault):
+            self.disconnect(fault.host_a, fault.host_b)
+        elif isinstance(fault, ClogFault):
+            self.clog(fault.host, fault.duration)
+        elif isinstance(fault, DelayFault):
+            self.delay(fault.host_a, fault.host_b, fault.extra, fault.duration)
+        else:
+            self.crash_host(fault.host)
+
+    async def run_faults(self, schedule: Iterable[ScheduledFault] = ()) -> None:
+        """Inject faults until cancelled: ``schedule`` at its times, and random ones.
+
+        Times in ``schedule`` count from the call. Random faults are drawn at the rates of
+        ``faults`` (returns once the schedule is done when every rate is zero). Run it in a
+        nursery and cancel it to stop injecting; then :meth:`heal` to end what is in force.
+        """
+        faults = sorted(schedule, key=lambda f: f.at)  # stable: ties keep schedule order
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            if faults:
+                nursery.start_soon(self._run_schedule, faults, start, name="sim fault schedule")
+            if self.faults.total_rate > 0:
+                nursery.start_soon(self._run_random, name="sim random faults")
+
+    # -- fault drivers --------------------------------------------------------------------
+
+    async def _run_schedule(self, faults: list[ScheduledFault], start: float) -> None:
+        for fault in faults:
+            await trio.sleep_until(start + fault.at)
+            self.apply(fault)
+
+    async def _run_random(self) -> None:
+        rates = self.faults
+        total = rates.total_rate
+        while True:
+            await trio.sleep(self._draw("fault.wait", self._rng.expovariate(total)))
+            pick = self._draw("fault.kind", self._rng.random() * total)
+            if pick < rates.delay:
+                self._random_delay()
+            elif pick < rates.delay + rates.disconnect:
+                self._random_disconnect()
+            elif pick < rates.delay + rates.disconnect + rates.partition:
+                self._random_partition()
+            else:
+                self._random_clog()
+
+    def _random_duration(self) -> float:
+        mean = self.faults.mean_duration
+        if mean <= 0:
+            return 0.0
+        return self._draw("fault.duration", self._rng.expovariate(1 / mean))
+
+    def _random_host(self, label: str) -> str | None:
+        hosts = self.hosts
+        if not hosts:
+            return None
+        return self._draw(label, hosts[self._rng.randrange(len(hosts))])
+
+    def _random_delay(self) -> None:
+        a, b = self._random_host("fault.delay.a"), self._random_host("fault.delay.b")
+        if a is None or b is None:
+            return
+        extra = self._draw("fault.delay.extra", self._rng.random() * self.faults.max_delay)
+        self.delay(a, b, extra, self._random_duration())
+
+    def _random_disconnect(self) -> None:
+        wires = list(self._wires.values())
+        if not wires:
+            self._record("disconnect", "(no connections)")
+            return
+        wire = wires[self._draw("fault.disconnect", self._rng.randrange(len(wires)))]
+        self.disconnect(*wire.hosts())
+
+    def _random_partition(self) -> None:
+        hosts = list(self.hosts)
+        if len(hosts) < 2:
+            return
+        self._rng.shuffle(hosts)
+        self._draw("fault.partition.order", tuple(hosts))
+        k = self._draw("fault.partition.split", self._rng.randrange(1, len(hosts)))
+        one_way = self._draw("fault.partition.one_way", self._rng.random() < 0.5)
+        self.partition(hosts[:k], hosts[k:], one_way, duration=self._random_duration())
+
+    def _random_clog(self) -> None:
+        host = self._random_host("fault.clog")
+        if host is not None:
+            self.clog(host, self._random_duration())
+
+    # -- internals used by transports and connections --------------------------------------
+
+    def _draw(self, label: str, value: V) -> V:
+        self.trace.record_draw(label, value)
+        return value
+
+    def _record(self, kind: str, detail: str) -> None:
+        self.trace.record_event(kind, detail)
+
+    def _draw_latency(self, src: str, dst: str) -> float:
+        pair = _pair(src, dst)
+        latency = self._links.get(pair, self._latency)
+        delay = latency.base
+        if latency.jitter:
+            delay += self._draw("latency", self._rng.random() * latency.jitter)
+        if self._slowdowns:
+            now = trio.current_time()
+            self._slowdowns = [s for s in self._slowdowns if s.until > now]
+            delay += sum(s.extra for s in self._slowdowns if s.pair == pair)
+        return delay
+
+    def _blocked(self, src: str, dst: str) -> bool:
+        if not self._cuts:
+            return False
+        now = trio.current_time()
+        self._cuts = [c for c in self._cuts if c.until > now]
+        return any(c.blocks(src, dst) for c in self._cuts)
+
+    def _reachable(self, src: str, dst: str) -> bool:
+        return dst not in self._crashed and not self._blocked(src, dst)
+
+    def _held_until(self, src: str, dst: str) -> float:
+        if not self._clogs:
+            return -math.inf
+        return max(self._clogs.get(src, -math.inf), self._clogs.get(dst, -math.inf))
+
+    def _new_wire(self, dialer: SimTransport, listener: SimListener, sink: FrameSink) -> _Wire:
+        wire = _Wire(next(self._wire_ids))
+        acceptor = listener._transport
+        wire.ends = (
+            SimConnection(wire, 0, dialer, listener.address, sink),
+            SimConnection(wire, 1, acceptor, f"sim://{dialer.host} (connection {wire.id})", None),
+        )
+        wire.ends[0]._pending = True
+        dialer._ends[(wire.id, 0)] = wire.ends[0]
+        acceptor._ends[(wire.id, 1)] = wire.ends[1]
+        self._wires[wire.id] = wire
+        return wire
+
+    def _transmit(self, src: SimConnection, kind: int, payload: Any) -> None:
+        """Send a frame or FIN from ``src`` to its other end, after a drawn latency, in order."""
+        dst = src.other
+        at = max(trio.current_time() + self._draw_latency(src.host, dst.host), dst._last_at)
+        dst._last_at = at
+        if kind == _FRAME:
+            index = src._sent
+            src._sent += 1
+            dst._transport._push(at, None, dst, kind, (index, payload))
+            size = memoryview(payload).nbytes
+            self._record("send", f"{src._label(towards_me=False)} #{index} {size}B at {at:.9f}")
+        else:
+            dst._transport._push(at, None, dst, kind, payload)
+            self._record("send_fin", f"{src._label(towards_me=False)} at {at:.9f}")
+
+    def _mark_closed(self, end: SimConnection, error: BaseException | None) -> None:
+        end._closed = True
+        end._error = error
+        end._parked.clear()
+        end._transport._ends.pop((end._wire.id, end._side), None)
+        if end.other._closed:
+            self._wires.pop(end._wire.id, None)
+        # A dialer waiting for the accept must not wait for one that can no longer come.
+        end._wire.accepted.set()
+
+    def _report(self, end: SimConnection) -> None:
+        """Tell ``end``'s sink the connection is gone, once; nothing reaches it afterwards."""
+        if end._reported or end._muted or end._pending or end.sink is None:
+            return
+        end._reported = True
+        end.sink.connection_lost(end, end._error)
+
+    def _break(self, wire: _Wire, reason: str) -> None:
+        """Something outside broke ``wire``: close both ends now, tell each sink soon."""
+        self._record("break", f"c{wire.id} {'|'.join(wire.hosts())}: {reason}")
+        now = trio.current_time()
+        for end in wire.ends:
+            if not end._closed:
+                self._mark_closed(end, end._broken(reason))
+                end._transport._push(now, None, end, _LOST, None)
+        wire.accepted.set()
+
+    def _fail(self, end: SimConnection, error: BaseException) -> None:
+        """This end gave up on a bad frame: close it, tell its sink now, tell the peer later."""
+        self._mark_closed(end, error)
+        self._record("fail", f"{end._label(towards_me=True)}: {error!r}")
+        if not end.other._closed:
+            self._transmit(end, _FIN, f"sim://{end.host} closed the connection: {error!r}")
+        self._report(end)
+
+    def _unlisten(self, listener: SimListener, kind: str) -> None:
+        if self._listeners.get(listener.address) is listener:
+            del self._listeners[listener.address]
+            self._record(kind, listener.address)
+
+    def _transport_gone(self, transport: SimTransport) -> None:
+        """The process behind ``transport`` ended: drop its listeners, FIN its peers.
+
+        Its own sinks are not told (the process is gone), as when the kernel closes the
+        sockets of a killed process.
+        """
+        transport._dead = True
+        self._record("transport_gone", transport.name)
+        for listener in list(self._listeners.values()):
+            if listener._transport is transport:
+                self._unlisten(listener, "unlisten")
+        for end in list(transport._ends.values()):
+            self._mark_closed(
+                end,
+                ConnectionClosed(f"connection to {end.peer} is closed: {transport.name} stopped"),
+            )
+            end._reported = True
+            if not end.other._closed:
+                self._transmit(end, _FIN, f"the process at sim://{end.host} exited")
+        transport._heap.clear()
