@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,7 @@ def dumps(obj: Any) -> list[bytes | memoryview]:
     # A by-reference pickle naming __main__ would not resolve in another process. Small
     # pickles are searched for the name (a false positive only costs the slower pickler);
     # large ones are re-checked precisely, since a substring search would cost more.
-    if data is not None and _MAIN in data[:_SCAN_LIMIT]:
+    if data is not None and data.find(_MAIN, 0, _SCAN_LIMIT) >= 0:
         data = None
     elif data is not None and len(data) > _SCAN_LIMIT:
         try:
@@ -127,6 +128,35 @@ def pack(
     if sum(lengths) >= _SCAN_LIMIT:
         return [len(env).to_bytes(_U32, "little") + env, *payload]
     return b"".join((len(env).to_bytes(_U32, "little"), env, *payload))
+
+
+#: Replies (PORT frames) are most of the traffic back to a caller, so they skip the pickled
+#: envelope: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
+#: A pickled envelope can never be that long, so the marker is unambiguous.
+_PORT_HEAD = struct.Struct("<IQIB")
+_PORT_MARK = 0xFFFFFFFF
+PORT_MARK_BYTES = _PORT_MARK.to_bytes(4, "little")
+
+
+def pack_port(
+    port_id: int, index: int, status: int, payload: Sequence[bytes | memoryview]
+) -> bytes | list[bytes | memoryview] | None:
+    """A compact reply frame, or None when the payload has out-of-band parts."""
+    if len(payload) != 1:
+        return None
+    head = _PORT_HEAD.pack(_PORT_MARK, port_id, index, status)
+    body = payload[0]
+    if len(body) >= _SCAN_LIMIT:
+        return [head, body]
+    return head + body
+
+
+def unpack_port(frame: memoryview) -> tuple[int, int, int, list[memoryview]]:
+    """(port_id, index, status, [payload]) of a compact reply frame."""
+    if len(frame) < _PORT_HEAD.size:
+        raise ValueError(f"reply frame of {len(frame)} bytes is too short")
+    _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
+    return port_id, index, status, [frame[_PORT_HEAD.size :]]
 
 
 def unpack(frame: memoryview) -> tuple[tuple[Any, ...], list[memoryview]]:

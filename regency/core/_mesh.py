@@ -210,12 +210,17 @@ class _Route(NamedTuple):
     sizes: tuple[int, ...]
 
 
+_NO_ARGUMENTS = _codec.dumps(((), {}))
+
+
 def _pickle_args(
     endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any], whole: Any = None
 ) -> list[Any]:
     """Pickle ``whole`` (default: ``(args, kwargs)``), naming the argument at fault when it
     cannot be pickled."""
     if whole is None:
+        if not args and not kwargs:
+            return _NO_ARGUMENTS  # the common no-argument call: pickled once
         oob = _codec.out_of_band
         whole = (
             tuple(oob(a) for a in args),

@@ -440,7 +440,10 @@ class Runtime:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
         payload = _codec.dumps(_codec.out_of_band(value))
-        self.send(address, _codec.pack((M.PORT, port_id, index, status), payload))
+        frame = _codec.pack_port(port_id, index, status, payload)
+        if frame is None:
+            frame = _codec.pack((M.PORT, port_id, index, status), payload)
+        self.send(address, frame)
 
     def link_failed(self, address: str, exc: BaseException) -> None:
         """The way to ``address`` is gone: fail every port that waits on it and tell
@@ -483,6 +486,9 @@ class Runtime:
 
     def on_frame(self, frame: memoryview) -> None:
         """Dispatch one frame. A malformed frame raises, closing that one connection."""
+        if frame[:4] == _codec.PORT_MARK_BYTES:
+            self._to_port(*_codec.unpack_port(frame))
+            return
         envelope, parts = _codec.unpack(frame)
         kind = envelope[0]
         if kind == M.CALL:
@@ -494,17 +500,7 @@ class Runtime:
             self._to_actor(key, ("call", method, args, port, rank, (rank, labels, sizes)))
         elif kind == M.PORT:
             _, port_id, index, status = envelope
-            handler = self.ports.get(port_id)
-            if handler is None:
-                return  # a late reply to a port that finished or timed out
-            try:
-                finished = handler.deliver(index, status, parts)
-            except Exception as exc:
-                log.exception("reply port %s failed", port_id)
-                handler.fail(exc)
-                finished = True
-            if finished:
-                self.ports.pop(port_id, None)
+            self._to_port(port_id, index, status, parts)
         elif kind == M.SPAWN:
             _, key, name, rank, labels, sizes, port, owner = envelope
             try:
@@ -541,6 +537,19 @@ class Runtime:
             if extension is None:
                 raise ValueError(f"unknown frame kind {kind!r}")
             extension(envelope, parts)
+
+    def _to_port(self, port_id: int, index: int, status: int, parts: list[memoryview]) -> None:
+        handler = self.ports.get(port_id)
+        if handler is None:
+            return  # a late reply to a port that finished or timed out
+        try:
+            finished = handler.deliver(index, status, parts)
+        except Exception as exc:
+            log.exception("reply port %s failed", port_id)
+            handler.fail(exc)
+            finished = True
+        if finished:
+            self.ports.pop(port_id, None)
 
     def _to_actor(self, key: str, item: tuple[Any, ...]) -> None:
         cell = self.actors.get(key)

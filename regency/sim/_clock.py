@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import random
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -36,6 +37,29 @@ import attrs
 import trio
 import trio.testing
 from trio._core import _run as _trio_run
+
+
+class _PerThreadRandom:
+    """Stands in for trio's private scheduler generator (``trio._core._run._r``), giving each
+    thread its own. A simulation seeds the one of the thread that runs it; a real runtime's
+    loop on another thread of the same process (a controller next to a simulation, or the
+    test suite) draws from its own and cannot perturb the simulated schedule."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _rng(self) -> random.Random:
+        rng: random.Random | None = getattr(self._local, "rng", None)
+        if rng is None:
+            rng = self._local.rng = random.Random()
+        return rng
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._rng(), name)
+
+
+if not isinstance(_trio_run._r, _PerThreadRandom):
+    _trio_run._r = _PerThreadRandom()  # type: ignore[assignment]
 
 T = TypeVar("T")
 
