@@ -7,21 +7,50 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
 
-from benchmarks import bench_actors, bench_transports
+import regency.actor
+from benchmarks import (
+    bench_actors,
+    bench_multihost,
+    bench_sim,
+    bench_supervision,
+    bench_transports,
+)
+
+Row = tuple[str, str, float, str]
+
+
+def _table(title: str, rows: list[Row]) -> None:
+    print(f"\n### {title}\n")
+    print("| figure | measured | target |")
+    print("|---|---|---|")
+    for figure, target, value, unit in rows:
+        shown = f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+        print(f"| {figure} | {shown} {unit} | {target + ' ' + unit if target else ''} |")
 
 
 def main() -> None:
-    print(f"# Regency benchmarks: {platform.python_implementation()} {platform.python_version()}, "
-          f"{os.cpu_count()} cores\n")
-    print("| figure | measured | target |")
-    print("|---|---|---|")
-    for figure, target, value, unit in bench_actors.run():
-        print(f"| {figure} | {value:,.1f} {unit} | {target} {unit} |")
-    print("\n| transport: 64-byte frame round trip between two processes | measured |")
+    print(
+        f"# Regency benchmarks: {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores"
+    )
+    regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
+    _table("Actors (issue #2)", bench_actors.run())
+    print("\n### Transports: 64-byte frame round trip between two processes\n")
+    print("| transport | round trip |")
     print("|---|---|")
     for scheme, us in bench_transports.run():
         print(f"| {scheme} | {us:,.1f} us |")
+    _table("Supervision (issue #3)", bench_supervision.run())
+    try:
+        from benchmarks import bench_rdma
+    except ImportError as exc:
+        print(f"\n(RDMA figures skipped: {exc})")
+    else:
+        _table("RDMA buffers (issue #5)", bench_rdma.run())
+    _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
+    _table("Simulator (issue #4)", bench_sim.run())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,14 @@ def _check_runtime(_: Any, __: Any, value: str) -> None:
         raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
 
 
+_RDMA_BACKENDS = ("auto", "same_host", "tcp", "ibverbs")
+
+
+def _check_rdma(_: Any, __: Any, value: str) -> None:
+    if value not in _RDMA_BACKENDS:
+        raise ValueError(f"rdma_backend must be one of {_RDMA_BACKENDS} (got {value!r})")
+
+
 @attrs.frozen
 class Config:
     #: "real" (processes and sockets) or "sim" (a deterministic simulated cluster in this
@@ -35,6 +43,8 @@ class Config:
     runtime: str = attrs.field(default="real", validator=_check_runtime)
     #: The simulation's seed: the same program and seed replay exactly.
     seed: int = 0
+    #: How RDMABuffer moves bytes: "auto" picks per transfer (docs/rdma.md).
+    rdma_backend: str = attrs.field(default="auto", validator=_check_rdma)
     #: Transport between procs: "unix" (default: fastest, see docs/transports.md), "tcp"
     #: (needed across hosts), or an nng flavour.
     default_transport: str = attrs.field(default="unix", validator=_check_transport)

@@ -1,0 +1,64 @@
+"""Bulk memory moved between processes apart from actor messages: Monarch's ``monarch.rdma``.
+
+``RDMABuffer(t)`` registers local memory (a ``torch.uint8`` CPU tensor or a memoryview) and
+is a small picklable handle; other actors ``read_into`` their memory from it or ``write_from``
+theirs into it. Backends, chosen per transfer (``REGENCY_RDMA_BACKEND`` or
+:func:`set_backend` force one):
+
+* ``same_host``: one ``process_vm_readv``/``process_vm_writev`` copy between two processes of
+  one host (or a ``memmove`` within one);
+* ``tcp``: chunked and pipelined on a dedicated authenticated connection, across hosts;
+* ``ibverbs``: detected, not implemented yet (forcing it raises a clear ``RuntimeError``).
+
+torch is optional: it is imported only by callers that pass tensors. See docs/rdma.md.
+"""
+
+from __future__ import annotations
+
+from . import _ibverbs
+from ._backend import BACKEND_CHOICES, Backend, backend_choice, set_backend
+from ._buffer import LocalMemory, RDMAAction, RDMABuffer
+from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError
+from ._host import same_host_supported
+
+
+def is_ibverbs_available() -> bool:
+    """Whether pyverbs and an RDMA device are present (this version does not use them yet)."""
+    return _ibverbs.is_available()
+
+
+def is_rdma_available() -> bool:
+    """Whether :class:`RDMABuffer` works here: always True in Regency, which falls back to a
+    same-host copy or TCP where Monarch needs an RDMA NIC (or its TCP fallback enabled)."""
+    return True
+
+
+def get_rdma_backend() -> str:
+    """The backend transfers started here use: the forced one if configured, else
+    ``"same_host"`` where the platform allows same-host copies (buffers on other hosts still go
+    through ``"tcp"``), else ``"tcp"``.
+
+    Monarch answers ``"ibverbs"``, ``"tcp"`` or ``"none"``; Regency never answers ``"none"``.
+    """
+    choice = backend_choice()
+    if choice != "auto":
+        return choice
+    from ._transfer import same_host_refused
+
+    return "same_host" if same_host_supported() and not same_host_refused() else "tcp"
+
+
+__all__ = [
+    "BACKEND_CHOICES",
+    "Backend",
+    "LocalMemory",
+    "RDMAAction",
+    "RDMABuffer",
+    "RDMABufferDroppedError",
+    "RDMAError",
+    "RDMAOwnerLostError",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+    "set_backend",
+]
