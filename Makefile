@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: this version is a local CPU wheel here; an unpinned torch would
+	# pull gigabytes of CUDA packages. Without it the torch tests skip.
+	$(PY) -m pip install -q torch==2.13.0 || echo "torch==2.13.0 not available: torch tests will skip"
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
