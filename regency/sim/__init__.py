@@ -18,7 +18,8 @@ from ._clock import (
     current_trace,
     run_deterministic,
 )
-from ._cluster import SimCluster, SimLauncher, SimResult, current, simulate
+from ._cluster import SimCluster, SimLauncher, SimResult, check_simulation, current, simulate
+from ._export import chrome_trace, write_chrome_trace
 from ._network import (
     SCHEME,
     ClogFault,
@@ -59,9 +60,12 @@ __all__ = [
     "SimTransport",
     "Trace",
     "check_determinism",
+    "check_simulation",
+    "chrome_trace",
     "current",
     "current_trace",
     "fault_schedules",
     "run_deterministic",
     "simulate",
+    "write_chrome_trace",
 ]

@@ -252,6 +252,35 @@ class SimResult:
     def replay(self) -> str:
         return f"regency.sim.simulate(program, seed={self.seed})"
 
+    def write_chrome_trace(self, path: str) -> None:
+        """Save the event log for Perfetto / chrome://tracing."""
+        from ._export import write_chrome_trace
+
+        write_chrome_trace(self.events, path)
+
+
+def check_simulation(
+    program: Callable[[Any], Any], *, seed: int = 0, hosts: int = 4, runs: int = 2
+) -> SimResult:
+    """Run ``program`` ``runs`` times on the same seed; raise ``AssertionError`` naming the
+    first event where a run diverged from the first (a determinism self-check)."""
+    first = simulate(program, seed=seed, hosts=hosts)
+    for run in range(2, runs + 1):
+        other = simulate(program, seed=seed, hosts=hosts)
+        for index, (a, b) in enumerate(zip(first.events, other.events, strict=False)):
+            if a != b:
+                raise AssertionError(
+                    f"seed {seed} is not deterministic: run {run} diverged from run 1 at "
+                    f"event {index}: {a} vs {b}"
+                )
+        if len(first.events) != len(other.events) or first.trace_hash != other.trace_hash:
+            raise AssertionError(
+                f"seed {seed} is not deterministic: run {run} had {len(other.events)} events "
+                f"and hash {other.trace_hash[:12]}, run 1 {len(first.events)} and "
+                f"{first.trace_hash[:12]}"
+            )
+    return first
+
 
 def simulate(
     program: Callable[[Any], Any],

@@ -177,3 +177,24 @@ def test_scale_in_small() -> None:
 
     result = simulate(program, seed=1, hosts=16)
     assert result.value == (128, 112)
+
+
+def test_determinism_self_check_and_trace_export(tmp_path: Any) -> None:
+    from regency.sim import check_simulation
+
+    result = check_simulation(gossip_program, seed=12, hosts=2, runs=3)
+    path = tmp_path / "trace.json"
+    result.write_chrome_trace(str(path))
+    import json
+
+    trace = json.loads(path.read_text())["traceEvents"]
+    assert {e["ph"] for e in trace} >= {"M", "s", "f", "i"}
+    assert {e["args"]["name"] for e in trace if e["ph"] == "M"} >= {"controller", "host0", "host1"}
+
+
+simulated = __import__("regency.testing", fromlist=["simulated_fixture"]).simulated_fixture()
+
+
+def test_the_user_fixture(simulated: Any) -> None:
+    assert simulated.run(gossip_program, hosts=2).value == simulated.run(gossip_program, hosts=2).value
+    simulated.check_determinism(gossip_program, hosts=2)
