@@ -159,6 +159,35 @@ def unpack_port(frame: memoryview) -> tuple[int, int, int, list[memoryview]]:
     return port_id, index, status, [frame[_PORT_HEAD.size :]]
 
 
+# Session control frames (regency.core._runtime.Outbox): a marker the other layouts never
+# start with, then the fields.
+_SESSION_MARK = (0xFFFFFFFE).to_bytes(4, "little")
+_ACK_MARK = (0xFFFFFFFD).to_bytes(4, "little")
+_U64 = struct.Struct("<Q")
+
+
+def pack_session(session: str, first: int) -> bytes:
+    return _SESSION_MARK + _U64.pack(first) + session.encode()
+
+
+def unpack_session(frame: memoryview) -> tuple[str, int] | None:
+    if frame[:4] != _SESSION_MARK:
+        return None
+    (first,) = _U64.unpack_from(frame, 4)
+    return bytes(frame[12:]).decode(), first
+
+
+def pack_ack(count: int) -> bytes:
+    return _ACK_MARK + _U64.pack(count)
+
+
+def unpack_ack(frame: memoryview) -> int | None:
+    if frame[:4] != _ACK_MARK or len(frame) != 12:
+        return None
+    count: int = _U64.unpack_from(frame, 4)[0]
+    return count
+
+
 def unpack(frame: memoryview) -> tuple[tuple[Any, ...], list[memoryview]]:
     """Split a frame into its envelope (without the length list) and payload part views.
 

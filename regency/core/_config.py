@@ -58,6 +58,11 @@ class Config:
     spawn_timeout: float = attrs.field(default=60.0, validator=lambda _inst, a, v: _positive(a, v))
     #: Seconds ``ProcMesh.stop()`` waits for a proc to exit before killing it.
     stop_timeout: float = attrs.field(default=5.0, validator=lambda _inst, a, v: _positive(a, v))
+    #: Seconds an outbox keeps trying to reconnect a broken link (resending what was not
+    #: acknowledged) before the proc behind it counts as lost.
+    delivery_timeout: float = attrs.field(
+        default=10.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
     #: Seconds a ``__cleanup__`` may take before it is abandoned.
     cleanup_timeout: float = attrs.field(
         default=3.0, validator=lambda _inst, a, v: _positive(a, v)

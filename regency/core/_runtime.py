@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -59,12 +60,26 @@ class PortHandler(Protocol):
         """The port can no longer complete (``address``, a destination, is unreachable)."""
 
 
+#: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
+_ACK_EVERY = 64
+_ACK_DELAY = 0.05
+
+
 class Outbox:
-    """The way out to one destination address: queues until connected, then writes through.
+    """The way out to one destination address: queues until connected, then writes through,
+    and survives a broken connection.
 
     ``send`` is thread-safe and never blocks. The first send schedules the connect on the
     trio thread; frames sent meanwhile queue here and are flushed, in order, before the
     connection is published to later senders.
+
+    Delivery is a *session*: each connection starts with ``SESSION(id, first)``, the receiver
+    numbers the frames that follow from ``first``, and acknowledges (``ACK(n)``: every frame
+    below ``n`` was handled) every ``_ACK_EVERY`` frames or ``_ACK_DELAY`` seconds. Frames
+    stay here until acknowledged. When a connection breaks, the outbox dials again (until
+    ``delivery_timeout``) and resends what was not acknowledged; the receiver drops what it
+    already handled. So a link that breaks and comes back loses nothing and delivers nothing
+    twice. A refused dial (nothing listens: the proc is gone) or a known exit ends it at once.
     """
 
     def __init__(self, runtime: Runtime, address: str) -> None:
@@ -75,6 +90,11 @@ class Outbox:
         self._pending: list[transports.Frame] = []
         self._connecting = False
         self._error: BaseException | None = None
+        self._session = f"{runtime.proc_id}#{next(runtime._sessions)}"
+        #: Frames sent on this session and not yet acknowledged, oldest first.
+        self._unacked: deque[transports.Frame] = deque()
+        #: How many frames of the session the receiver has acknowledged.
+        self._acked = 0
 
     def send(self, frame: transports.Frame) -> None:
         size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
@@ -84,27 +104,30 @@ class Outbox:
                 f"{self._rt.config.max_frame_bytes}; raise it with "
                 "regency.configure(max_frame_bytes=...)"
             )
-        conn = self._conn
-        if conn is None:
-            with self._lock:
-                if self._error is not None:
-                    raise UndeliverableError(
-                        f"cannot deliver to the proc at {self.address}: {self._error}"
-                    )
-                conn = self._conn
-                if conn is None:
-                    self._pending.append(frame)
-                    if not self._connecting:
-                        self._connecting = True
-                        self._rt.call_soon(self._start)
-                    return
-        try:
-            conn.send_nowait(frame)
-        except transports.TransportError as exc:
-            self._broken(exc)
-            raise UndeliverableError(
-                f"cannot deliver to the proc at {self.address}: {exc}"
-            ) from None
+        with self._lock:
+            if self._error is not None:
+                raise UndeliverableError(
+                    f"cannot deliver to the proc at {self.address}: {self._error}"
+                )
+            conn = self._conn
+            if conn is None:
+                self._pending.append(frame)
+                if not self._connecting:
+                    self._connecting = True
+                    self._rt.call_soon(self._start)
+                return
+            self._unacked.append(frame)
+            try:
+                conn.send_nowait(frame)
+            except transports.TransportError:
+                pass  # kept in _unacked; the lost connection brings a reconnect and a resend
+
+    def acknowledged(self, count: int) -> None:
+        """The receiver handled the session's first ``count`` frames."""
+        with self._lock:
+            while self._acked < count and self._unacked:
+                self._unacked.popleft()
+                self._acked += 1
 
     def _start(self) -> None:
         self._rt.nursery.start_soon(self._connect)
@@ -117,7 +140,7 @@ class Outbox:
                     await ready.wait()
                 if self._error is not None:
                     return
-            conn = await self._dial()
+            conn = await self._dial(self._rt.config.spawn_timeout, retry_refused=True)
         except (transports.TransportError, trio.TooSlowError, OSError, ValueError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 exc = TimeoutError(
@@ -125,34 +148,72 @@ class Outbox:
                 )
             self._broken(exc)
             return
-        with self._lock:
-            try:
-                for frame in self._pending:
-                    conn.send_nowait(frame)
-            except transports.TransportError as exc:
-                error: BaseException = exc
-            else:
-                self._pending.clear()
-                self._conn = conn
-                return
-        self._broken(error)
+        self._resume(conn)
 
-    async def _dial(self) -> transports.Connection:
-        """Connect, retrying while nothing listens yet: a sibling proc may still be starting
-        (only procs this runtime launched announce themselves). Gives up after
-        ``spawn_timeout``; a wrong secret fails at once."""
-        deadline = trio.current_time() + self._rt.config.spawn_timeout
+    def _resume(self, conn: transports.Connection) -> None:
+        """Start a session on ``conn``: resend what is unacknowledged, then what queued."""
+        with self._lock:
+            if self._error is not None:
+                conn.close()
+                return
+            try:
+                conn.send_nowait(_codec.pack_session(self._session, self._acked))
+                for frame in self._unacked:
+                    conn.send_nowait(frame)
+                for frame in self._pending:
+                    self._unacked.append(frame)
+                    conn.send_nowait(frame)
+            except transports.TransportError:
+                pass  # it broke again: its connection_lost starts the next attempt
+            self._pending.clear()
+            self._conn = conn
+            self._connecting = False
+
+    async def _dial(self, within: float, *, retry_refused: bool) -> transports.Connection:
+        """Connect, retrying for ``within`` seconds. While a proc starts nothing listens yet
+        (``retry_refused``: a sibling may still be starting); a refused reconnect means the
+        proc is gone. A wrong secret fails at once."""
+        deadline = trio.current_time() + within
         delay = 0.001
         while True:
             try:
                 return await self._rt.transport.connect(self.address, _OutboundSink(self))
             except transports.AuthenticationError:
                 raise
+            except transports.ConnectionRefused:
+                if not retry_refused or trio.current_time() + delay > deadline:
+                    raise
             except transports.ConnectionBroken:
                 if trio.current_time() + delay > deadline:
                     raise
             await trio.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+    def _connection_lost(self, conn: transports.Connection, exc: BaseException) -> None:
+        with self._lock:
+            if self._error is not None or self._conn is not conn:
+                return
+            self._conn = None
+            self._connecting = True  # new frames queue in _pending meanwhile
+        self._rt.call_soon(lambda: self._rt.nursery.start_soon(self._reconnect, exc))
+
+    async def _reconnect(self, cause: BaseException) -> None:
+        child = self._rt.children.get(self.address)
+        if child is not None and child.returncode is not None:
+            self._broken(cause)
+            return
+        within = self._rt.config.delivery_timeout
+        try:
+            conn = await self._dial(within, retry_refused=False)
+        except (transports.TransportError, OSError) as exc:
+            self._broken(
+                ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
+                if not isinstance(exc, transports.ConnectionRefused)
+                else cause
+            )
+            return
+        log.info("reconnected to %s; resending %d frame(s)", self.address, len(self._unacked))
+        self._resume(conn)
 
     def _broken(self, exc: BaseException) -> None:
         with self._lock:
@@ -160,7 +221,10 @@ class Outbox:
                 return
             self._error = exc
             self._pending.clear()
-            self._conn = None
+            self._unacked.clear()
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
         self._rt.link_failed(self.address, exc)
 
     def close(self) -> None:
@@ -174,21 +238,61 @@ class _OutboundSink:
         self._outbox = outbox
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        self._outbox._rt.on_frame(frame)
+        count = _codec.unpack_ack(frame)
+        if count is not None:
+            self._outbox.acknowledged(count)
+        else:
+            self._outbox._rt.on_frame(frame)
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
-        self._outbox._broken(exc or transports.ConnectionClosed("connection closed"))
+        if exc is None:
+            return  # we closed it
+        self._outbox._connection_lost(conn, exc)
 
 
 class _InboundSink:
+    """One inbound connection: numbers the frames of its session, drops the ones handled
+    before a reconnect, and acknowledges."""
+
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._conn: transports.Connection | None = None
+        self._session: str | None = None
+        self._next = 0  # index of the next frame in the session
+        self._acked = 0
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        self._rt.on_frame(frame)
+        session = _codec.unpack_session(frame)
+        if session is not None:
+            self._session, self._next = session
+            self._conn = conn
+            return
+        rt = self._rt
+        if self._session is None:
+            rt.on_frame(frame)  # a peer without sessions (tests, tools)
+            return
+        index = self._next
+        self._next = index + 1
+        if index < rt.delivered.get(self._session, 0):
+            return  # handled before the reconnect: a resend
+        rt.delivered[self._session] = index + 1
+        rt.on_frame(frame)
+        if index + 1 - self._acked >= _ACK_EVERY:
+            self.ack()
+        else:
+            rt.ack_later(self)
+
+    def ack(self) -> None:
+        count = self._rt.delivered.get(self._session or "", 0)
+        if count > self._acked and self._conn is not None and not self._conn.closed:
+            self._acked = count
+            try:
+                self._conn.send_nowait(_codec.pack_ack(count))
+            except transports.TransportError:
+                pass
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
-        pass
+        self._conn = None
 
 
 class Child:
@@ -289,6 +393,11 @@ class Runtime:
         #: Set once an actor here failed: the proc refuses new actors from then on.
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
+        self._sessions = itertools.count(1)
+        #: Per inbound session: how many of its frames were handled (resends below it drop).
+        self.delivered: dict[str, int] = {}
+        self._to_ack: dict[int, _InboundSink] = {}  # insertion-ordered: deterministic
+        self._ack_scheduled = False
 
     def _default_address(self, proc_id: str) -> str:
         decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
@@ -583,6 +692,20 @@ class Runtime:
         cell.start()
         for item in self.limbo.pop(key, []):
             cell.enqueue(item)
+
+    def ack_later(self, sink: _InboundSink) -> None:
+        """Acknowledge ``sink``'s frames within ``_ACK_DELAY`` (on the trio thread)."""
+        self._to_ack[id(sink)] = sink
+        if not self._ack_scheduled:
+            self._ack_scheduled = True
+            self.nursery.start_soon(self._flush_acks)
+
+    async def _flush_acks(self) -> None:
+        await trio.sleep(_ACK_DELAY)
+        self._ack_scheduled = False
+        sinks, self._to_ack = self._to_ack, {}
+        for sink in sinks.values():
+            sink.ack()
 
     def poison(self, failure: RemoteFailure) -> None:
         """An actor here failed: refuse new actors from now on (Monarch's poisoned proc)."""

@@ -25,7 +25,7 @@ from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._clock import SimEvent, run_deterministic
 from ._lockstep import Lockstep
-from ._network import LinkFaults, SimNetwork
+from ._network import FaultSchedule, LinkFaults, SimNetwork
 
 CONTROLLER_HOST = "controller"
 _SECRET = b"simulated-cluster-needs-no-secret"
@@ -78,11 +78,15 @@ class SimCluster:
     def __init__(
         self,
         rng: random.Random,
-        faults: LinkFaults | None = None,
+        faults: LinkFaults | FaultSchedule | None = None,
         lockstep: Lockstep | None = None,
     ) -> None:
         self.rng = rng
-        self.network = SimNetwork(rng, faults)
+        schedule = faults if isinstance(faults, FaultSchedule) else FaultSchedule(
+            faults if faults is not None else LinkFaults()
+        )
+        self.schedule = schedule
+        self.network = SimNetwork(rng, schedule.rates)
         self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
         self._nursery: trio.Nursery | None = None
@@ -106,7 +110,7 @@ class SimCluster:
             await nursery.start(rt.serve)
             self.controller = rt
             _runtime_var.set(rt)
-            nursery.start_soon(self.network.run_faults)
+            nursery.start_soon(self.network.run_faults, self.schedule.faults)
             try:
                 yield rt
             finally:
@@ -287,7 +291,7 @@ def simulate(
     *,
     seed: int = 0,
     hosts: int = 4,
-    faults: LinkFaults | None = None,
+    faults: LinkFaults | FaultSchedule | None = None,
     timeout: float | None = 24 * 3600.0,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.

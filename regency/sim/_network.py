@@ -52,6 +52,7 @@ from ..transports._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    ConnectionRefused,
     Frame,
     FrameSink,
     Listener,
@@ -501,7 +502,7 @@ class SimTransport(Transport):
         if listener is None:
             await trio.sleep(net._draw_latency(host, me))
             net._record("connect_failed", f"{me}->{address} nothing listens")
-            raise ConnectionBroken(f"cannot connect to {address}: nothing listens there")
+            raise ConnectionRefused(f"cannot connect to {address}: nothing listens there")
         now = trio.current_time()
         wire = net._new_wire(self, listener, sink)
         net._record("connect", f"c{wire.id} {me}->{address}")

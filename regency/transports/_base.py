@@ -51,6 +51,10 @@ class ConnectionBroken(TransportError):
     """Something outside broke the connection: the peer went away or sent bad data."""
 
 
+class ConnectionRefused(ConnectionBroken):
+    """Nothing listens at the address (the process there is gone, or not started yet)."""
+
+
 class AuthenticationError(ConnectionBroken):
     """The peer failed the challenge-response handshake on the job secret."""
 

@@ -29,6 +29,7 @@ from ._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    ConnectionRefused,
     Frame,
     FrameSink,
     Listener,
@@ -452,7 +453,9 @@ class SocketTransport(Transport):
             sock.close()
             raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
         except (OSError, ConnectionBroken, trio.TooSlowError) as exc:
-            raise ConnectionBroken(f"cannot connect to {address}: {exc or 'timed out'}") from None
+            refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
+            kind = ConnectionRefused if refused else ConnectionBroken
+            raise kind(f"cannot connect to {address}: {exc or 'timed out'}") from None
         conn = SocketConnection(sock, address, trio.lowlevel.current_trio_token(), self._max_frame)
         conn.sink = sink
         self._nursery.start_soon(self._run, conn)

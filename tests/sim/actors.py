@@ -41,3 +41,22 @@ class Gossip(Actor):
             target = self.peers.flatten("r").slice(r=(me + r + 1) % n)
             seen.append(target.incr.call_one().get())
         return seen
+
+
+class Recorder(Actor):
+    """Records what it receives, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    async def record(self, item: int) -> None:
+        self.seen.append(item)
+
+    @endpoint
+    async def log(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    async def nap(self, seconds: float) -> None:
+        await trio.sleep(seconds)
