@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .. import supervision as S
+from .. import transports
 from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
-from ._errors import RemoteFailure
+from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._shape import Extent, Point
 
@@ -325,6 +326,10 @@ class ActorCell:
             return
         try:
             self.rt.send_port(port, index, M.OK, result)
+        except transports.TransportError as exc:
+            log.info("could not reply to %s: %s", port, exc)
+        except SupervisionError as exc:
+            log.info("could not reply to %s: %s", port, exc)  # the caller's proc is gone
         except Exception as exc:
             error = TypeError(
                 f"endpoint {self.name}.{item[1]} returned a value that cannot be sent: {exc}"
@@ -342,7 +347,9 @@ class ActorCell:
     def _supervise_fn(self) -> Any:
         return getattr(self.obj, "__supervise__", None)
 
-    def _supervised(self, failure: S.MeshFailure, result: Any, error: BaseException | None) -> None:
+    def _supervised(
+        self, failure: S.MeshFailure, result: Any, error: BaseException | None
+    ) -> None:
         cause = None if error is None else _exception_cause("__supervise__ raised", error)
         handled = error is None and bool(result)
         self.rt.call_soon(
@@ -359,7 +366,7 @@ class ActorCell:
                 if inspect.iscoroutine(result):
                     coro = result
                     result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
-        except Exception as exc:
+        except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
         finally:
             current.reset(token)
@@ -378,7 +385,9 @@ class ActorCell:
                 result = fn(failure)
             if inspect.iscoroutine(result):
                 result = await result
-        except Exception as exc:
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
         finally:
             current.reset(token)

@@ -8,6 +8,7 @@ mesh directly, from its own process. All sending goes through this process's run
 from __future__ import annotations
 
 import pickle
+import signal
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -531,11 +532,19 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         rt.call_soon(lambda: rt.oversight.machine.handle(MeshStopped(key, ranks)))
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         port = rt.open_port(_Acks(fut, len(shape), f"stopping {self._name}", dests))
+        unreachable = 0
         for global_rank in shape.ranks:
             try:
                 rt.send(self._procs[global_rank][1], _codec.pack((M.STOP_ACTOR, self._key, port)))
             except UndeliverableError:
-                rt.ports[port[1]].deliver(0, M.OK, [memoryview(pickle.dumps(None))])
+                unreachable += 1  # already gone: nothing to stop there
+
+        def count_unreachable() -> None:  # ports belong to the loop
+            for _ in range(unreachable):
+                rt._to_port(port[1], 0, M.OK, [memoryview(pickle.dumps(None))])
+
+        if unreachable:
+            rt.call_soon(count_unreachable)
         return fut
 
     def __repr__(self) -> str:
@@ -659,8 +668,12 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
     for child in children:
         if child.returncode is None and child.handle is not None:
             child.handle.kill()
+    with trio.move_on_after(rt.config.stop_timeout):
+        for child in children:
+            await child.exited.wait()
     for child in children:
-        await child.exited.wait()
+        if child.returncode is None:  # a remote proc whose worker is gone, or never started
+            rt._child_exited(child, -signal.SIGKILL)
     done.set_result(None)
 
 
@@ -725,9 +738,13 @@ class HostMesh(MeshAlgebra):
                     launch_remote(rt, children, env, boot)
                 else:
                     rt.launch_procs(children, env, boot)
-            except BaseException as exc:
+            except Exception as exc:  # not raised: this runs as a loop callback
                 ready.set_exception(exc)
-                raise
+                for child in children:
+                    if child.returncode is None:
+                        child.killed_for = f"could not be started ({exc})"
+                        rt._child_exited(child, 1)
+                return
             rt.nursery.start_soon(_wait_ready, rt, children, ready)
 
         rt.call_soon(launch)
@@ -886,12 +903,18 @@ class _Inbox:
             fut.set_exception(ActorError("sent to a channel", value, index))
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.failure = exc
         for fut in self.waiters:
             fut.set_exception(exc)
+        self.waiters.clear()
+
+    failure: BaseException | None = None
 
     def take(self) -> Future[Any]:
         fut: Future[Any] = Future()
-        if self.values:
+        if not self.values and self.failure is not None:
+            fut.set_exception(self.failure)
+        elif self.values:
             self._settle(fut, self.values.popleft())
         else:
             self.waiters.append(fut)

@@ -90,7 +90,9 @@ class Outbox:
         self._pending: list[transports.Frame] = []
         self._connecting = False
         self._error: BaseException | None = None
-        self._session = f"{runtime.proc_id}#{next(runtime._sessions)}"
+        # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
+        # proc ids (from pids) can repeat, e.g. in containers.
+        self._session = f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}"
         #: Frames sent on this session and not yet acknowledged, oldest first.
         self._unacked: deque[transports.Frame] = deque()
         #: How many frames of the session the receiver has acknowledged.
@@ -156,16 +158,16 @@ class Outbox:
             if self._error is not None:
                 conn.close()
                 return
+            # Everything queued joins the session first, so a send failing part-way loses
+            # nothing: what did not go out is resent by the next attempt, in order.
+            self._unacked.extend(self._pending)
+            self._pending.clear()
             try:
                 conn.send_nowait(_codec.pack_session(self._session, self._acked))
                 for frame in self._unacked:
                     conn.send_nowait(frame)
-                for frame in self._pending:
-                    self._unacked.append(frame)
-                    conn.send_nowait(frame)
             except transports.TransportError:
                 pass  # it broke again: its connection_lost starts the next attempt
-            self._pending.clear()
             self._conn = conn
             self._connecting = False
 
@@ -394,6 +396,7 @@ class Runtime:
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
         self._sessions = itertools.count(1)
+        self._nonce = f"{self.rng.getrandbits(64):016x}"
         #: Per inbound session: how many of its frames were handled (resends below it drop).
         self.delivered: dict[str, int] = {}
         self._to_ack: dict[int, _InboundSink] = {}  # insertion-ordered: deterministic
@@ -780,11 +783,16 @@ class Runtime:
         for child in children:
             self.children[child.address] = child
             launcher = child.launcher or self.launcher
-            child.handle = launcher.launch(
-                self.bootstrap_record(child, boot),
-                dict(env or {}),
-                functools.partial(self._child_exited, child),
-            )
+            try:
+                child.handle = launcher.launch(
+                    self.bootstrap_record(child, boot),
+                    dict(env or {}),
+                    functools.partial(self._child_exited, child),
+                )
+            except Exception as exc:
+                log.error("could not start proc %s: %s", child.proc_id, exc)
+                child.killed_for = f"could not be started ({exc})"
+                self._child_exited(child, 1)
 
     def _child_exited(self, child: Child, code: int) -> None:
         if child.returncode is not None:
@@ -801,7 +809,15 @@ class Runtime:
 
 
 def bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
-    """Answer a message for an actor that cannot take it."""
+    """Answer a message for an actor that cannot take it (best effort: the caller's proc may
+    be gone too, and nothing here may raise into the loop)."""
+    try:
+        _bounce(rt, item, failure)
+    except Exception as exc:
+        log.info("could not bounce a message (%s): %s", item[0], exc)
+
+
+def _bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
     if item[0] == "call":
         port, index = item[3], item[4]
     elif item[0] == "stop":

@@ -61,6 +61,8 @@ class Manager(Actor):
         self.seen.append(f"{failure.mesh_name}:{list(failure.ranks)}:{failure.cause.summary}")
         if self.policy == "raise":
             raise RuntimeError("supervisor gave up")
+        if self.policy == "exit":
+            raise SystemExit(5)
         return self.policy == "handle"
 
     @endpoint

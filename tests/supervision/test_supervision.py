@@ -127,7 +127,7 @@ def test_async_supervise(roots: RootFailures) -> None:
     pm.stop().get(T)
 
 
-@pytest.mark.parametrize("policy", ["ignore", "raise"])
+@pytest.mark.parametrize("policy", ["ignore", "raise", "exit"])
 def test_unhandled_child_failure_escalates_to_the_root(roots: RootFailures, policy: str) -> None:
     pm = this_host().spawn_procs(per_host={"m": 1})
     name = f"manager_{policy}"
@@ -138,9 +138,12 @@ def test_unhandled_child_failure_escalates_to_the_root(roots: RootFailures, poli
     assert failure.ranks == (0,)
     if policy == "ignore":
         assert "unhandled failure of a mesh it owns" in failure.cause.summary
-    else:
+    elif policy == "raise":
         assert "__supervise__ raised" in failure.cause.summary
         assert "supervisor gave up" in failure.cause.traceback
+    else:
+        assert "__supervise__ raised" in failure.cause.summary
+        assert "SystemExit" in failure.cause.traceback
     chained = failure.cause.chained
     assert chained is not None and chained.mesh_name == "workers"
     assert "rank 0 exploded" in failure.report()
