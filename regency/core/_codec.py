@@ -161,7 +161,7 @@ def unpack_port(frame: memoryview) -> tuple[int, int, int, list[memoryview]]:
 
 # Session control frames (regency.core._runtime.Outbox): a marker the other layouts never
 # start with, then the fields.
-_SESSION_MARK = (0xFFFFFFFE).to_bytes(4, "little")
+SESSION_MARK = _SESSION_MARK = (0xFFFFFFFE).to_bytes(4, "little")
 _ACK_MARK = (0xFFFFFFFD).to_bytes(4, "little")
 _U64 = struct.Struct("<Q")
 

@@ -260,32 +260,39 @@ class _InboundSink:
         self._rt = runtime
         self._conn: transports.Connection | None = None
         self._session: str | None = None
+        #: [frames of the session handled], shared by every connection of the session, so a
+        #: reconnect that overtakes the old connection's last frames still sees them.
+        self._handled: list[int] | None = None
         self._next = 0  # index of the next frame in the session
         self._acked = 0
+        self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        session = _codec.unpack_session(frame)
-        if session is not None:
-            self._session, self._next = session
-            self._conn = conn
-            return
-        rt = self._rt
-        if self._session is None:
-            rt.on_frame(frame)  # a peer without sessions (tests, tools)
+        handled = self._handled
+        if handled is None or frame[:4] == _codec.SESSION_MARK:
+            session = _codec.unpack_session(frame)
+            if session is not None:
+                self._session, self._next = session
+                self._handled = self._rt.delivered.setdefault(self._session, [0])
+                self._conn = conn
+            else:
+                self._rt.on_frame(frame)  # a peer without sessions (tests, tools)
             return
         index = self._next
         self._next = index + 1
-        if index < rt.delivered.get(self._session, 0):
+        if index < handled[0]:
             return  # handled before the reconnect: a resend
-        rt.delivered[self._session] = index + 1
-        rt.on_frame(frame)
+        handled[0] = index + 1
+        self._rt.on_frame(frame)
         if index + 1 - self._acked >= _ACK_EVERY:
             self.ack()
-        else:
-            rt.ack_later(self)
+        elif not self._ack_pending:
+            self._ack_pending = True
+            self._rt.ack_later(self)
 
     def ack(self) -> None:
-        count = self._rt.delivered.get(self._session or "", 0)
+        self._ack_pending = False
+        count = self._handled[0] if self._handled is not None else 0
         if count > self._acked and self._conn is not None and not self._conn.closed:
             self._acked = count
             try:
@@ -398,7 +405,7 @@ class Runtime:
         self._sessions = itertools.count(1)
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         #: Per inbound session: how many of its frames were handled (resends below it drop).
-        self.delivered: dict[str, int] = {}
+        self.delivered: dict[str, list[int]] = {}
         self._to_ack: dict[int, _InboundSink] = {}  # insertion-ordered: deterministic
         self._ack_scheduled = False
 
