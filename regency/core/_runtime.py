@@ -691,7 +691,10 @@ class Runtime:
         owner: tuple[str, str, str],
     ) -> None:
         if key in self.actors or key in self.dead:
-            raise ValueError(f"actor {key!r} already exists on proc {self.proc_id}")
+            # Only a broken sender resends a SPAWN; dropping it keeps the link (a raise here
+            # would close the connection, and the resend would close the next one too).
+            log.warning("ignored a second SPAWN of actor %r on proc %s", key, self.proc_id)
+            return
         if self.poisoned is not None:
             payload = RuntimeError(
                 f"proc {self.proc_id} refuses new actors because an actor on it failed: "
