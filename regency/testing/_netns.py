@@ -27,7 +27,20 @@ def virtual_hosts_available() -> str | None:
         return "virtual hosts need root (ip netns)"
     if shutil.which("ip") is None:
         return "virtual hosts need iproute2's `ip`"
-    return None
+    global _probed
+    if _probed is None:
+        # Root is not always enough (a container without CAP_NET_ADMIN): try once.
+        probe = f"rgprobe{os.getpid() % 100000}"
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if made.returncode == 0:
+            subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+            _probed = ""
+        else:
+            _probed = f"cannot create network namespaces here: {made.stderr.strip()}"
+    return _probed or None
+
+
+_probed: str | None = None
 
 
 def _ip(*args: str) -> None:
