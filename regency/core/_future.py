@@ -178,12 +178,6 @@ class Future(Generic[R]):
     async def _wait_then_outcome(self) -> R:
         return await self
 
-    @staticmethod
-    def _resolved(value: R) -> Future[R]:
-        fut: Future[R] = Future()
-        fut.set_result(value)
-        return fut
-
     def __repr__(self) -> str:
         if not self.done():
             return "<Future pending>"

@@ -510,13 +510,8 @@ class ActorCell:
             current.reset(token)
 
     def _as_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call ``fn`` with ``context()`` saying this actor (a coroutine is returned as is:
-        the context is copied into the task that awaits it)."""
-        token = current.set(Context(self.instance, self.point))
-        try:
-            return fn(*args)
-        finally:
-            current.reset(token)
+        """Call ``fn`` as this actor, outside any message (``__cleanup__``)."""
+        return self._in(Context(self.instance, self.point), fn, *args)
 
     def _guard(self, fn: Callable[[], Any]) -> None:
         try:

@@ -7,7 +7,6 @@ mesh directly, from its own process. All sending goes through this process's run
 
 from __future__ import annotations
 
-import pickle
 import signal
 import warnings
 from collections import deque
@@ -17,13 +16,12 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import trio
 
 from ..supervision import ROOT, MeshStopped, ProcStopped
-from ..transports import Frame
 from . import _codec
 from . import _messages as M
 from ._context import current as current_context
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import ActorError, RemoteFailure, SupervisionError, UndeliverableError
-from ._future import Future
+from ._future import Future, resolved
 from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
 from ._runtime import Child, Runtime, current_runtime
 from ._shape import MeshAlgebra, Shape, ValueMesh
@@ -180,8 +178,13 @@ class _Acks:
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         if status != M.OK:
             self.failures.append(_codec.loads(parts))
-        self.missing -= 1
-        if self.missing:
+        return self.skip(1)
+
+    def skip(self, count: int) -> bool:
+        """``count`` ranks will never answer (already gone: nothing to stop or spawn there).
+        Returns True when the port is finished."""
+        self.missing -= count
+        if self.missing > 0:
             return False
         if self.failures:
             first = self.failures[0]
@@ -272,12 +275,8 @@ class Endpoint(Generic[R]):
     ) -> None:
         route = self._mesh._route()
         key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
-        lengths = [len(p) for p in payload]
-        big = sum(lengths) >= 64 * 1024  # sent as parts, without joining them
         for local in local_ranks:
-            envelope = pickle.dumps((M.CALL, key, name, port, local, labels, sizes, lengths), 5)
-            head = len(envelope).to_bytes(4, "little") + envelope
-            frame: Frame = [head, *payload] if big else b"".join((head, *payload))
+            frame = _codec.pack((M.CALL, key, name, port, local, labels, sizes), payload)
             rt.send(route.addresses[local], frame)
 
     def _issue(
@@ -531,7 +530,8 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         # Stopping is not failing: the owner is not told about these ranks.
         rt.call_soon(lambda: rt.oversight.machine.handle(MeshStopped(key, ranks)))
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
-        port = rt.open_port(_Acks(fut, len(shape), f"stopping {self._name}", dests))
+        acks = _Acks(fut, len(shape), f"stopping {self._name}", dests)
+        port = rt.open_port(acks)
         unreachable = 0
         for global_rank in shape.ranks:
             try:
@@ -540,8 +540,8 @@ class ActorMesh(MeshAlgebra, Generic[A]):
                 unreachable += 1  # already gone: nothing to stop there
 
         def count_unreachable() -> None:  # ports belong to the loop
-            for _ in range(unreachable):
-                rt._to_port(port[1], 0, M.OK, [memoryview(pickle.dumps(None))])
+            if acks.skip(unreachable):
+                rt.close_port(port[1])
 
         if unreachable:
             rt.call_soon(count_unreachable)
@@ -754,7 +754,7 @@ class HostMesh(MeshAlgebra):
         """Stop this mesh's procs on its hosts and detach from their workers (hosts from
         ``attach_to_workers``; on this host it stops nothing)."""
         if self._hosts is None:
-            return Future._resolved(None)
+            return resolved(None)
         rt = current_runtime()
         return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks])
 

@@ -39,7 +39,7 @@ from . import _codec
 from . import _messages as M
 from ._config import Config, current_config
 from ._errors import RemoteFailure, UndeliverableError
-from ._future import Future, runtime_threads
+from ._future import runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
 from ._oversight import Oversight, install_interrupt_handler
@@ -954,17 +954,3 @@ def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> 
         import shutil
 
         shutil.rmtree(jobdir, ignore_errors=True)
-
-
-def run_on_runtime(rt: Runtime, fn: Callable[[], Any]) -> Future[Any]:
-    """Run ``fn()`` on the runtime's trio thread; its result resolves the future."""
-    fut: Future[Any] = Future()
-
-    def call() -> None:
-        try:
-            fut.set_result(fn())
-        except BaseException as exc:
-            fut.set_exception(exc)
-
-    rt.call_soon(call)
-    return fut
