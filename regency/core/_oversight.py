@@ -143,6 +143,11 @@ class Oversight:
     # -- actions -----------------------------------------------------------------------
 
     def _perform(self, action: S.Action) -> None:
+        probe = self.rt.probe
+        if probe is not None and isinstance(action, S.Notify | S.RunRootHook):
+            probe.owner_told(
+                self.rt, action.owner if isinstance(action, S.Notify) else None, action.failure
+            )
         if isinstance(action, S.Notify):
             cell = self.rt.actors.get(action.owner)
             if cell is not None:

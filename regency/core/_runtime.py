@@ -43,6 +43,7 @@ from ._future import runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
 from ._oversight import Oversight, install_interrupt_handler
+from ._probe import Probe
 
 log = logging.getLogger("regency.runtime")
 
@@ -97,6 +98,10 @@ class Outbox:
         self._unacked: deque[transports.Frame] = deque()
         #: How many frames of the session the receiver has acknowledged.
         self._acked = 0
+        #: Since when (trio time) frames have waited for an acknowledgement that did not come,
+        #: and how many were acknowledged then (see ``check_stalled``).
+        self._stalled_since: float | None = None
+        self._stalled_at = 0
 
     def send(self, frame: transports.Frame) -> None:
         size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
@@ -112,6 +117,10 @@ class Outbox:
                     f"cannot deliver to the proc at {self.address}: {self._error}"
                 )
             conn = self._conn
+            probe = self._rt.probe
+            if probe is not None:
+                index = self._acked + len(self._unacked) + len(self._pending)
+                probe.frame_sent(self._rt, self.address, self._session, index)
             if conn is None:
                 self._pending.append(frame)
                 if not self._connecting:
@@ -130,6 +139,36 @@ class Outbox:
             while self._acked < count and self._unacked:
                 self._unacked.popleft()
                 self._acked += 1
+
+    def check_stalled(self, now: float) -> None:
+        """Called every ``heartbeat_interval`` on the trio thread: a connection whose frames
+        have gone unacknowledged for ``delivery_timeout`` is dead even if nothing said so (a
+        silent network cut, a peer host that vanished without a reset). Drop it and
+        reconnect; the reconnect either resends or, within ``delivery_timeout``, fails the
+        link. Receivers acknowledge within ``_ACK_DELAY`` of handling, from their trio loop,
+        so a live peer never trips this."""
+        conn = self._conn
+        if conn is None or not self._unacked:
+            self._stalled_since = None
+            return
+        if self._stalled_since is None or self._acked != self._stalled_at:
+            self._stalled_since, self._stalled_at = now, self._acked
+            return
+        waited = now - self._stalled_since
+        if waited < self._rt.config.delivery_timeout:
+            return
+        self._stalled_since = None
+        log.warning(
+            "no acknowledgement from %s for %.1f s; reconnecting", self.address, waited
+        )
+        self._connection_lost(
+            conn,
+            transports.ConnectionBroken(
+                f"connection to {self.address} is broken: {len(self._unacked)} frame(s) "
+                f"unacknowledged for {waited:.1f} s"
+            ),
+        )
+        conn.close()
 
     def _start(self) -> None:
         self._rt.nursery.start_soon(self._connect)
@@ -179,7 +218,13 @@ class Outbox:
         delay = 0.001
         while True:
             try:
-                return await self._rt.transport.connect(self.address, _OutboundSink(self))
+                # One dial into a black hole must not outlast the whole allowance.
+                with trio.move_on_at(deadline) as attempt:
+                    return await self._rt.transport.connect(self.address, _OutboundSink(self))
+                assert attempt.cancelled_caught
+                raise transports.ConnectionBroken(
+                    f"cannot connect to {self.address}: no answer within {within} s"
+                )
             except transports.AuthenticationError:
                 raise
             except transports.ConnectionRefused:
@@ -227,6 +272,9 @@ class Outbox:
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+        probe = self._rt.probe
+        if probe is not None:
+            probe.session_failed(self._rt, self.address, self._session)
         self._rt.link_failed(self.address, exc)
 
     def close(self) -> None:
@@ -272,8 +320,11 @@ class _InboundSink:
         if handled is None or frame[:4] == _codec.SESSION_MARK:
             session = _codec.unpack_session(frame)
             if session is not None:
+                handled = self._rt.session_opened(*session)  # raises for a forgotten one
+                if self._session is not None:
+                    self._rt.session_closed(self._session)
                 self._session, self._next = session
-                self._handled = self._rt.delivered.setdefault(self._session, [0])
+                self._handled = handled
                 self._conn = conn
             else:
                 self._rt.on_frame(frame)  # a peer without sessions (tests, tools)
@@ -283,6 +334,10 @@ class _InboundSink:
         if index < handled[0]:
             return  # handled before the reconnect: a resend
         handled[0] = index + 1
+        probe = self._rt.probe
+        if probe is not None:
+            assert self._session is not None
+            probe.frame_handled(self._rt, self._session, index)
         self._rt.on_frame(frame)
         if index + 1 - self._acked >= _ACK_EVERY:
             self.ack()
@@ -302,6 +357,9 @@ class _InboundSink:
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None
+        if self._session is not None:
+            self._rt.session_closed(self._session)
+            self._session = None
 
 
 class Child:
@@ -395,6 +453,8 @@ class Runtime:
         #: simulator runs it in lockstep with its loop). ``await sync_runner(fn)``.
         self.sync_runner: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
         self.on_child_exit: list[Callable[[Child], None]] = []
+        #: Told what delivery and supervision do (the simulator's invariant checker).
+        self.probe: Probe | None = None
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
@@ -406,6 +466,10 @@ class Runtime:
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         #: Per inbound session: how many of its frames were handled (resends below it drop).
         self.delivered: dict[str, list[int]] = {}
+        #: Per inbound session: its open connections, and since when it has had none. A
+        #: session idle for longer than its sender could still reconnect is forgotten.
+        self._session_conns: dict[str, int] = {}
+        self._idle_sessions: dict[str, float] = {}
         self._to_ack: dict[int, _InboundSink] = {}  # insertion-ordered: deterministic
         self._ack_scheduled = False
 
@@ -456,7 +520,7 @@ class Runtime:
                     self.launcher.start()
                 if self.parent_address is not None:
                     nursery.start_soon(self._send_heartbeats, self.parent_address)
-                nursery.start_soon(self._watch_heartbeats)
+                nursery.start_soon(self._watchdog)
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -488,11 +552,16 @@ class Runtime:
             except Exception:
                 return  # the spawner is gone; we die with it
 
-    async def _watch_heartbeats(self) -> None:
-        """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
+    async def _watchdog(self) -> None:
+        """Every ``heartbeat_interval``: kill a started child whose heartbeats stopped for
+        ``heartbeat_timeout``, and drop connections whose acknowledgements stopped."""
         while True:
             await trio.sleep(self.config.heartbeat_interval)
             now = trio.current_time()
+            for box in list(self._outboxes.values()):
+                box.check_stalled(now)
+            if self._idle_sessions:
+                self._forget_idle_sessions(now)
             for child in list(self.children.values()):
                 if child.last_seen is None or child.returncode is not None:
                     continue
@@ -705,6 +774,42 @@ class Runtime:
         cell.start()
         for item in self.limbo.pop(key, []):
             cell.enqueue(item)
+
+    def session_opened(self, session: str, first: int) -> list[int]:
+        """A connection of inbound ``session`` started at frame ``first``: its
+        handled-frames counter. A session resumed after this runtime forgot it cannot be
+        taken: which of its frames were handled is no longer known."""
+        handled = self.delivered.get(session)
+        if handled is None:
+            if first > 0:
+                raise ValueError(
+                    f"delivery session {session} resumes at frame {first}, but this process "
+                    "forgot it (idle for longer than a sender may reconnect)"
+                )
+            handled = self.delivered[session] = [0]
+        self._session_conns[session] = self._session_conns.get(session, 0) + 1
+        self._idle_sessions.pop(session, None)
+        return handled
+
+    def session_closed(self, session: str) -> None:
+        left = self._session_conns.get(session, 0) - 1
+        if left > 0:
+            self._session_conns[session] = left
+            return
+        self._session_conns.pop(session, None)
+        self._idle_sessions[session] = trio.current_time()
+
+    def _forget_idle_sessions(self, now: float) -> None:
+        """Drop the counters of sessions that cannot come back: a sender gives up
+        reconnecting ``delivery_timeout`` after it noticed its link broke, which can be up to
+        ``delivery_timeout`` (plus a watchdog tick) after we noticed; after three times that
+        no resend of theirs can arrive, and a long-lived process
+        (a worker serving many controllers) does not grow with every peer it ever had."""
+        horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
+        expired = [s for s, since in self._idle_sessions.items() if now - since > horizon]
+        for session in expired:
+            del self._idle_sessions[session]
+            self.delivered.pop(session, None)
 
     def ack_later(self, sink: _InboundSink) -> None:
         """Acknowledge ``sink``'s frames within ``_ACK_DELAY`` (on the trio thread)."""

@@ -3,7 +3,7 @@
 The same core and supervision code that production runs can run here, inside one
 ``trio.run`` on a mock clock, with every decision drawn from one seeded generator. This
 package provides the ``sim://`` transport (:class:`SimNetwork`), its faults
-(:class:`LinkFaults`, explicit :class:`FaultSchedule` entries and the Hypothesis strategy
+(:class:`Faults`, explicit :class:`FaultSchedule` entries and the Hypothesis strategy
 :func:`fault_schedules`), and the tools that run a workload deterministically and check that
 it is (:func:`run_deterministic`, :func:`check_determinism`, :class:`Trace`).
 """
@@ -24,12 +24,15 @@ from ._network import (
     SCHEME,
     ClogFault,
     CrashHostFault,
+    CrashProcFault,
     DelayFault,
     DisconnectFault,
+    Faults,
     FaultSchedule,
     Latency,
     LinkFaults,
     PartitionFault,
+    PauseProcFault,
     ScheduledFault,
     SimConnection,
     SimListener,
@@ -43,12 +46,15 @@ __all__ = [
     "SCHEME",
     "ClogFault",
     "CrashHostFault",
+    "CrashProcFault",
     "DelayFault",
     "DisconnectFault",
     "FaultSchedule",
+    "Faults",
     "Latency",
     "LinkFaults",
     "PartitionFault",
+    "PauseProcFault",
     "ScheduledFault",
     "SimCluster",
     "SimConnection",

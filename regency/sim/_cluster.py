@@ -25,7 +25,15 @@ from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._clock import SimEvent, run_deterministic
 from ._lockstep import Lockstep
-from ._network import FaultSchedule, LinkFaults, SimNetwork
+from ._network import (
+    CrashProcFault,
+    Faults,
+    FaultSchedule,
+    PauseProcFault,
+    ProcFault,
+    SimNetwork,
+    SimTransport,
+)
 
 CONTROLLER_HOST = "controller"
 _SECRET = b"simulated-cluster-needs-no-secret"
@@ -78,12 +86,12 @@ class SimCluster:
     def __init__(
         self,
         rng: random.Random,
-        faults: LinkFaults | FaultSchedule | None = None,
+        faults: Faults | FaultSchedule | None = None,
         lockstep: Lockstep | None = None,
     ) -> None:
         self.rng = rng
         schedule = faults if isinstance(faults, FaultSchedule) else FaultSchedule(
-            faults if faults is not None else LinkFaults()
+            faults if faults is not None else Faults()
         )
         self.schedule = schedule
         self.network = SimNetwork(rng, schedule.rates)
@@ -110,7 +118,8 @@ class SimCluster:
             await nursery.start(rt.serve)
             self.controller = rt
             _runtime_var.set(rt)
-            nursery.start_soon(self.network.run_faults, self.schedule.faults)
+            nursery.start_soon(self.network.run_faults, self.schedule.link_faults)
+            nursery.start_soon(self._run_proc_faults, name="sim proc faults")
             try:
                 yield rt
             finally:
@@ -197,7 +206,7 @@ class SimCluster:
         """Kill a simulated proc (its connections break, like SIGKILL)."""
         if address not in self.procs:
             raise LookupError(f"no running simulated proc at {address!r}")
-        self._on_loop(lambda: self.procs[address].kill() if address in self.procs else None)
+        self._on_loop(lambda: self._crash(address))
 
     def crash_host(self, host: str) -> None:
         """Crash a host: every proc on it dies and its links break."""
@@ -212,6 +221,66 @@ class SimCluster:
 
     def restart_host(self, host: str) -> None:
         self._on_loop(lambda: self.network.restart_host(host))
+
+    def pause_proc(self, address: str, duration: float) -> None:
+        """Pause a simulated proc for ``duration`` virtual seconds, as SIGSTOP would (see
+        :meth:`SimNetwork.pause`); longer than the heartbeat timeout, its parent kills it."""
+        if address not in self.procs:
+            raise LookupError(f"no running simulated proc at {address!r}")
+        self._on_loop(lambda: self._pause(address, duration))
+
+    def _pause(self, address: str, duration: float) -> None:
+        proc = self.procs.get(address)
+        transport = getattr(proc.rt, "transport", None) if proc is not None else None
+        if isinstance(transport, SimTransport):
+            self.network.pause(transport, duration, label=address)
+
+    def _crash(self, address: str) -> None:
+        proc = self.procs.get(address)
+        if proc is not None:
+            self.network._record("crash_proc", address)
+            proc.kill()
+
+    # -- process faults: scheduled and random -------------------------------------------
+
+    async def _run_proc_faults(self) -> None:
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            if self.schedule.proc_faults:
+                nursery.start_soon(self._run_proc_schedule, start)
+            if self.schedule.rates.proc_rate > 0:
+                nursery.start_soon(self._run_random_proc_faults)
+
+    async def _run_proc_schedule(self, start: float) -> None:
+        for fault in sorted(self.schedule.proc_faults, key=lambda f: f.at):
+            await trio.sleep_until(start + fault.at)
+            self._apply_proc_fault(fault)
+
+    def _apply_proc_fault(self, fault: ProcFault) -> None:
+        running = list(self.procs)
+        if not running:
+            self.network._record("proc_fault", f"{type(fault).__name__}: no procs run")
+            return
+        address = running[fault.proc % len(running)]
+        if isinstance(fault, CrashProcFault):
+            self._crash(address)
+        elif isinstance(fault, PauseProcFault):
+            self._pause(address, fault.duration)
+
+    async def _run_random_proc_faults(self) -> None:
+        rates = self.schedule.rates
+        total = rates.proc_rate
+        net = self.network
+        while True:
+            await trio.sleep(net._draw("proc_fault.wait", self.rng.expovariate(total)))
+            running = list(self.procs)
+            if not running:
+                continue
+            address = net._draw("proc_fault.proc", running[self.rng.randrange(len(running))])
+            if net._draw("proc_fault.kind", self.rng.random() * total) < rates.crash:
+                self._crash(address)
+            else:
+                self._pause(address, net._random_duration())
 
     def partition(
         self,
@@ -291,7 +360,7 @@ def simulate(
     *,
     seed: int = 0,
     hosts: int = 4,
-    faults: LinkFaults | FaultSchedule | None = None,
+    faults: Faults | FaultSchedule | None = None,
     timeout: float | None = 24 * 3600.0,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.

@@ -111,33 +111,57 @@ class Latency:
     jitter: float = attrs.field(default=0.001, validator=_non_negative("jitter in seconds"))
 
 
-@attrs.frozen
-class LinkFaults:
-    """Random link faults, each a rate per simulated second; all zero (no faults) by default.
+def _rate() -> Any:
+    return attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
 
-    ``delay`` adds up to ``max_delay`` seconds to one host pair's latency for a while;
-    ``disconnect`` breaks every connection between the two hosts of a random live connection;
-    ``partition`` cuts a random split of the hosts in two (one way or both); ``clog`` holds
-    every frame from and to one host for a while, then delivers them in order. How long a
-    fault lasts is drawn from an exponential distribution with mean ``mean_duration``. A rate of
-    0 never draws that fault, and ``max_delay=0`` or ``mean_duration=0`` make faults harmless,
-    so the zero value is always "no fault" (which Hypothesis shrinks toward).
+
+@attrs.frozen
+class Faults:
+    """Random faults, each a rate per simulated second; all zero (no faults) by default.
+
+    Link faults: ``delay`` adds up to ``max_delay`` seconds to one host pair's latency for a
+    while; ``disconnect`` breaks every connection between the two hosts of a random live
+    connection; ``partition`` cuts a random split of the hosts in two (one way or both);
+    ``clog`` holds every frame from and to one host for a while, then delivers them in order.
+
+    Process faults (drawn by the simulated cluster, over the procs running at that moment):
+    ``crash`` kills a random proc as SIGKILL would; ``pause`` stops a random proc for a while
+    as SIGSTOP (or a long GC pause) would: nothing reaches it and nothing it sends leaves
+    until it resumes, while its clocks keep running, so a pause longer than the heartbeat
+    timeout gets it declared stuck and killed by its parent.
+
+    How long a fault lasts is drawn from an exponential distribution with mean
+    ``mean_duration``. A rate of 0 never draws that fault, and ``max_delay=0`` or
+    ``mean_duration=0`` make delays, clogs, partitions and pauses harmless, so the zero value
+    is always "no fault" (which Hypothesis shrinks toward).
     """
 
-    delay: float = attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
-    disconnect: float = attrs.field(
-        default=0.0, validator=_non_negative("rate per simulated second")
-    )
-    partition: float = attrs.field(
-        default=0.0, validator=_non_negative("rate per simulated second")
-    )
-    clog: float = attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
+    delay: float = _rate()
+    disconnect: float = _rate()
+    partition: float = _rate()
+    clog: float = _rate()
+    crash: float = _rate()
+    pause: float = _rate()
     max_delay: float = attrs.field(default=0.5, validator=_non_negative("delay in seconds"))
     mean_duration: float = attrs.field(default=1.0, validator=_non_negative("duration in seconds"))
 
     @property
-    def total_rate(self) -> float:
+    def link_rate(self) -> float:
+        """Rate of the faults the network draws (delay, disconnect, partition, clog)."""
         return self.delay + self.disconnect + self.partition + self.clog
+
+    @property
+    def proc_rate(self) -> float:
+        """Rate of the faults the cluster draws (crash, pause)."""
+        return self.crash + self.pause
+
+    @property
+    def total_rate(self) -> float:
+        return self.link_rate + self.proc_rate
+
+
+#: The earlier name of :class:`Faults` (link faults only, before process faults existed).
+LinkFaults = Faults
 
 
 @attrs.frozen
@@ -191,7 +215,29 @@ class CrashHostFault:
     host: str
 
 
-ScheduledFault = PartitionFault | DisconnectFault | ClogFault | DelayFault | CrashHostFault
+@attrs.frozen
+class CrashProcFault:
+    """At ``at``, crash a proc: number ``proc`` (modulo how many run) of the procs running
+    then, in start order. Procs are named by position because their addresses are only
+    known once the program spawned them."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    proc: int = attrs.field(validator=attrs.validators.ge(0))
+
+
+@attrs.frozen
+class PauseProcFault:
+    """At ``at``, pause a proc (chosen as for :class:`CrashProcFault`) for ``duration``
+    (zero: no fault)."""
+
+    at: float = attrs.field(validator=_non_negative("virtual time"))
+    proc: int = attrs.field(validator=attrs.validators.ge(0))
+    duration: float = attrs.field(validator=_duration)
+
+
+LinkFault = PartitionFault | DisconnectFault | ClogFault | DelayFault | CrashHostFault
+ProcFault = CrashProcFault | PauseProcFault
+ScheduledFault = LinkFault | ProcFault
 
 
 @attrs.frozen
@@ -201,8 +247,16 @@ class FaultSchedule:
     The empty schedule (zero rates, no faults) is a quiet network.
     """
 
-    rates: LinkFaults = LinkFaults()
+    rates: Faults = Faults()
     faults: tuple[ScheduledFault, ...] = ()
+
+    @property
+    def link_faults(self) -> tuple[LinkFault, ...]:
+        return tuple(f for f in self.faults if not isinstance(f, ProcFault))
+
+    @property
+    def proc_faults(self) -> tuple[ProcFault, ...]:
+        return tuple(f for f in self.faults if isinstance(f, ProcFault))
 
 
 def fault_schedules(
@@ -212,13 +266,16 @@ def fault_schedules(
     max_faults: int = 6,
     max_rate: float = 0.5,
     crashes: bool = False,
+    procs: bool = False,
 ) -> SearchStrategy[FaultSchedule]:
     """A Hypothesis strategy of :class:`FaultSchedule` over ``hosts`` that shrinks to quiet.
 
     Explicit faults happen within ``horizon`` virtual seconds and last at most that long;
     random rates are at most ``max_rate`` per second. Rates, durations, delays and lists all
     shrink toward zero or empty, which is "no fault". Host crashes are permanent (nothing
-    restarts a host here), so they are only drawn when ``crashes`` is set.
+    restarts a host here), so they are only drawn when ``crashes`` is set. Process faults
+    (:class:`CrashProcFault`, :class:`PauseProcFault` and the ``crash`` and ``pause`` rates),
+    which a :class:`~regency.sim.SimCluster` applies, are only drawn when ``procs`` is set.
     """
     from hypothesis import strategies as st
 
@@ -247,13 +304,20 @@ def fault_schedules(
     ]
     if crashes:
         kinds.append(st.builds(CrashHostFault, times, host))
+    if procs:
+        which = st.integers(0, 64)
+        kinds.append(st.builds(CrashProcFault, times, which))
+        kinds.append(st.builds(PauseProcFault, times, which, durations))
     rate = st.floats(0, max_rate, allow_nan=False)
+    proc_rate = rate if procs else st.just(0.0)
     rates = st.builds(
-        LinkFaults,
+        Faults,
         delay=rate,
         disconnect=rate,
         partition=rate,
         clog=rate,
+        crash=proc_rate,
+        pause=proc_rate,
         max_delay=st.floats(0, 1),
         mean_duration=st.floats(0, horizon / 2),
     )
@@ -446,6 +510,8 @@ class SimTransport(Transport):
         self._heap: list[_Entry] = []
         self._wakeup = trio.Event()
         self._dead = False
+        #: Until when the process behind this transport is paused (see SimNetwork.pause).
+        self._paused_until = -math.inf
         #: Open ends on this side, by (wire id, side): insertion order is creation order.
         self._ends: dict[tuple[int, int], SimConnection] = {}
         self._token = trio.lowlevel.current_trio_token()
@@ -491,6 +557,8 @@ class SimTransport(Transport):
             raise ConnectionBroken(f"cannot connect to {address}: host {me!r} has crashed")
         if self._dead:
             raise ConnectionBroken(f"cannot connect to {address}: {self.name} has stopped")
+        if self._paused_until > trio.current_time():
+            await trio.sleep_until(self._paused_until)  # a paused process dials on resume
         start = trio.current_time()
         arrive = max(start + net._draw_latency(me, host), net._held_until(me, host))
         if not net._reachable(me, host):
@@ -566,6 +634,10 @@ class SimTransport(Transport):
         try:
             while True:
                 now = trio.current_time()
+                if self._paused_until > now:
+                    # A paused process takes nothing in: what is due waits, in order.
+                    await trio.sleep_until(self._paused_until)
+                    continue
                 batch: list[_Entry] = []
                 while heap and heap[0][0] <= now:
                     batch.append(heapq.heappop(heap))
@@ -666,7 +738,7 @@ class SimNetwork:
     def __init__(
         self,
         rng: random.Random,
-        faults: LinkFaults | None = None,
+        faults: Faults | None = None,
         *,
         latency: Latency | None = None,
         connect_timeout: float = 1.0,
@@ -679,7 +751,7 @@ class SimNetwork:
                 f"connect_timeout must be a positive number of virtual seconds "
                 f"(got {connect_timeout!r})"
             )
-        self.faults = faults if faults is not None else LinkFaults()
+        self.faults = faults if faults is not None else Faults()
         self.connect_timeout = connect_timeout
         self.trace = trace if trace is not None else (current_trace() or Trace())
         self._rng = rng
@@ -857,13 +929,28 @@ class SimNetwork:
             if host in wire.hosts():
                 self._break(wire, f"host {host!r} crashed")
 
+    def pause(self, transport: SimTransport, duration: float, label: str = "") -> None:
+        """Pause the process behind ``transport`` for ``duration`` virtual seconds.
+
+        Nothing is delivered to it meanwhile (frames, FINs, lost-connection notices and
+        accepts wait, in order) and what it sends or dials leaves when it resumes; its
+        connections stay up. Its timers keep running, as a stopped process finds them all due
+        when it continues. A zero duration is no fault; pauses extend, never shorten.
+        """
+        if not duration > 0 or transport._dead:
+            return
+        until = trio.current_time() + duration
+        transport._paused_until = max(transport._paused_until, until)
+        transport._wakeup.set()
+        self._record("pause", f"{label or transport.name} until {transport._paused_until:.9f}")
+
     def restart_host(self, host: str) -> None:
         """Let a crashed ``host`` take new transports again (its old state is gone)."""
         self._crashed.discard(host)
         self._record("restart", host)
 
-    def apply(self, fault: ScheduledFault) -> None:
-        """Apply one explicit fault now (its ``at`` is ignored)."""
+    def apply(self, fault: LinkFault) -> None:
+        """Apply one explicit link fault now (its ``at`` is ignored)."""
         if isinstance(fault, PartitionFault):
             self.partition(fault.a_hosts, fault.b_hosts, fault.one_way, duration=fault.duration)
         elif isinstance(fault, DisconnectFault):
@@ -876,30 +963,33 @@ class SimNetwork:
             self.crash_host(fault.host)
 
     async def run_faults(self, schedule: Iterable[ScheduledFault] = ()) -> None:
-        """Inject faults until cancelled: ``schedule`` at its times, and random ones.
+        """Inject link faults until cancelled: ``schedule`` at its times, and random ones.
 
-        Times in ``schedule`` count from the call. Random faults are drawn at the rates of
-        ``faults`` (returns once the schedule is done when every rate is zero). Run it in a
+        Times in ``schedule`` count from the call. Random link faults are drawn at the rates
+        of ``faults`` (returns once the schedule is done when every link rate is zero); process
+        faults are the cluster's (:class:`~regency.sim.SimCluster`) and skipped here. Run it in a
         nursery and cancel it to stop injecting; then :meth:`heal` to end what is in force.
         """
-        faults = sorted(schedule, key=lambda f: f.at)  # stable: ties keep schedule order
+        faults: list[LinkFault] = sorted(  # stable: ties keep schedule order
+            (f for f in schedule if not isinstance(f, ProcFault)), key=lambda f: f.at
+        )
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
             if faults:
                 nursery.start_soon(self._run_schedule, faults, start, name="sim fault schedule")
-            if self.faults.total_rate > 0:
+            if self.faults.link_rate > 0:
                 nursery.start_soon(self._run_random, name="sim random faults")
 
     # -- fault drivers --------------------------------------------------------------------
 
-    async def _run_schedule(self, faults: list[ScheduledFault], start: float) -> None:
+    async def _run_schedule(self, faults: list[LinkFault], start: float) -> None:
         for fault in faults:
             await trio.sleep_until(start + fault.at)
             self.apply(fault)
 
     async def _run_random(self) -> None:
         rates = self.faults
-        total = rates.total_rate
+        total = rates.link_rate
         while True:
             await trio.sleep(self._draw("fault.wait", self._rng.expovariate(total)))
             pick = self._draw("fault.kind", self._rng.random() * total)
@@ -1006,7 +1096,8 @@ class SimNetwork:
     def _transmit(self, src: SimConnection, kind: int, payload: Any) -> None:
         """Send a frame or FIN from ``src`` to its other end, after a drawn latency, in order."""
         dst = src.other
-        at = max(trio.current_time() + self._draw_latency(src.host, dst.host), dst._last_at)
+        now = max(trio.current_time(), src._transport._paused_until)  # a paused sender's
+        at = max(now + self._draw_latency(src.host, dst.host), dst._last_at)  # frames wait
         dst._last_at = at
         if kind == _FRAME:
             index = src._sent

@@ -22,8 +22,8 @@ from regency.sim import (
     CrashHostFault,
     DelayFault,
     DisconnectFault,
+    Faults,
     FaultSchedule,
-    LinkFaults,
     PartitionFault,
     SimConnection,
     SimNetwork,
@@ -36,10 +36,10 @@ from regency.transports import Connection, ConnectionBroken, ConnectionClosed, T
 from . import Recorder, Server
 
 HOSTS = ("h0", "h1", "h2", "h3")
-NOISY = LinkFaults(delay=0.5, disconnect=0.5, partition=0.5, clog=0.5, mean_duration=0.5)
+NOISY = Faults(delay=0.5, disconnect=0.5, partition=0.5, clog=0.5, mean_duration=0.5)
 
 
-async def chatter(rng: random.Random, faults: LinkFaults = NOISY, duration: float = 3.0) -> int:
+async def chatter(rng: random.Random, faults: Faults = NOISY, duration: float = 3.0) -> int:
     """Several tasks on four hosts dial each other, send and close at random, under faults.
 
     Every task draws from the one generator, so the draws interleave in scheduling order:
@@ -313,7 +313,7 @@ def test_frames_are_delivered_once_in_order_under_any_fault_schedule(
 def test_the_property_holds_for_a_schedule_with_every_kind_of_fault() -> None:
     """One busy, explicit schedule, so the property is never checked on quiet runs alone."""
     schedule = FaultSchedule(
-        LinkFaults(),
+        Faults(),
         (
             ClogFault(0.2, "h1", 1.0),
             DelayFault(0.3, "h0", "h1", 0.5, 2.0),

@@ -17,8 +17,8 @@ import pytest
 import trio
 
 from regency.sim import (
+    Faults,
     Latency,
-    LinkFaults,
     PartitionFault,
     SimNetwork,
     SimTransport,
@@ -641,7 +641,7 @@ def test_zero_faults_are_no_faults() -> None:
         return [str(e) for e in net.events[before:]]
 
     assert simulate(body) == []
-    assert LinkFaults().total_rate == 0
+    assert Faults().total_rate == 0
 
 
 def test_random_faults_happen_at_their_rates() -> None:
@@ -652,7 +652,7 @@ def test_random_faults_happen_at_their_rates() -> None:
             await net.run_faults()
         return {e.kind for e in net.events}
 
-    kinds = simulate(body, faults=LinkFaults(delay=0.1, disconnect=0.1, partition=0.1, clog=0.1))
+    kinds = simulate(body, faults=Faults(delay=0.1, disconnect=0.1, partition=0.1, clog=0.1))
     assert {"delay", "disconnect", "partition", "clog"} <= kinds
 
 
@@ -660,10 +660,10 @@ def test_bad_fault_values_are_refused() -> None:
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "LinkFaults.partition must be a finite rate per simulated second >= 0 (got -1)"
+            "Faults.partition must be a finite rate per simulated second >= 0 (got -1)"
         ),
     ):
-        LinkFaults(partition=-1)
+        Faults(partition=-1)
     with pytest.raises(ValueError, match=r"Latency.base must be a finite latency in seconds"):
         Latency(base=float("nan"))
     with pytest.raises(ValueError, match=r"PartitionFault.duration must be a duration >= 0"):
