@@ -20,6 +20,7 @@ from ._clock import (
 )
 from ._cluster import SimCluster, SimLauncher, SimResult, check_simulation, current, simulate
 from ._export import chrome_trace, write_chrome_trace
+from ._invariants import InvariantChecker, InvariantViolation
 from ._network import (
     SCHEME,
     ClogFault,
@@ -51,6 +52,8 @@ __all__ = [
     "DisconnectFault",
     "FaultSchedule",
     "Faults",
+    "InvariantChecker",
+    "InvariantViolation",
     "Latency",
     "LinkFaults",
     "PartitionFault",

@@ -24,6 +24,7 @@ from ..core._config import current_config
 from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._clock import SimEvent, run_deterministic
+from ._invariants import InvariantChecker
 from ._lockstep import Lockstep
 from ._network import (
     CrashProcFault,
@@ -54,8 +55,15 @@ class _SimProc(ProcHandle):
         self.pid = 0
         self.crashed = False
 
+    @property
+    def transport(self) -> Any:
+        """The proc's transport once it serves (a :class:`SimTransport`), else None."""
+        return getattr(self.rt, "transport", None)
+
     def kill(self) -> None:
-        self.crashed = True
+        if not self.crashed:
+            self.crashed = True
+            self.cluster.checker.proc_crashed(self.rt)
         self.scope.cancel()
 
     def terminate(self) -> None:
@@ -97,9 +105,15 @@ class SimCluster:
         self.network = SimNetwork(rng, schedule.rates)
         self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
+        self._host_names: list[str] = []
+        #: Running procs by the address of the runtime that started them.
+        self._children_of: dict[str, list[_SimProc]] = {}
+        self.checker = InvariantChecker(self)
+        self._faults = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread = 0
+        self._clock: trio.abc.Clock | None = None
         self.controller: Runtime | None = None
 
     # -- lifetime ------------------------------------------------------------------------
@@ -112,14 +126,15 @@ class SimCluster:
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()
             self._thread = threading.get_ident()
+            self._clock = trio.lowlevel.current_clock()
             self.lockstep.attach(nursery)
             _current = self
             rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")
             await nursery.start(rt.serve)
             self.controller = rt
             _runtime_var.set(rt)
-            nursery.start_soon(self.network.run_faults, self.schedule.link_faults)
-            nursery.start_soon(self._run_proc_faults, name="sim proc faults")
+            nursery.start_soon(self._inject_faults, name="sim faults")
+            nursery.start_soon(self.checker.watch, name="sim invariant checker")
             try:
                 yield rt
             finally:
@@ -149,7 +164,9 @@ class SimCluster:
             launcher=SimLauncher(self, host),
         )
         rt.sync_runner = self.lockstep.run
-        for name in self.network.hosts:
+        rt.probe = self.checker
+        # Any proc may place procs on any simulated host (an actor given the host mesh).
+        for name in dict.fromkeys([*self.network.hosts, *self._host_names]):
             rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
         return rt
 
@@ -161,6 +178,8 @@ class SimCluster:
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
         self.procs[rt.address] = proc
+        parent = record["parent_address"]
+        self._children_of.setdefault(parent, []).append(proc)
         boot = record.get("boot")
 
         async def main() -> None:
@@ -172,10 +191,24 @@ class SimCluster:
                         await result
                 await rt.serve()
             self.procs.pop(rt.address, None)
+            self.checker.proc_exited(rt)
+            siblings = self._children_of.get(parent, [])
+            if proc in siblings:
+                siblings.remove(proc)
+            # Procs die with the proc that started them, as real ones do (PR_SET_PDEATHSIG).
+            for child in self._children_of.pop(rt.address, []):
+                child.kill()
             on_exit(-9 if proc.crashed else 0)
 
         self._nursery.start_soon(main, name=f"proc {rt.proc_id}")
         return proc
+
+    def now(self) -> float:
+        """The simulation's virtual time, from the loop or from a program or sync endpoint
+        (they run in lockstep with the loop, which is not running meanwhile)."""
+        if self._clock is None:
+            raise RuntimeError("the simulated cluster is not running")
+        return self._clock.current_time()
 
     # -- hosts and faults --------------------------------------------------------------
 
@@ -187,8 +220,10 @@ class SimCluster:
 
         assert self.controller is not None
         names = [f"host{i}" for i in range(count)]
-        for name in names:
-            self.controller.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
+        self._host_names.extend(n for n in names if n not in self._host_names)
+        for rt in [self.controller, *(proc.rt for proc in self.procs.values())]:
+            for name in names:
+                rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 
@@ -240,6 +275,19 @@ class SimCluster:
         if proc is not None:
             self.network._record("crash_proc", address)
             proc.kill()
+
+    async def wind_down(self) -> None:
+        """After the program: stop injecting faults, heal the network, then let the
+        invariant checker see failure reports arrive, stop every proc, and check the end."""
+        self._faults.cancel()
+        self.network.heal()
+        await self.checker.finish()
+
+    async def _inject_faults(self) -> None:
+        with self._faults:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.network.run_faults, self.schedule.link_faults)
+                nursery.start_soon(self._run_proc_faults)
 
     # -- process faults: scheduled and random -------------------------------------------
 
@@ -306,7 +354,20 @@ class SimCluster:
         self._on_loop(cut)
 
     def heal(self) -> None:
+        """End every partition and delay (clogs and pauses end by themselves)."""
         self._on_loop(self.network.heal)
+
+    def disconnect(self, host_a: str, host_b: str) -> None:
+        """Break every connection between two hosts (both ends told; they may reconnect)."""
+        self._on_loop(lambda: self.network.disconnect(host_a, host_b))
+
+    def clog(self, host: str, duration: float) -> None:
+        """Hold every frame from and to ``host`` for ``duration``, then deliver in order."""
+        self._on_loop(lambda: self.network.clog(host, duration))
+
+    def delay(self, host_a: str, host_b: str, extra: float, duration: float) -> None:
+        """Add ``extra`` seconds of one-way latency between two hosts for ``duration``."""
+        self._on_loop(lambda: self.network.delay(host_a, host_b, extra, duration))
 
 
 @attrs.frozen
@@ -369,8 +430,12 @@ def simulate(
     give the same result, virtual time, trace hash and event log.
     """
 
+    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts})"
+    checkers: list[InvariantChecker] = []
+
     async def main(rng: random.Random) -> tuple[Any, float]:
         cluster = SimCluster(rng, faults)
+        checkers.append(cluster.checker)
         async with cluster.running() as controller:
             mesh = cluster.hosts(hosts)
             start = trio.current_time()
@@ -383,13 +448,20 @@ def simulate(
                     return program(mesh)
 
                 value = await cluster.lockstep.run(run_program)
-            return value, trio.current_time() - start
+            elapsed = trio.current_time() - start
+            await cluster.wind_down()
+            return value, elapsed
 
     try:
         (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
     except BaseException as exc:
-        exc.add_note(f"replay: regency.sim.simulate(program, seed={seed}, hosts={hosts})")
+        if checkers and checkers[0].violations:
+            exc.add_note("invariant violations seen before it:\n  " + "\n  ".join(
+                checkers[0].violations[:10]
+            ))
+        exc.add_note(f"replay: {replay}")
         raise
+    checkers[0].raise_if_violated(replay)
     return SimResult(value, elapsed, digest, events, seed)
 
 
