@@ -45,6 +45,8 @@ class BufferRef:
     proc_id: str
     #: The owner process's RDMA manager actor (one rank).
     manager: ActorMesh[Any]
+    #: Where the memory is: ``"cpu"`` or ``"cuda:N"`` (the owner's device numbering).
+    device: str = "cpu"
 
     def describe(self) -> str:
         return f"RDMABuffer #{self.buf_id} ({self.size} bytes) of proc {self.proc_id}"

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..core import Future, SupervisionError, current_runtime
 from . import _transfer
 from ._backend import BufferRef, Transfer, backend_choice
 from ._errors import RDMABufferDroppedError
-from ._host import host_identity, permit_same_host_peers
+from ._host import permit_same_host_peers
 from ._manager import local_manager
 from ._memory import Region, region_of
-from ._registry import registry
+from ._state import current_state
 
 if TYPE_CHECKING:
     from typing import Self
@@ -43,7 +42,7 @@ class RDMABuffer:
     """Memory of this process that actors in other processes can read and write directly.
 
     ``RDMABuffer(t)`` registers ``t`` without copying it: a 1-D contiguous ``torch.uint8`` CPU
-    tensor (``t.view(torch.uint8).flatten()`` of any contiguous tensor) or a 1-D C-contiguous
+    or CUDA tensor (``t.view(torch.uint8).flatten()`` of any contiguous tensor) or a 1-D C-contiguous
     memoryview, at least one byte long. The object is a small handle: return it from an
     endpoint or pass it to another actor, and the receiver calls :meth:`read_into` /
     :meth:`write_from` on it; the bytes move on a data path of their own (see docs/rdma.md),
@@ -58,18 +57,23 @@ class RDMABuffer:
     def __init__(self, data: LocalMemory) -> None:
         region = region_of(data, "RDMABuffer memory", writable=False)
         rt = current_runtime()
+        state = current_state()
         manager = local_manager()
-        permit_same_host_peers()
-        buf_id = registry.register(region)
+        if not state.simulated:
+            permit_same_host_peers()
+        buf_id = state.registry.register(region)
         self._ref = BufferRef(
             buf_id=buf_id,
             size=region.nbytes,
-            addr=region.addr,
+            # No address in a simulation: nothing copies by address there, and handles
+            # must pickle to the same bytes in every run of a seed.
+            addr=0 if state.simulated else region.addr,
             readonly=region.readonly,
-            pid=os.getpid(),
-            host=host_identity(),
+            pid=state.pid,
+            host=state.host,
             proc_id=rt.proc_id,
             manager=manager,
+            device=region.device,
         )
         self._dropped = False
 
@@ -134,8 +138,8 @@ class RDMABuffer:
         has forgotten the buffer (at once in the owner's process, or if the owner is gone)."""
         self._dropped = True
         ref = self._ref
-        if ref.pid == os.getpid() and ref.host == host_identity():
-            registry.drop(ref.buf_id)
+        if _transfer.is_local(ref):
+            current_state().registry.drop(ref.buf_id)
             return _resolved()
         done: Future[None] = Future()
         asked: Future[None] = ref.manager.drop.call_one(ref.buf_id)

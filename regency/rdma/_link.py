@@ -2,7 +2,8 @@
 
 Each process that owns buffers opens, on first need, a listener of its own on the runtime's
 transport (``tcp://HOST:0``, HOST that of the runtime's own TCP address, else ``tcp_host``; the
-job secret's challenge-response handshake like every Regency link). Peers learn its address once from the owner's RDMA manager actor, dial it once,
+job secret's challenge-response handshake like every Regency link; in a simulated cluster
+``sim://HOST/``, so the simulator's faults apply to the bytes). Peers learn its address once from the owner's RDMA manager actor, dial it once,
 and multiplex every request to that owner on the one connection, so bulk bytes never queue
 behind (or in front of) actor messages, and a lease costs a small struct frame each way
 instead of a pickled actor call.
@@ -12,6 +13,8 @@ Frames (little-endian), kind first:
 ==========  ============================================================  ====================
 LEASE       req u32, buf_id u64, nbytes u64, write u8, ttl f64            -
 LEASED      req u32, lease u64                                            -
+VLEASE      as LEASE, for a verbs transfer                                -
+VLEASED     req u32, lease u64, addr u64, rkey u32                        -
 RELEASE     lease u64                                                     -
 READ        req u32, buf_id u64, offset u64, length u64                   -
 WRITE       req u32, buf_id u64, offset u64, length u64                   then DATA frames
@@ -19,6 +22,9 @@ DATA        req u32, offset u64 (within the transfer)                     the by
 DONE        req u32                                                       - (a WRITE landed)
 ERROR       req u32, code u8                                              utf-8 message
 ==========  ============================================================  ====================
+
+A VLEASE also registers the buffer with the owner's RDMA device (once per buffer) and answers
+with the address and rkey a one-sided verbs READ or WRITE needs (see :mod:`._ibverbs`).
 
 Leases taken on a connection end when it closes: a peer that dies mid-copy releases its pins
 at once (the lease's ttl is the backstop for a peer that hangs).
@@ -43,28 +49,33 @@ import trio
 
 from ..core import current_runtime
 from ..transports import Connection, ConnectionBroken, TransportError
-from ._backend import BufferRef, call_manager
+from . import _cuda
+from ._backend import BufferRef, FallBack, call_manager
 from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
-from ._registry import Entry, registry
+from ._registry import Entry
+from ._state import SIM_SCHEME, ProcState, current_state
 
 #: Bytes per DATA frame.
 CHUNK = 1 << 20
 
-_LEASE, _LEASED, _RELEASE, _READ, _WRITE, _DATA, _DONE, _ERROR = range(1, 9)
+_LEASE, _LEASED, _RELEASE, _READ, _WRITE, _DATA, _DONE, _ERROR, _VLEASE, _VLEASED = range(1, 11)
 _LEASE_HEAD = struct.Struct("<BIQQBd")
 _LEASED_HEAD = struct.Struct("<BIQ")
+_VLEASED_HEAD = struct.Struct("<BIQQI")
 _RELEASE_HEAD = struct.Struct("<BQ")
 _REQUEST = struct.Struct("<BIQQQ")
 _DATA_HEAD = struct.Struct("<BIQ")
 _DONE_HEAD = struct.Struct("<BI")
 _ERROR_HEAD = struct.Struct("<BIB")
 
-# ERROR codes <-> the exception the requester raises.
+# ERROR codes <-> the exception the requester raises (FallBack: the owner cannot serve this
+# backend, for example verbs without a device: auto goes on with the next backend).
 _CODES: dict[int, type[Exception]] = {
     1: RDMABufferDroppedError,
     2: RDMAError,
     3: ValueError,
     4: TypeError,
+    5: FallBack,
 }
 
 
@@ -76,6 +87,7 @@ def _code_of(exc: Exception) -> int:
 
 
 def _send_chunks(conn: Connection, req: int, view: memoryview) -> None:
+    """Queue ``view`` as DATA frames; the frames hold views of it (no copy)."""
     for offset in range(0, len(view), CHUNK):
         conn.send_nowait([_DATA_HEAD.pack(_DATA, req, offset), view[offset : offset + CHUNK]])
 
@@ -92,13 +104,17 @@ class _Incoming:
     offset: int
     length: int
     remaining: int
+    #: Host memory the chunks land in first when the buffer is GPU memory (else None).
+    staging: memoryview | None = None
 
 
 class _ServerSink:
     """One accepted data connection, in the owner's process (on its trio thread)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, state: ProcState) -> None:
         self._conn = conn
+        self._state = state
+        self._registry = state.registry
         self._writes: dict[int, _Incoming] = {}
         self._leases: set[int] = set()
 
@@ -110,34 +126,30 @@ class _ServerSink:
         kind = frame[0]
         if kind == _DATA:
             self._data(frame)
-        elif kind == _LEASE:
-            _, req, buf_id, nbytes, write, ttl = _LEASE_HEAD.unpack_from(frame)
-            try:
-                lease_id, _ = registry.acquire(buf_id, nbytes, write=bool(write), ttl=ttl)
-            except (RDMAError, ValueError, TypeError) as exc:
-                self._refuse(req, exc)
-                return
-            self._leases.add(lease_id)
-            conn.send_nowait(_LEASED_HEAD.pack(_LEASED, req, lease_id))
+        elif kind in (_LEASE, _VLEASE):
+            self._lease(conn, kind, frame)
         elif kind == _RELEASE:
             _, lease_id = _RELEASE_HEAD.unpack_from(frame)
             if lease_id in self._leases:
                 self._leases.discard(lease_id)
-                registry.release(lease_id)
+                self._registry.release(lease_id)
         elif kind in (_READ, _WRITE):
             _, req, buf_id, offset, length = _REQUEST.unpack_from(frame)
             try:
-                entry = registry.check(buf_id, offset + length, write=kind == _WRITE)
+                entry = self._registry.check(buf_id, offset + length, write=kind == _WRITE)
             except (RDMAError, ValueError, TypeError) as exc:
                 self._refuse(req, exc)
                 if kind == _WRITE:
                     self._writes[req] = _Incoming(None, offset, length, length)
                 return
+            region = entry.region
             if kind == _READ:
-                # Views of the entry's memory: they keep it alive until the socket sent them.
-                _send_chunks(conn, req, entry.region.view[offset : offset + length])
+                # Views of the entry's memory (or, for GPU memory, of a host copy of it):
+                # they keep it alive until the socket sent them.
+                _send_chunks(conn, req, _cuda.host_copy(region, offset, length))
             else:
-                self._writes[req] = _Incoming(entry, offset, length, length)
+                staging = _cuda.host_staging(length, pinned=True)[0] if region.on_gpu else None
+                self._writes[req] = _Incoming(entry, offset, length, length, staging)
         else:
             raise ValueError(f"unexpected RDMA data frame kind {kind}")
 
@@ -147,24 +159,50 @@ class _ServerSink:
         incoming = self._writes.get(req)
         if incoming is None or at + len(body) > incoming.length:
             raise ValueError(f"RDMA data chunk for unknown transfer {req} or out of its range")
-        if incoming.entry is not None:
+        if incoming.staging is not None:
+            incoming.staging[at : at + len(body)] = body
+        elif incoming.entry is not None:
             start = incoming.offset + at
             incoming.entry.region.view[start : start + len(body)] = body
         incoming.remaining -= len(body)
         if incoming.remaining <= 0:
             del self._writes[req]
             if incoming.entry is not None:
+                if incoming.staging is not None:
+                    _cuda.put(incoming.entry.region, incoming.offset, incoming.staging)
                 self._conn.send_nowait(_DONE_HEAD.pack(_DONE, req))
+
+    def _lease(self, conn: Connection, kind: int, frame: memoryview) -> None:
+        _, req, buf_id, nbytes, write, ttl = _LEASE_HEAD.unpack_from(frame)
+        try:
+            lease_id, entry = self._registry.acquire(buf_id, nbytes, write=bool(write), ttl=ttl)
+        except (RDMAError, ValueError, TypeError) as exc:
+            self._refuse(req, exc)
+            return
+        self._leases.add(lease_id)
+        try:
+            if entry.region.on_gpu:
+                # Work queued on the buffer before the transfer was asked for comes first.
+                _cuda.sync(entry.region.device)
+            if kind == _VLEASE:
+                from ._ibverbs import remote_key
+
+                addr, rkey = remote_key(self._state, entry)
+                conn.send_nowait(_VLEASED_HEAD.pack(_VLEASED, req, lease_id, addr, rkey))
+                return
+        except Exception as exc:
+            self._leases.discard(lease_id)
+            self._registry.release(lease_id)
+            reason = exc if isinstance(exc, RDMAError) else RDMAError(str(exc))
+            self._refuse(req, reason)
+            return
+        conn.send_nowait(_LEASED_HEAD.pack(_LEASED, req, lease_id))
 
     def connection_lost(self, conn: Connection, exc: BaseException | None) -> None:
         self._writes.clear()
         for lease_id in self._leases:
-            registry.release(lease_id)
+            self._registry.release(lease_id)
         self._leases.clear()
-
-
-_listening: str | None = None
-_listen_lock: trio.Lock | None = None
 
 
 def _listen_host(address: str, tcp_host: str) -> str:
@@ -177,21 +215,32 @@ def _listen_host(address: str, tcp_host: str) -> str:
     return tcp_host
 
 
+def listen_address(address: str, tcp_host: str) -> str:
+    """The address the data listener listens on, for a runtime at ``address``: a fresh name on
+    the same simulated host in a simulation (``sim://HOST/``), else ``tcp://HOST:0``."""
+    parts = urlsplit(address)
+    if parts.scheme == SIM_SCHEME:
+        if not parts.hostname:
+            raise ValueError(f"sim address must look like sim://HOST/NAME (got {address!r})")
+        return f"{SIM_SCHEME}://{parts.hostname}/"
+    host = _listen_host(address, tcp_host)
+    return f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+
+
 async def data_address() -> str:
-    """This process's data listener, opened on first call (on the runtime's trio thread)."""
-    global _listening, _listen_lock
-    if _listening is not None:
-        return _listening
-    if _listen_lock is None:
-        _listen_lock = trio.Lock()
-    async with _listen_lock:
-        if _listening is None:
+    """This proc's data listener, opened on first call (on the runtime's trio thread)."""
+    state = current_state()
+    if state.data_address is not None:
+        return state.data_address
+    if state.listen_lock is None:
+        state.listen_lock = trio.Lock()
+    async with state.listen_lock:
+        if state.data_address is None:
             rt = current_runtime()
-            host = _listen_host(rt.address, rt.config.tcp_host)
-            where = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
-            listener = await rt.transport.listen(where, _ServerSink)
-            _listening = listener.address
-        return _listening
+            where = listen_address(rt.address, rt.config.tcp_host)
+            listener = await rt.transport.listen(where, lambda conn: _ServerSink(conn, state))
+            state.data_address = listener.address
+        return state.data_address
 
 
 # -- the requester's side -------------------------------------------------------------------
@@ -209,18 +258,22 @@ class _Pending:
     remaining: int
     done: trio.Event = attrs.Factory(trio.Event)
     error: Exception | None = None
-    #: A LEASE's answer.
+    #: A LEASE's answer (and a VLEASE's address and rkey).
     lease_id: int = 0
+    remote_addr: int = 0
+    rkey: int = 0
 
 
 class Link:
     """This process's data connection to one owner process."""
 
-    def __init__(self, address: str, ref: BufferRef) -> None:
+    def __init__(self, address: str, links: dict[str, Link]) -> None:
         self.address = address
         self.conn: Connection | None = None
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
+        #: The proc's open links, which this one leaves when its connection is lost.
+        self._links = links
 
     # -- requests (trio thread) --
 
@@ -230,6 +283,21 @@ class Link:
             ref, lambda req: _LEASE_HEAD.pack(_LEASE, req, ref.buf_id, nbytes, write, ttl), None, 0
         )
         return pending.lease_id
+
+    async def verbs_lease(
+        self, ref: BufferRef, nbytes: int, write: bool, ttl: float
+    ) -> tuple[int, int, int]:
+        """A lease, plus the buffer's address and rkey with the owner's RDMA device."""
+        pending = await self._request(
+            ref, lambda req: _LEASE_HEAD.pack(_VLEASE, req, ref.buf_id, nbytes, write, ttl),
+            None, 0,
+        )
+        return pending.lease_id, pending.remote_addr, pending.rkey
+
+    def release_soon(self, lease_id: int) -> None:
+        """Release once this task yields, after the caller's Future is resolved: a send
+        costs tens of microseconds that the caller need not wait for."""
+        trio.lowlevel.current_trio_token().run_sync_soon(self.release, lease_id)
 
     def release(self, lease_id: int) -> None:
         try:
@@ -309,6 +377,14 @@ class Link:
                 return
             pending.lease_id = lease_id
             self._finish(req, None)
+        elif kind == _VLEASED:
+            _, req, lease_id, addr, rkey = _VLEASED_HEAD.unpack_from(frame)
+            pending = self._pending.get(req)
+            if pending is None:
+                self.release(lease_id)
+                return
+            pending.lease_id, pending.remote_addr, pending.rkey = lease_id, addr, rkey
+            self._finish(req, None)
         elif kind == _DONE:
             _, req = _DONE_HEAD.unpack_from(frame)
             self._finish(req, None)
@@ -326,36 +402,31 @@ class Link:
             pending.done.set()
 
     def connection_lost(self, conn: Connection, exc: BaseException | None) -> None:
-        if _links.get(self.address) is self:
-            del _links[self.address]
+        if self._links.get(self.address) is self:
+            del self._links[self.address]
         for req in list(self._pending):
             self._finish(req, _LinkLost(str(exc or "closed")))
 
 
-#: Owner proc (host, pid, proc id) -> its data listener; listener address -> our link to it.
-_addresses: dict[tuple[str, int, str], str] = {}
-_links: dict[str, Link] = {}
-_dial_locks: dict[str, trio.Lock] = {}
-
-
 async def link_to(ref: BufferRef) -> Link:
     """The data connection to ``ref``'s owner, dialled on first use (trio thread)."""
+    state = current_state()
     key = (ref.host, ref.pid, ref.proc_id)
-    address = _addresses.get(key)
+    address = state.addresses.get(key)
     if address is None:
         address = str(await call_manager(ref, "data_address"))
-        _addresses[key] = address
-    link = _links.get(address)
+        state.addresses[key] = address
+    link: Link | None = state.links.get(address)
     if link is not None:
         return link
-    lock = _dial_locks.setdefault(address, trio.Lock())
+    lock = state.dial_locks.setdefault(address, trio.Lock())
     async with lock:
-        link = _links.get(address)
+        link = state.links.get(address)
         if link is None:
-            link = Link(address, ref)
+            link = Link(address, state.links)
             try:
                 link.conn = await current_runtime().transport.connect(address, link)
             except ConnectionBroken as exc:
                 raise owner_lost(ref.describe(), str(exc)) from None
-            _links[address] = link
+            state.links[address] = link
     return link

@@ -1,47 +1,76 @@
-"""The per-process RDMA manager: the actor through which peers talk to a buffer's owner.
+"""The per-proc RDMA manager: the actor through which peers talk to a buffer's owner.
 
-Spawned on first registration in the owning process, with ``this_proc().spawn``, and carried
-(as an actor mesh reference) inside every handle the process hands out. Its endpoints are all
+Spawned on first registration in the owning proc, with ``this_proc().spawn``, and carried
+(as an actor mesh reference) inside every handle the proc hands out. Its endpoints are all
 async, so they run on the proc's trio loop without a thread hop and never wait on user code.
-It is spawned outside any actor's context, so the process itself (not whichever actor happened
-to register the first buffer) owns it and it lives as long as the process.
+It is spawned outside any actor's context, so the proc itself (not whichever actor happened
+to register the first buffer) owns it and it lives as long as the proc.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
+from typing import Any
 
 from ..core import Actor, ActorMesh, endpoint, this_proc
 from . import _link
-from ._registry import registry
+from ._state import current_state
 
 
 class RDMAManager(Actor):
-    """Answers for the buffers of its process: where its data connection listens (leases and
-    bytes go there, see :mod:`~regency.rdma._link`), and drops asked for by other processes."""
+    """Answers for the buffers of its proc: where its data connection listens (leases and
+    bytes go there, see :mod:`~regency.rdma._link`), drops asked for by other procs, verbs
+    queue-pair setup, and CUDA IPC exports."""
 
     @endpoint
     async def drop(self, buf_id: int) -> None:
-        registry.drop(buf_id)
+        current_state().registry.drop(buf_id)
 
     @endpoint
     async def data_address(self) -> str:
-        """The address of this process's data listener for the TCP fallback."""
+        """The address of this proc's data listener."""
         return await _link.data_address()
 
+    @endpoint
+    async def verbs_connect(self, peer: str, info: bytes) -> bytes:
+        """Connect a queue pair of this proc to the requester ``peer``'s, whose details are
+        ``info`` (see :mod:`~regency.rdma._verbs_info`); answer with ours."""
+        from ._ibverbs import accept_queue_pair
 
-_manager: ActorMesh[RDMAManager] | None = None
+        return await accept_queue_pair(current_state(), peer, info)
+
+    @endpoint
+    async def cuda_export(self, buf_id: int, nbytes: int, write: bool) -> tuple[Any, ...]:
+        """A CUDA IPC handle for GPU buffer ``buf_id``, for one requesting process."""
+        from . import _cuda
+        from ._errors import RDMAError
+
+        entry = current_state().registry.check(buf_id, nbytes, write=write)
+        if not entry.region.on_gpu:
+            raise RDMAError(f"RDMABuffer #{buf_id} is not GPU memory")
+        return _cuda.export(entry.region)
+
+
 _lock = threading.Lock()
 
 
 def local_manager() -> ActorMesh[RDMAManager]:
-    """This process's manager, spawned on first call."""
-    global _manager
+    """This proc's manager, spawned on first call."""
+    state = current_state()
     with _lock:
-        if _manager is None:
-            # A fresh contextvars.Context: no current actor, so the process's root owns it.
-            _manager = contextvars.Context().run(
-                lambda: this_proc().spawn("rdma_manager", RDMAManager)
-            )
-        return _manager
+        if state.manager is None:
+            # A fresh contextvars.Context: no current actor, so the proc's root owns it. The
+            # runtime is passed explicitly: in a simulation it lives in a context variable.
+            from ..core._runtime import _runtime_var
+
+            rt = _runtime_var.get()
+
+            def spawn() -> ActorMesh[RDMAManager]:
+                if rt is not None:
+                    _runtime_var.set(rt)
+                return this_proc().spawn("rdma_manager", RDMAManager)
+
+            state.manager = contextvars.Context().run(spawn)
+        manager: ActorMesh[RDMAManager] = state.manager
+        return manager

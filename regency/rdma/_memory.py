@@ -19,7 +19,9 @@ class Region:
 
     ``view`` is a format-``"B"`` memoryview of exactly that memory which keeps the original
     object (tensor, storage, memoryview) alive for as long as the view or a slice of it lives:
-    slices handed to a socket or a thread can never outlive the memory they point at.
+    slices handed to a socket or a thread can never outlive the memory they point at. GPU
+    memory has no such view: ``view`` is empty and ``device`` says where the bytes are;
+    backends move them through ``tensor`` (see :mod:`~regency.rdma._cuda`).
     """
 
     addr: int
@@ -28,6 +30,14 @@ class Region:
     view: memoryview
     #: What the memory came from, for messages ("torch.Tensor", "memoryview").
     kind: str
+    #: ``"cpu"``, or ``"cuda:N"`` for GPU memory.
+    device: str = "cpu"
+    #: The 1-D uint8 tensor of GPU memory (None for CPU memory).
+    tensor: Any = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
 
 
 def pinned_view(addr: int, nbytes: int, keep: object, readonly: bool) -> memoryview:
@@ -73,10 +83,10 @@ def _has_buffer(obj: object) -> bool:
 
 def _tensor_region(t: Any, what: str) -> Region:
     torch = _torch()
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"{what} must be a CPU tensor (got a tensor on {t.device}); "
-            "regency.rdma does not move GPU memory yet"
+            f"{what} must be a CPU or CUDA tensor (got a tensor on {t.device}); "
+            "move it first with t.cpu()"
         )
     if t.layout != torch.strided:
         raise ValueError(f"{what} must be a dense (strided) tensor (got layout {t.layout})")
@@ -99,6 +109,9 @@ def _tensor_region(t: Any, what: str) -> Region:
     if nbytes == 0:
         raise ValueError(f"{what} must not be empty (got 0 bytes)")
     addr = int(t.data_ptr())
+    if t.device.type == "cuda":
+        device = f"cuda:{t.device.index if t.device.index is not None else 0}"
+        return Region(addr, nbytes, False, memoryview(b""), "torch.Tensor", device, t)
     # The storage object keeps the memory even if the tensor is later re-pointed with set_().
     view = pinned_view(addr, nbytes, (t, t.untyped_storage()), readonly=False)
     return Region(addr, nbytes, False, view, "torch.Tensor")

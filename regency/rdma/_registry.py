@@ -33,6 +33,11 @@ class Entry:
     dropped: bool = False
     #: Ids of the leases on this entry that are neither released nor expired.
     leases: set[int] = attrs.Factory(set)
+    #: Called once when the registry forgets the entry (dropped and unleased): backends
+    #: release what they attached to it (a verbs memory registration, a CUDA IPC export).
+    closers: list[Callable[[], None]] = attrs.Factory(list)
+    #: What backends attached to the entry, by name (owned by them; see ``closers``).
+    attached: dict[str, object] = attrs.Factory(dict)
 
 
 class Registry:
@@ -49,6 +54,8 @@ class Registry:
         self._dropped: set[int] = set()
         #: lease id -> (entry, expiry on the monotonic clock)
         self._leases: dict[int, tuple[Entry, float]] = {}
+        #: Entries forgotten under the lock whose closers have not run yet.
+        self._forgotten: list[Entry] = []
 
     def register(self, region: Region) -> int:
         with self._lock:
@@ -103,6 +110,7 @@ class Registry:
             if held is not None:
                 self._unpin_locked(held[0], lease_id)
             self._expire_locked()
+        self._close_forgotten()
 
     def drop(self, buf_id: int) -> None:
         """Refuse new transfers on ``buf_id``; forget its memory once no lease holds it.
@@ -110,12 +118,13 @@ class Registry:
         with self._lock:
             entry = self._entries.get(buf_id)
             self._dropped.add(buf_id)
-            if entry is None:
-                return
-            entry.dropped = True
-            if not entry.leases:
-                del self._entries[buf_id]
+            if entry is not None:
+                entry.dropped = True
+                if not entry.leases:
+                    del self._entries[buf_id]
+                    self._forgotten.append(entry)
             self._expire_locked()
+        self._close_forgotten()
 
     def leases_of(self, buf_id: int) -> int:
         """How many live leases pin ``buf_id`` (for tests and diagnostics)."""
@@ -147,7 +156,16 @@ class Registry:
         entry.leases.discard(lease_id)
         self._unpinned.notify_all()
         if entry.dropped and not entry.leases:
-            self._entries.pop(entry.buf_id, None)
+            if self._entries.pop(entry.buf_id, None) is not None:
+                self._forgotten.append(entry)
+
+    def _close_forgotten(self) -> None:
+        """Run the closers of entries just forgotten, outside the lock (they may block)."""
+        with self._lock:
+            forgotten, self._forgotten = self._forgotten, []
+        for entry in forgotten:
+            for close in entry.closers:
+                close()
 
     def _expire_locked(self) -> None:
         if not self._leases:

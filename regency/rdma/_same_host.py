@@ -12,6 +12,11 @@ pidfd was opened, and a pidfd that is not readable proves the process has not ex
 a copy never lands in a stranger that inherited the pid. That check runs right before each
 copy.
 
+GPU memory on either side: a buffer in GPU memory is mapped once per reader process through
+CUDA IPC (:mod:`~regency.rdma._cuda`) and copied with one device copy, to or from local CPU
+or GPU memory; a CPU buffer read into (or written from) local GPU memory goes through a host
+staging buffer. Neither could be run where this was written (no GPU).
+
 Bulk copies run on worker threads (ctypes releases the GIL), in 4 MiB pieces that up to one
 thread per core take in turn: one thread moves about 5-7 GB/s here, two about 9-12 GB/s.
 """
@@ -23,14 +28,17 @@ import functools
 import itertools
 import os
 import select
+from typing import Any
 
 import trio
 
-from ._backend import Backend, BufferRef, FallBack, Transfer
+from . import _cuda
+from ._backend import Backend, BufferRef, FallBack, Transfer, call_manager
 from ._errors import RDMAError, RDMAOwnerLostError, owner_lost
 from ._host import host_identity, same_host_supported
-from ._link import Link, link_to
-from ._registry import registry
+from ._link import link_to
+from ._memory import Region
+from ._state import current_state
 from ._vm import copy, memmove
 
 #: Copies below this size run inline on the trio thread: a thread hop costs more.
@@ -81,6 +89,8 @@ class SameHostBackend(Backend):
     def __init__(self) -> None:
         #: (pid, proc_id) of an owner -> a pidfd on it (see the module docstring).
         self._pidfds: dict[tuple[int, str], int] = {}
+        #: (pid, proc_id, buf_id) -> the GPU buffer mapped through CUDA IPC (a tensor).
+        self._mapped: dict[tuple[int, str, int], Any] = {}
 
     @staticmethod
     def reaches(ref: BufferRef) -> bool:
@@ -89,35 +99,80 @@ class SameHostBackend(Backend):
 
     async def run(self, transfer: Transfer) -> None:
         ref, local = transfer.ref, transfer.local
+        from ._transfer import is_local
+
+        nbytes = transfer.nbytes
+        if is_local(ref):
+            # Our own registry: check, and hold the entry (and so the memory) while copying.
+            entry = current_state().registry.check(ref.buf_id, nbytes, write=transfer.write)
+            await _copy_local(entry.region, local, nbytes, transfer.write)
+            return
+        if current_state().simulated:
+            raise FallBack(
+                f"the same_host backend cannot reach {ref.describe()} in a simulated cluster "
+                "(every simulated proc shares one OS process); use REGENCY_RDMA_BACKEND=auto "
+                "or tcp, which run over the simulated network"
+            )
         if not self.reaches(ref):
             raise FallBack(
                 f"the same_host backend cannot reach {ref.describe()}: it lives on another "
                 f"host or pid namespace ({ref.host!r}, this process: {host_identity()!r})"
             )
-        nbytes = transfer.nbytes
-        if ref.pid == os.getpid():
-            # Our own registry: check, and hold the entry (and so the memory) while copying.
-            entry = registry.check(ref.buf_id, nbytes, write=transfer.write)
-            src, dst = (local.addr, entry.region.addr) if transfer.write else (
-                entry.region.addr,
-                local.addr,
-            )
-            await striped(nbytes, functools.partial(_move_local, dst, src))
-            return
         key = (ref.pid, ref.proc_id)
         pidfd = self._pidfd(transfer, key)
         self._check_alive(transfer, key, pidfd)
         link = await link_to(ref)
-        move = functools.partial(_move_remote, ref.pid, local.addr, ref.addr, transfer.write)
         lease_id = await link.lease(ref, nbytes, transfer.write, transfer.ttl)
         try:
             self._check_alive(transfer, key, pidfd)
-            try:
-                await striped(nbytes, move)
-            except OSError as exc:
-                raise self._translate(transfer, exc) from None
+            if ref.device != "cpu":
+                await self._cuda_ipc(transfer, nbytes)
+            elif local.on_gpu:
+                await self._staged(transfer, nbytes)
+            else:
+                move = functools.partial(
+                    _move_remote, ref.pid, local.addr, ref.addr, transfer.write
+                )
+                try:
+                    await striped(nbytes, move)
+                except OSError as exc:
+                    raise self._translate(transfer, exc) from None
         finally:
-            _release_soon(link, lease_id)
+            link.release_soon(lease_id)
+
+    async def _cuda_ipc(self, transfer: Transfer, nbytes: int) -> None:
+        """The buffer is GPU memory of another process on this host: map it (once) through
+        CUDA IPC and copy with the device."""
+        ref = transfer.ref
+        key = (ref.pid, ref.proc_id, ref.buf_id)
+        remote = self._mapped.get(key)
+        if remote is None:
+            handle = await call_manager(ref, "cuda_export", ref.buf_id, ref.size, False)
+            remote = _cuda.open_export(handle, ref.size)
+            self._mapped[key] = remote
+        local = _cuda.as_tensor(transfer.local, nbytes)
+        dst, src = (remote[:nbytes], local) if transfer.write else (local, remote[:nbytes])
+        await trio.to_thread.run_sync(_cuda.copy_tensors, dst, src)
+
+    async def _staged(self, transfer: Transfer, nbytes: int) -> None:
+        """CPU buffer, local GPU memory: through a pinned host buffer."""
+        ref = transfer.ref
+        if transfer.write:
+            staging = _cuda.host_copy(transfer.local, 0, nbytes)
+        else:
+            staging = _cuda.host_staging(nbytes, pinned=True)[0]
+        move = functools.partial(
+            _move_remote, ref.pid, _address_of(staging), ref.addr, transfer.write
+        )
+        try:
+            await striped(nbytes, move)
+        except OSError as exc:
+            raise self._translate(transfer, exc) from None
+        if not transfer.write:
+            await trio.to_thread.run_sync(_cuda.put, transfer.local, 0, staging)
+
+    def forget_mapping(self, ref: BufferRef) -> None:
+        self._mapped.pop((ref.pid, ref.proc_id, ref.buf_id), None)
 
     def _pidfd(self, transfer: Transfer, key: tuple[int, str]) -> int | None:
         fd = self._pidfds.get(key)
@@ -158,10 +213,20 @@ class SameHostBackend(Backend):
         return RDMAError(f"{transfer.describe()} failed: {exc}")
 
 
-def _release_soon(link: Link, lease_id: int) -> None:
-    """Release once this task yields, after the caller's Future is resolved: a loopback send
-    costs tens of microseconds that the caller need not wait for."""
-    trio.lowlevel.current_trio_token().run_sync_soon(link.release, lease_id)
+async def _copy_local(buffer: Region, local: Region, nbytes: int, write: bool) -> None:
+    """A transfer within one proc: a ``memmove`` for CPU memory, a device copy otherwise."""
+    src, dst = (local, buffer) if write else (buffer, local)
+    if src.on_gpu or dst.on_gpu:
+        d, s = _cuda.as_tensor(dst, nbytes), _cuda.as_tensor(src, nbytes)
+        await trio.to_thread.run_sync(_cuda.copy_tensors, d, s)
+        return
+    await striped(nbytes, functools.partial(_move_local, dst.addr, src.addr))
+
+
+def _address_of(view: memoryview) -> int:
+    from ._memory import _buffer_address
+
+    return _buffer_address(view)
 
 
 def _move_local(dst: int, src: int, offset: int, length: int) -> None:

@@ -8,15 +8,16 @@ fire-and-forget caller all see the same behaviour.
 from __future__ import annotations
 
 import logging
-import os
 
 import trio
 
 from ..core import Future, current_runtime
+from . import _ibverbs
 from ._backend import Backend, BufferRef, FallBack, Transfer, backend_choice
 from ._errors import RDMAError
 from ._ibverbs import IbverbsBackend
 from ._same_host import SameHostBackend
+from ._state import current_state
 from ._tcp import TcpBackend
 
 log = logging.getLogger("regency.rdma")
@@ -37,22 +38,40 @@ def same_host_refused() -> bool:
     return _same_host_refused
 
 
+def is_local(ref: BufferRef) -> bool:
+    """Whether ``ref`` was registered by the proc this code runs in."""
+    state = current_state()
+    return (
+        ref.host == state.host
+        and ref.pid == state.pid
+        and ref.proc_id == current_runtime().proc_id
+    )
+
+
 def plan(ref: BufferRef, choice: str, nbytes: int) -> list[Backend]:
     """Backends to try, in order, for ``nbytes`` on ``ref``.
 
-    ``auto``: within one process, a plain copy; to another process reachable by pid, a
-    same-host copy, except for small transfers (at most :data:`SMALL_BYTES`), which go on the
-    owner's data connection: one round trip with the bytes inline beats a lease round trip
-    plus a copy there; else TCP. Verbs is never chosen (not implemented, see
-    :mod:`~regency.rdma._ibverbs`).
+    ``auto``: within one proc, a plain copy; to another process reachable by pid, a
+    same-host copy (CUDA IPC for GPU memory), except for small CPU transfers (at most
+    :data:`SMALL_BYTES`), which go on the owner's data connection: one round trip with the
+    bytes inline beats a lease round trip plus a copy there; to another host, verbs where
+    this process has a usable RDMA device, then TCP. In a simulated cluster: a plain copy
+    within one simulated proc, else the data connection, which runs over the simulated
+    network (every simulated proc shares one OS process: pids name nothing there).
     """
     if choice != "auto":
         return [_BY_NAME[choice]]
-    if _same_host_refused or not SameHostBackend.reaches(ref):
+    if is_local(ref):
+        return [SAME_HOST]
+    if current_state().simulated:
         return [TCP]
-    if nbytes <= SMALL_BYTES and ref.pid != os.getpid():
-        return [TCP]
-    return [SAME_HOST, TCP]
+    if not _same_host_refused and SameHostBackend.reaches(ref):
+        if nbytes <= SMALL_BYTES and ref.device == "cpu":
+            return [TCP]
+        return [SAME_HOST, TCP]
+    if _ibverbs.usable(ref):
+        return [IBVERBS, TCP]
+    return [TCP]
 
 
 async def run_one(transfer: Transfer, choice: str) -> None:

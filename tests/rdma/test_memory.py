@@ -93,7 +93,8 @@ def test_tensor_region_outlives_the_tensor() -> None:
         (lambda torch: torch.zeros(0, dtype=torch.uint8), ValueError,
          r"thing must not be empty \(got 0 bytes\)"),
         (lambda torch: torch.zeros(4, dtype=torch.uint8, device="meta"), ValueError,
-         r"thing must be a CPU tensor \(got a tensor on meta\)"),
+         r"thing must be a CPU or CUDA tensor \(got a tensor on meta\); move it first "
+         r"with t.cpu\(\)"),
     ],
 )
 def test_tensor_errors_name_what_was_expected(
