@@ -5,7 +5,9 @@ A snapshot is handed to every proc a runtime spawns, so children see the control
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -124,3 +126,18 @@ def configure(**settings: Any) -> None:
     Config(**{**_from_env(), **candidate})  # validate before committing
     _overrides.update(settings)
     _current = None
+
+
+@contextlib.contextmanager
+def overridden(**settings: Any) -> Iterator[Config]:
+    """Apply ``configure(**settings)`` for the duration of a ``with`` block, then restore the
+    configuration as it was (a simulated run uses this for its "buggify" settings)."""
+    global _current
+    saved = dict(_overrides)
+    configure(**settings)
+    try:
+        yield current_config()
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
+        _current = None

@@ -339,7 +339,7 @@ class _InboundSink:
             assert self._session is not None
             probe.frame_handled(self._rt, self._session, index)
         self._rt.on_frame(frame)
-        if index + 1 - self._acked >= _ACK_EVERY:
+        if index + 1 - self._acked >= self._rt.ack_every:
             self.ack()
         elif not self._ack_pending:
             self._ack_pending = True
@@ -455,6 +455,10 @@ class Runtime:
         self.on_child_exit: list[Callable[[Child], None]] = []
         #: Told what delivery and supervision do (the simulator's invariant checker).
         self.probe: Probe | None = None
+        #: Acknowledge inbound frames after this many, or this many seconds (the simulator's
+        #: "buggify" runs change them to stress the delivery layer).
+        self.ack_every = _ACK_EVERY
+        self.ack_delay = _ACK_DELAY
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
@@ -819,7 +823,7 @@ class Runtime:
             self.nursery.start_soon(self._flush_acks)
 
     async def _flush_acks(self) -> None:
-        await trio.sleep(_ACK_DELAY)
+        await trio.sleep(self.ack_delay)
         self._ack_scheduled = False
         sinks, self._to_ack = self._to_ack, {}
         for sink in sinks.values():

@@ -10,6 +10,7 @@ it is (:func:`run_deterministic`, :func:`check_determinism`, :class:`Trace`).
 
 from __future__ import annotations
 
+from ._buggify import Buggify
 from ._clock import (
     DEFAULT_TIMEOUT,
     SimEvent,
@@ -45,6 +46,7 @@ from ._network import (
 __all__ = [
     "DEFAULT_TIMEOUT",
     "SCHEME",
+    "Buggify",
     "ClogFault",
     "CrashHostFault",
     "CrashProcFault",

@@ -19,11 +19,12 @@ from typing import Any
 import attrs
 import trio
 
-from ..core import _codec
+from ..core import _codec, _config
 from ..core._config import current_config
 from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
-from ._clock import SimEvent, run_deterministic
+from ._buggify import Buggify
+from ._clock import SimEvent, current_trace, run_deterministic
 from ._invariants import InvariantChecker
 from ._lockstep import Lockstep
 from ._network import (
@@ -96,13 +97,17 @@ class SimCluster:
         rng: random.Random,
         faults: Faults | FaultSchedule | None = None,
         lockstep: Lockstep | None = None,
+        buggify: Buggify | None = None,
     ) -> None:
         self.rng = rng
+        self.buggify = buggify or Buggify()
         schedule = faults if isinstance(faults, FaultSchedule) else FaultSchedule(
             faults if faults is not None else Faults()
         )
         self.schedule = schedule
-        self.network = SimNetwork(rng, schedule.rates)
+        self.network = SimNetwork(
+            rng, schedule.rates, connect_timeout=self.buggify.network.get("connect_timeout", 1.0)
+        )
         self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
         self._host_names: list[str] = []
@@ -165,6 +170,7 @@ class SimCluster:
         )
         rt.sync_runner = self.lockstep.run
         rt.probe = self.checker
+        self.buggify.apply_to_runtime(rt)
         # Any proc may place procs on any simulated host (an actor given the host mesh).
         for name in dict.fromkeys([*self.network.hosts, *self._host_names]):
             rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
@@ -174,6 +180,9 @@ class SimCluster:
         self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
     ) -> ProcHandle:
         assert self._nursery is not None
+        if host in self.network._crashed:
+            # As a launch through a dead host's worker fails: the spawner sees the proc exit.
+            raise OSError(f"cannot start proc {record['proc_id']}: host {host!r} has crashed")
         rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
@@ -227,7 +236,7 @@ class SimCluster:
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 
-    def _on_loop(self, fn: Callable[[], None]) -> None:
+    def _on_loop(self, fn: Callable[[], object]) -> None:
         """Faults change the simulation's state, which only its loop may touch: from a
         lockstep thread (a program, a sync endpoint) they take effect when the loop runs
         next, which is before anything else happens in virtual time."""
@@ -394,13 +403,23 @@ class SimResult:
 
 
 def check_simulation(
-    program: Callable[[Any], Any], *, seed: int = 0, hosts: int = 4, runs: int = 2
+    program: Callable[[Any], Any],
+    *,
+    seed: int = 0,
+    hosts: int = 4,
+    runs: int = 2,
+    faults: Faults | FaultSchedule | None = None,
+    buggify: bool | None = False,
 ) -> SimResult:
     """Run ``program`` ``runs`` times on the same seed; raise ``AssertionError`` naming the
     first event where a run diverged from the first (a determinism self-check)."""
-    first = simulate(program, seed=seed, hosts=hosts)
+
+    def once() -> SimResult:
+        return simulate(program, seed=seed, hosts=hosts, faults=faults, buggify=buggify)
+
+    first = once()
     for run in range(2, runs + 1):
-        other = simulate(program, seed=seed, hosts=hosts)
+        other = once()
         for index, (a, b) in enumerate(zip(first.events, other.events, strict=False)):
             if a != b:
                 raise AssertionError(
@@ -423,18 +442,36 @@ def simulate(
     hosts: int = 4,
     faults: Faults | FaultSchedule | None = None,
     timeout: float | None = 24 * 3600.0,
+    buggify: bool | None = False,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.
 
     ``program`` may be sync (blocking ``.get()`` style) or async. The same program and seed
-    give the same result, virtual time, trace hash and event log.
+    give the same result, virtual time, trace hash and event log. ``faults`` injects random
+    and scheduled faults; ``buggify`` switches on adversarial settings (shrunken timeouts,
+    other acknowledgement cadences; :mod:`regency.sim._buggify`): ``True``, ``False``, or
+    ``None`` to let the seed decide. Every run is checked against the runtime's invariants
+    (:mod:`regency.sim._invariants`); a violation raises :class:`InvariantViolation` with the
+    seed and how to replay the run.
     """
 
-    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts})"
+    options = "".join(
+        f", {name}={value!r}"
+        for name, value in (("faults", faults), ("buggify", buggify))
+        if value not in (None, False) or (name == "buggify" and value is None)
+    )
+    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts}{options})"
     checkers: list[InvariantChecker] = []
+    switched: list[Buggify] = []
 
     async def main(rng: random.Random) -> tuple[Any, float]:
-        cluster = SimCluster(rng, faults)
+        bug = Buggify.draw(rng, buggify, current_trace())
+        switched.append(bug)
+        with _config.overridden(**bug.config):
+            return await run(rng, bug)
+
+    async def run(rng: random.Random, bug: Buggify) -> tuple[Any, float]:
+        cluster = SimCluster(rng, faults, buggify=bug)
         checkers.append(cluster.checker)
         async with cluster.running() as controller:
             mesh = cluster.hosts(hosts)
@@ -459,8 +496,12 @@ def simulate(
             exc.add_note("invariant violations seen before it:\n  " + "\n  ".join(
                 checkers[0].violations[:10]
             ))
+        if switched and switched[0].on:
+            exc.add_note(switched[0].describe())
         exc.add_note(f"replay: {replay}")
         raise
+    if switched[0].on:
+        replay += f"  # {switched[0].describe()}"
     checkers[0].raise_if_violated(replay)
     return SimResult(value, elapsed, digest, events, seed)
 
@@ -488,6 +529,7 @@ def start_simulated_controller(seed: int) -> Runtime:
 
     async def main(rng: random.Random) -> None:
         cluster = SimCluster(rng, lockstep=lockstep)
+        _report_violations_at_exit(cluster.checker, _oversight.report_suffix)
         async with cluster.running() as rt:
             started["rt"] = rt
             lockstep.start_main()
@@ -505,3 +547,24 @@ def start_simulated_controller(seed: int) -> Runtime:
     if failed:
         raise RuntimeError(f"the simulation failed to start: {failed[0]!r}") from failed[0]
     return started["rt"]
+
+
+def _report_violations_at_exit(checker: InvariantChecker, replay: str) -> None:
+    """``REGENCY_RUNTIME=sim``: the checks made while the program ran are reported when it
+    exits; a violation makes the exit status 70 (EX_SOFTWARE) whatever the program did."""
+    import atexit
+    import os
+    import sys
+
+    def report() -> None:
+        if checker.violations:
+            print(
+                f"regency.sim: {len(checker.violations)} invariant violation(s):\n  "
+                + "\n  ".join(checker.violations[:20])
+                + replay,
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(70)
+
+    atexit.register(report)

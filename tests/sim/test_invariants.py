@@ -7,6 +7,10 @@ claims to; pauses and silent links show the runtime ends every call within its t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -28,6 +32,8 @@ from regency.sim import (
 
 from ..conftest import RootFailures
 from .actors import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: Faults strike the simulated hosts; the controller's host stays up (crashing it ends the run).
 HOSTS = ["host0", "host1", "host2"]
@@ -85,7 +91,7 @@ def workload(hosts: Any) -> list[Any]:
 
 
 @settings(
-    max_examples=15,
+    max_examples=40,
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
@@ -94,14 +100,14 @@ def test_random_faults_crashes_and_pauses_keep_the_invariants(
     schedule: FaultSchedule, roots: RootFailures
 ) -> None:
     # simulate() raises InvariantViolation if any guarantee broke; a hang shows as a timeout.
-    simulate(workload, seed=3, hosts=3, faults=schedule, timeout=3600)
+    simulate(workload, seed=3, hosts=3, faults=schedule, timeout=3600, buggify=None)
 
 
 def test_random_crash_and_pause_rates_keep_the_invariants(roots: RootFailures) -> None:
     faults = Faults(crash=0.3, pause=0.5, disconnect=0.3, mean_duration=3.0)
     kinds = set()
     for seed in range(4):
-        result = simulate(workload, seed=seed, hosts=3, faults=faults, timeout=3600)
+        result = simulate(workload, seed=seed, hosts=3, faults=faults, timeout=3600, buggify=True)
         kinds |= {e.kind for e in result.events}
     assert {"crash_proc", "pause"} <= kinds
 
@@ -249,3 +255,72 @@ def test_a_forgotten_session_cannot_resume() -> None:
 
     message = simulate(program, seed=1, hosts=1).value
     assert "delivery session someone#0#1 resumes at frame 5, but this process forgot it" in message
+
+
+def test_buggify_is_switched_on_by_the_seed_and_reaches_the_runtime() -> None:
+    from regency.core._config import current_config
+
+    def program(hosts: Any) -> tuple[float, int, float]:
+        counters = hosts.spawn_procs(per_host={"gpus": 2}).spawn("b", Counter)
+        total = sum(counters.incr.call().get().values())
+        assert current().controller is not None
+        return current_config().delivery_timeout, total, current().controller.ack_delay
+
+    seen: dict[str, int] = {}
+    for seed in range(12):
+        result = simulate(program, seed=seed, hosts=2, buggify=None)
+        switched = [e.detail for e in result.events if e.kind == "buggify"]
+        timeout, total, ack_delay = result.value
+        assert total == 4
+        if not switched:
+            seen["off"] = seen.get("off", 0) + 1
+            assert (timeout, ack_delay) == (10.0, 0.05)
+            continue
+        seen["on"] = seen.get("on", 0) + 1
+        (detail,) = switched
+        if "delivery_timeout=" in detail:
+            assert f"delivery_timeout={timeout:g}" in detail
+            seen["timeout"] = 1
+        else:
+            assert timeout == 10.0
+        if "ack_delay=" in detail:
+            assert f"ack_delay={ack_delay:g}" in detail
+        # The same seed makes the same choices, and the configuration is restored after.
+        assert simulate(program, seed=seed, hosts=2, buggify=None).events == result.events
+        assert current_config().delivery_timeout == 10.0
+    assert seen.get("on") and seen.get("off") and seen.get("timeout"), seen
+
+
+PLANTED = textwrap.dedent(
+    """
+    from regency.core import _runtime
+    original = _runtime._InboundSink.frame_received
+    def forgetful(self, conn, frame):
+        if self._handled is not None:
+            self._handled[0] = 0  # the bug: forget which frames were handled
+        original(self, conn, frame)
+    _runtime._InboundSink.frame_received = forgetful
+
+    from regency.actor import this_host
+    from regency.sim import current
+    from tests.sim.actors import Recorder
+    r = this_host().spawn_procs().spawn("r", Recorder)
+    r.log.call_one().get()
+    for i in range(10):
+        r.record.broadcast(i)
+    host = next(iter(current().procs)).split("/")[2]
+    current().disconnect("controller", host)
+    print(r.log.call_one().get())
+    """
+)
+
+
+def test_an_unchanged_program_under_sim_reports_violations_at_exit() -> None:
+    env = {**os.environ, "REGENCY_RUNTIME": "sim", "REGENCY_SEED": "3"}
+    out = subprocess.run(
+        [sys.executable, "-c", PLANTED], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=60,
+    )
+    assert out.returncode == 70, (out.stdout, out.stderr)
+    assert "invariant violation(s)" in out.stderr and "was handled twice" in out.stderr
+    assert "replay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED=3" in out.stderr
