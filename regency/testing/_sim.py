@@ -18,10 +18,15 @@ class Simulated:
         self.seed = seed
 
     def run(self, program: Callable[[Any], Any], *, hosts: int = 4, **kw: Any) -> SimResult:
+        """``regency.sim.simulate`` on the fixture's seed; ``faults=``, ``buggify=`` and
+        ``timeout=`` pass through. Raises ``InvariantViolation`` if the run broke one."""
         return simulate(program, seed=self.seed, hosts=hosts, **kw)
 
-    def check_determinism(self, program: Callable[[Any], Any], *, hosts: int = 4) -> SimResult:
-        return check_simulation(program, seed=self.seed, hosts=hosts)
+    def check_determinism(
+        self, program: Callable[[Any], Any], *, hosts: int = 4, **kw: Any
+    ) -> SimResult:
+        """Run twice on the fixture's seed (``faults=``, ``buggify=`` as for ``run``)."""
+        return check_simulation(program, seed=self.seed, hosts=hosts, **kw)
 
 
 def simulated_fixture() -> Any:
