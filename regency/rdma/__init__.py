@@ -8,9 +8,13 @@ theirs into it. Backends, chosen per transfer (``REGENCY_RDMA_BACKEND`` or
 * ``same_host``: one ``process_vm_readv``/``process_vm_writev`` copy between two processes of
   one host (or a ``memmove`` within one);
 * ``tcp``: chunked and pipelined on a dedicated authenticated connection, across hosts;
-* ``ibverbs``: detected, not implemented yet (forcing it raises a clear ``RuntimeError``).
+* ``ibverbs``: one-sided RDMA READ/WRITE through pyverbs on an RDMA NIC (the ``rdma`` extra),
+  for buffers on other hosts when this process has a usable device.
 
-torch is optional: it is imported only by callers that pass tensors. See docs/rdma.md.
+In a simulated cluster every transfer between simulated procs runs on the data connection
+over the simulated network, so the simulator's faults apply. GPU memory (CUDA tensors) moves
+through CUDA IPC on one host and through host memory over TCP. torch is optional: it is
+imported only by callers that pass tensors. See docs/rdma.md.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ._host import same_host_supported
 
 
 def is_ibverbs_available() -> bool:
-    """Whether pyverbs and an RDMA device are present (this version does not use them yet)."""
+    """Whether pyverbs and an RDMA device are present, so that the verbs backend can run."""
     return _ibverbs.is_available()
 
 
@@ -34,17 +38,24 @@ def is_rdma_available() -> bool:
 
 
 def get_rdma_backend() -> str:
-    """The backend transfers started here use: the forced one if configured, else
-    ``"same_host"`` where the platform allows same-host copies (buffers on other hosts still go
-    through ``"tcp"``), else ``"tcp"``.
+    """The backend transfers started here use: the forced one if configured, else ``"tcp"``
+    in a simulated cluster (the data connection over the simulated network), else
+    ``"ibverbs"`` where pyverbs and an RDMA device are present (buffers on this host still
+    use same-host copies), else ``"same_host"`` where the platform allows same-host copies
+    (buffers on other hosts go through ``"tcp"``), else ``"tcp"``.
 
     Monarch answers ``"ibverbs"``, ``"tcp"`` or ``"none"``; Regency never answers ``"none"``.
     """
     choice = backend_choice()
     if choice != "auto":
         return choice
+    from ._state import current_state
     from ._transfer import same_host_refused
 
+    if current_state().simulated:
+        return "tcp"
+    if _ibverbs.is_available():
+        return "ibverbs"
     return "same_host" if same_host_supported() and not same_host_refused() else "tcp"
 
 

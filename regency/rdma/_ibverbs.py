@@ -181,6 +181,77 @@ def _open_channel(ctx: Any) -> tuple[Any, int]:
     return channel, new.pop()
 
 
+# -- pyverbs records (built without a device: tests/rdma/test_ibverbs.py checks them) -------
+
+
+def init_attr(port: int) -> tuple[Any, int]:
+    """RESET -> INIT: the port, and remote READ and WRITE allowed on the queue pair."""
+    from pyverbs import enums as e
+    from pyverbs.qp import QPAttr
+
+    attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET, port_num=port)
+    attr.pkey_index = 0
+    attr.qp_access_flags = (
+        e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+    )
+    return attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS
+
+
+def rtr_attr(
+    port: int, mtu: int, max_dest_rd_atomic: int, remote: QueuePairInfo, sgid_index: int | None
+) -> tuple[Any, int]:
+    """INIT -> RTR towards ``remote``; with a global route header from our GID at
+    ``sgid_index`` to the remote GID when ``sgid_index`` is not None (RoCE, routed IB)."""
+    from pyverbs import enums as e
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
+
+    route = None
+    if sgid_index is not None:
+        route = GlobalRoute(dgid=GID(gid_text(remote.gid)), sgid_index=sgid_index, hop_limit=64)
+    attr = QPAttr(qp_state=e.IBV_QPS_RTR, cur_qp_state=e.IBV_QPS_INIT, port_num=port,
+                  path_mtu=path_mtu(mtu, remote.mtu))
+    attr.dest_qp_num = remote.qp_num
+    attr.rq_psn = remote.psn
+    attr.max_dest_rd_atomic = max_dest_rd_atomic
+    attr.min_rnr_timer = 12
+    attr.ah_attr = AHAttr(dlid=remote.lid, sl=0, is_global=int(route is not None),
+                          port_num=port, gr=route)
+    mask = (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
+            | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+    return attr, mask
+
+
+def rts_attr(port: int, psn: int, max_rd_atomic: int) -> tuple[Any, int]:
+    """RTR -> RTS: our first PSN, retries, and READs in flight."""
+    from pyverbs import enums as e
+    from pyverbs.qp import QPAttr
+
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_RTR, port_num=port)
+    attr.timeout = 14  # 4.096 us * 2**14: about 67 ms per try
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.sq_psn = psn
+    attr.max_rd_atomic = max_rd_atomic
+    mask = (e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+            | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+    return attr, mask
+
+
+def work_request(
+    wr_id: int, write: bool, local: int, length: int, lkey: int, remote: int, rkey: int
+) -> Any:
+    """One signalled ``IBV_WR_RDMA_READ`` (remote -> local) or ``IBV_WR_RDMA_WRITE``."""
+    from pyverbs import enums as e
+    from pyverbs.wr import SGE, SendWR
+
+    opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
+    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(local, length, lkey)],
+                send_flags=e.IBV_SEND_SIGNALED)
+    wr.set_wr_rdma(rkey, remote)
+    return wr
+
+
 # -- the device ---------------------------------------------------------------------------
 
 
@@ -287,19 +358,12 @@ class VerbsDevice:
 
     def _new_queue_pair(self) -> _QueuePair:
         from pyverbs import enums as e
-        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+        from pyverbs.qp import QP, QPCap, QPInitAttr
 
         cap = QPCap(max_send_wr=self.send_depth, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
         qp = QP(self.pd, init)
-        attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET,
-                      port_num=self.choice.port)
-        attr.pkey_index = 0
-        attr.qp_access_flags = (
-            e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
-        )
-        qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT
-                  | e.IBV_QP_ACCESS_FLAGS)
+        qp.modify(*init_attr(self.choice.port))
         psn = current_runtime().rng.getrandbits(24)
         return _QueuePair(qp, psn, trio.Semaphore(self.send_depth))
 
@@ -309,37 +373,13 @@ class VerbsDevice:
 
     def _connect(self, qp: _QueuePair, remote: QueuePairInfo) -> None:
         """INIT -> RTR (towards ``remote``) -> RTS."""
-        from pyverbs import enums as e
-        from pyverbs.addr import GID, AHAttr, GlobalRoute
-        from pyverbs.qp import QPAttr
-
-        port = self.choice.port
         grh = self.choice.use_grh or remote.lid == 0
         if grh and not remote.has_gid:
             raise FallBack("the owner's port has no GID and no LID: it cannot be addressed")
-        route = (
-            GlobalRoute(dgid=GID(gid_text(remote.gid)), sgid_index=self.choice.gid_index,
-                        hop_limit=64)
-            if grh else None
-        )
-        rtr = QPAttr(qp_state=e.IBV_QPS_RTR, cur_qp_state=e.IBV_QPS_INIT, port_num=port,
-                     path_mtu=path_mtu(self.mtu, remote.mtu))
-        rtr.dest_qp_num = remote.qp_num
-        rtr.rq_psn = remote.psn
-        rtr.max_dest_rd_atomic = self.max_dest_rd_atomic
-        rtr.min_rnr_timer = 12
-        rtr.ah_attr = AHAttr(dlid=remote.lid, sl=0, is_global=1 if grh else 0, port_num=port,
-                             gr=route)
-        qp.qp.modify(rtr, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN
-                     | e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-        rts = QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_RTR, port_num=port)
-        rts.timeout = 14  # 4.096 us * 2**14: about 67 ms per try
-        rts.retry_cnt = 7
-        rts.rnr_retry = 7
-        rts.sq_psn = qp.psn
-        rts.max_rd_atomic = self.max_rd_atomic
-        qp.qp.modify(rts, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT
-                     | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+        port = self.choice.port
+        qp.qp.modify(*rtr_attr(port, self.mtu, self.max_dest_rd_atomic, remote,
+                               self.choice.gid_index if grh else None))
+        qp.qp.modify(*rts_attr(port, qp.psn, self.max_rd_atomic))
 
     async def connection_to(self, ref: BufferRef, me: str) -> _QueuePair:
         """Our queue pair to ``ref``'s owner, connected through its manager on first use."""
@@ -436,10 +476,6 @@ class VerbsDevice:
     ) -> None:
         """READ ``nbytes`` from ``remote`` (rkey) into ``local`` (lkey), or WRITE the other way,
         in pieces; return when every piece completed, raise on the first failure."""
-        from pyverbs import enums as e
-        from pyverbs.wr import SGE, SendWR
-
-        opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
         verb = "RDMA WRITE" if write else "RDMA READ"
         posted: list[tuple[int, int, _Pending]] = []
         try:
@@ -451,10 +487,8 @@ class VerbsDevice:
                     self._cq_room.release()
                     raise RDMAError(f"{what} failed: its queue pair broke ({qp.broken})")
                 wr_id = next(self._wr_ids)
-                wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1,
-                            sg=[SGE(local + offset, length, lkey)],
-                            send_flags=e.IBV_SEND_SIGNALED)
-                wr.set_wr_rdma(rkey, remote + offset)
+                wr = work_request(wr_id, write, local + offset, length, lkey, remote + offset,
+                                  rkey)
                 pending = _Pending(qp)
                 self._pending[wr_id] = pending
                 qp.in_flight.add(wr_id)

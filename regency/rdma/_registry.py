@@ -155,9 +155,9 @@ class Registry:
     def _unpin_locked(self, entry: Entry, lease_id: int) -> None:
         entry.leases.discard(lease_id)
         self._unpinned.notify_all()
-        if entry.dropped and not entry.leases:
-            if self._entries.pop(entry.buf_id, None) is not None:
-                self._forgotten.append(entry)
+        forget = entry.dropped and not entry.leases
+        if forget and self._entries.pop(entry.buf_id, None) is not None:
+            self._forgotten.append(entry)
 
     def _close_forgotten(self) -> None:
         """Run the closers of entries just forgotten, outside the lock (they may block)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from regency.actor import Actor, endpoint
 from regency.rdma import RDMAAction, RDMABuffer, set_backend
-from regency.rdma._registry import registry
+from regency.rdma._state import current_state
 
 
 class Peer(Actor):
@@ -64,6 +64,7 @@ class Peer(Actor):
         """Leases on ``name`` once the releases already sent have arrived (they travel on
         the data connections, unordered with this call)."""
         buf_id = self.buffers[name]._ref.buf_id
+        registry = current_state().registry
         registry.wait_unleased(buf_id, 10)
         return registry.leases_of(buf_id)
 
