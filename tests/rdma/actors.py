@@ -27,11 +27,14 @@ class Peer(Actor):
 
     @endpoint
     def make(self, name: str, data: bytes, kind: str = "memoryview") -> RDMABuffer:
-        """Register a copy of ``data`` as buffer ``name``; kind: memoryview, readonly, tensor."""
-        if kind == "tensor":
+        """Register a copy of ``data`` as buffer ``name``; kind: memoryview, readonly, tensor,
+        cuda (a GPU tensor)."""
+        if kind in ("tensor", "cuda"):
             import torch
 
             mem: Any = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if kind == "cuda":
+                mem = mem.cuda()
             view: Any = mem
         elif kind == "readonly":
             mem = bytes(data)
