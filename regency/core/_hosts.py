@@ -169,7 +169,7 @@ def attach_to_workers(
         ip = _local_ip_towards(*parsed[0])
         host = f"[{ip}]" if ":" in ip else ip
         trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
-        rt.call_soon(lambda: rt.nursery.start_soon(hosts.renew_leases))
+        rt.start_soon(hosts.renew_leases)
     refs = []
     for address in workers:
         try:
@@ -245,7 +245,7 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
             rt.address = rt.local_address
         done.set_result(None)
 
-    rt.call_soon(lambda: rt.nursery.start_soon(shutdown))
+    rt.start_soon(shutdown)
     return done
 
 

@@ -277,12 +277,12 @@ class ActorCell:
     async def _call_async(self, item: tuple[Any, ...]) -> bool:
         """Handle one call on the trio loop; False when the actor died of it."""
         spec = self.endpoints.get(item[1])
-        token = current.set(self._context(item))
+        context = self._context(item)
+        token = current.set(context)
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             runner = self.rt.sync_runner
             if runner is not None and not inspect.iscoroutinefunction(fn):
-                context = self._context(item)
                 result = await runner(lambda: self._in(context, fn, self.obj, *args, **kwargs))
             else:
                 result = fn(self.obj, *args, **kwargs)

@@ -633,7 +633,7 @@ class ProcMesh(MeshAlgebra):
         rt = current_runtime()
         done: Future[None] = Future()
         addresses = [self._procs[r][1] for r in self._shape.ranks]
-        rt.call_soon(lambda: rt.nursery.start_soon(_stop_procs, rt, addresses, done))
+        rt.start_soon(_stop_procs, rt, addresses, done)
         return done
 
     def __repr__(self) -> str:
@@ -826,11 +826,8 @@ def stop_owned_procs(rt: Runtime, timeout: float) -> None:
     done: Future[None] = Future()
     addresses = list(rt.children)
 
-    def start() -> None:
-        rt.nursery.start_soon(_stop_procs, rt, addresses, done)
-
     try:
-        rt.call_soon(start)
+        rt.start_soon(_stop_procs, rt, addresses, done)
         done.get(timeout)
     except Exception:
         for child in list(rt.children.values()):

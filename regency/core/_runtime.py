@@ -242,7 +242,7 @@ class Outbox:
                 return
             self._conn = None
             self._connecting = True  # new frames queue in _pending meanwhile
-        self._rt.call_soon(lambda: self._rt.nursery.start_soon(self._reconnect, exc))
+        self._rt.start_soon(self._reconnect, exc)
 
     async def _reconnect(self, cause: BaseException) -> None:
         child = self._rt.children.get(self.address)
@@ -594,6 +594,17 @@ class Runtime:
             fn()
         else:
             self.token.run_sync_soon(fn)
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start ``fn(*args)`` as a task of this runtime, from any thread. The task sees this
+        runtime as the current one, which matters where a process holds several (the
+        simulator): a task started from a ``call_soon`` callback inherits no context."""
+
+        async def task() -> None:
+            _runtime_var.set(self)
+            await fn(*args)
+
+        self.call_soon(lambda: self.nursery.start_soon(task, name=fn))
 
     def on_runtime_thread(self) -> bool:
         return threading.get_ident() == self.thread_id
@@ -965,6 +976,12 @@ _runtime_var: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
     "regency_runtime", default=None
 )
 _runtime_lock = threading.Lock()
+
+
+def use_runtime(rt: Runtime) -> None:
+    """Make ``rt`` the current runtime of the calling context (a thread, a task, a
+    ``contextvars.Context``): where a process holds several runtimes, the simulator's."""
+    _runtime_var.set(rt)
 
 
 def set_current_runtime(rt: Runtime) -> None:

@@ -62,13 +62,12 @@ def local_manager() -> ActorMesh[RDMAManager]:
         if state.manager is None:
             # A fresh contextvars.Context: no current actor, so the proc's root owns it. The
             # runtime is passed explicitly: in a simulation it lives in a context variable.
-            from ..core._runtime import _runtime_var
+            from ..core._runtime import current_runtime, use_runtime
 
-            rt = _runtime_var.get()
+            rt = current_runtime()
 
             def spawn() -> ActorMesh[RDMAManager]:
-                if rt is not None:
-                    _runtime_var.set(rt)
+                use_runtime(rt)
                 return this_proc().spawn("rdma_manager", RDMAManager)
 
             state.manager = contextvars.Context().run(spawn)

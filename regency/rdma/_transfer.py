@@ -12,7 +12,6 @@ import logging
 import trio
 
 from ..core import Future, Runtime, current_runtime
-from ..core._runtime import _runtime_var
 from . import _ibverbs
 from ._backend import Backend, BufferRef, FallBack, Transfer, backend_choice
 from ._errors import RDMAError
@@ -97,16 +96,13 @@ def start(transfers: list[Transfer], timeout: float) -> Future[None]:
     rt = current_runtime()
     choice = backend_choice()  # read on the caller's thread, when the caller asked
     fut: Future[None] = Future()
-    rt.call_soon(lambda: rt.nursery.start_soon(_run_all, rt, transfers, choice, timeout, fut))
+    rt.start_soon(_run_all, rt, transfers, choice, timeout, fut)  # runs with rt current
     return fut
 
 
 async def _run_all(
     rt: Runtime, transfers: list[Transfer], choice: str, timeout: float, fut: Future[None]
 ) -> None:
-    # A task started from a run_sync_soon callback does not inherit the caller's context:
-    # name the runtime (in a simulation, one of many in this OS process).
-    _runtime_var.set(rt)
     errors: list[Exception] = []
 
     async def guarded(transfer: Transfer) -> None:

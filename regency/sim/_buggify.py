@@ -23,11 +23,14 @@ No ``if sim:`` in the core.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ._clock import Trace
+
+if TYPE_CHECKING:
+    from ..core._runtime import Runtime
 
 #: name -> the values it may take when switched on. Configuration keys are set for the whole
 #: run; heartbeat_timeout is tied to heartbeat_interval so that it stays several ticks long.
@@ -68,7 +71,7 @@ class Buggify:
             return "buggify off"
         return "buggify: " + ", ".join(f"{k}={v:g}" for k, v in sorted(points.items()))
 
-    def apply_to_runtime(self, rt: Any) -> None:
+    def apply_to_runtime(self, rt: Runtime) -> None:
         if "ack_every" in self.runtime:
             rt.ack_every = int(self.runtime["ack_every"])
         if "ack_delay" in self.runtime:

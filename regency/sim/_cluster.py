@@ -455,12 +455,16 @@ def simulate(
     seed and how to replay the run.
     """
 
-    options = "".join(
-        f", {name}={value!r}"
-        for name, value in (("faults", faults), ("buggify", buggify))
-        if value not in (None, False) or (name == "buggify" and value is None)
-    )
-    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts}{options})"
+    if buggify not in (True, False, None):
+        raise TypeError(
+            f"buggify must be True, False or None (the seed decides); got {buggify!r}"
+        )
+    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts}"
+    if faults is not None:
+        replay += f", faults={faults!r}"
+    if buggify is not False:
+        replay += f", buggify={buggify!r}"
+    replay += ")"
     checkers: list[InvariantChecker] = []
     switched: list[Buggify] = []
 

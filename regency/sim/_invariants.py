@@ -143,8 +143,8 @@ class InvariantChecker(Probe):
     # -- checks --------------------------------------------------------------------------
 
     def _violate(self, message: str) -> None:
-        at = trio.current_time() if _in_trio() else math.nan
-        self.violations.append(f"t={at:.6f}: {message}")
+        # Every caller runs on the simulation's loop (probe hooks but frame_sent, the scans).
+        self.violations.append(f"t={trio.current_time():.6f}: {message}")
 
     def bound(self) -> float:
         """Virtual seconds within which a frame is handled or its session fails."""
@@ -210,7 +210,7 @@ class InvariantChecker(Probe):
         # Reports of crashes travel on links that may still be clogged or paused.
         quiet = max(
             [trio.current_time(), *net._clogs.values()]
-            + [getattr(p.transport, "_paused_until", -math.inf) for p in cluster.procs.values()]
+            + [getattr(p.transport, "paused_until", -math.inf) for p in cluster.procs.values()]
         )
         patience = 2 * config.delivery_timeout + config.heartbeat_timeout + net.connect_timeout
         deadline = quiet + patience + 1.0
@@ -259,10 +259,3 @@ class InvariantChecker(Probe):
                 + f"\nreplay: {replay}"
             )
 
-
-def _in_trio() -> bool:
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return False
-    return True

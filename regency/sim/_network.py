@@ -215,6 +215,14 @@ class CrashHostFault:
     host: str
 
 
+def _proc_position(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not (isinstance(value, int) and value >= 0):
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be a position >= 0 among the "
+            f"running procs (got {value!r})"
+        )
+
+
 @attrs.frozen
 class CrashProcFault:
     """At ``at``, crash a proc: number ``proc`` (modulo how many run) of the procs running
@@ -222,7 +230,7 @@ class CrashProcFault:
     known once the program spawned them."""
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
-    proc: int = attrs.field(validator=attrs.validators.ge(0))
+    proc: int = attrs.field(validator=_proc_position)
 
 
 @attrs.frozen
@@ -231,7 +239,7 @@ class PauseProcFault:
     (zero: no fault)."""
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
-    proc: int = attrs.field(validator=attrs.validators.ge(0))
+    proc: int = attrs.field(validator=_proc_position)
     duration: float = attrs.field(validator=_duration)
 
 
@@ -516,6 +524,11 @@ class SimTransport(Transport):
         self._ends: dict[tuple[int, int], SimConnection] = {}
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
+
+    @property
+    def paused_until(self) -> float:
+        """Virtual time the process behind this transport resumes (past: not paused)."""
+        return self._paused_until
 
     async def listen(self, address: str, sinks: SinkFactory) -> Listener:
         host, name = _parse(address)

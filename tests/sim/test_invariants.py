@@ -324,3 +324,27 @@ def test_an_unchanged_program_under_sim_reports_violations_at_exit() -> None:
     assert out.returncode == 70, (out.stdout, out.stderr)
     assert "invariant violation(s)" in out.stderr and "was handled twice" in out.stderr
     assert "replay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED=3" in out.stderr
+
+
+def test_bad_process_faults_and_options_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"CrashProcFault.proc must be a position >= 0 among "
+                       r"the running procs \(got -1\)"):
+        CrashProcFault(0.0, -1)
+    with pytest.raises(ValueError, match=r"PauseProcFault.duration must be a duration >= 0"):
+        PauseProcFault(0.0, 0, -1.0)
+    with pytest.raises(ValueError, match=r"Faults.pause must be a finite rate per simulated "
+                       r"second >= 0 \(got -0.5\)"):
+        Faults(pause=-0.5)
+    with pytest.raises(TypeError, match=r"buggify must be True, False or None .* got 'yes'"):
+        simulate(workload, seed=1, buggify="yes")  # type: ignore[arg-type]
+
+    def program(hosts: Any) -> str:
+        try:
+            current().pause_proc("sim://host0/nobody", 1.0)
+        except LookupError as exc:
+            return str(exc)
+        return "paused nobody"
+
+    assert simulate(program, seed=1, hosts=1).value == (
+        "no running simulated proc at 'sim://host0/nobody'"
+    )
