@@ -91,11 +91,19 @@ class VirtualHost:
 
 
 @contextmanager
-def virtual_hosts(count: int, subnet: str = "10.77.0") -> Iterator[list[VirtualHost]]:
-    """Make ``count`` virtual hosts (10.77.0.11, .12, ...); this namespace is 10.77.0.1."""
+def virtual_hosts(count: int, subnet: str | None = None) -> Iterator[list[VirtualHost]]:
+    """Make ``count`` virtual hosts (``{subnet}.11``, ``.12``, ...); this namespace is ``.1``.
+
+    The default subnet is drawn from this process's pid (``10.A.B`` with A in 100-199), so
+    test runs that overlap on one machine (parallel sessions, CI beside a developer) do not
+    give two bridges the same address.
+    """
     why = virtual_hosts_available()
     if why is not None:
         raise RuntimeError(why)
+    if subnet is None:
+        pid = os.getpid()
+        subnet = f"10.{100 + pid % 100}.{(pid // 100) % 250}"
     tag = f"{os.getpid() % 100000}"
     bridge = f"rgb{tag}"
     hosts: list[VirtualHost] = []
