@@ -7,6 +7,7 @@ mesh directly, from its own process. All sending goes through this process's run
 
 from __future__ import annotations
 
+import logging
 import signal
 import warnings
 from collections import deque
@@ -15,6 +16,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
+from .. import _logs
 from ..supervision import ROOT, MeshStopped, ProcStopped
 from . import _codec
 from . import _messages as M
@@ -636,6 +638,17 @@ class ProcMesh(MeshAlgebra):
         rt.start_soon(_stop_procs, rt, addresses, done)
         return done
 
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = 3,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """Forward this mesh's stdout/stderr to the controller (docs/logging.md). Await it
+        (trio or asyncio) or ``.get()`` it: it resolves once every proc applies the change,
+        after the lines written before it."""
+        return _logs.logging_option(self, stream_to_client, aggregate_window_sec, level)
+
     def __repr__(self) -> str:
         return f"<ProcMesh {self._shape.dim_sizes()}>"
 
@@ -653,6 +666,7 @@ class ProcMesh(MeshAlgebra):
 
 
 async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> None:
+    await _logs.flush_procs(rt, addresses)  # a barrier: no line printed before stop is lost
     for address in addresses:
         rt.oversight.feed(ProcStopped(address))  # stopping is not failing
     children = [rt.children[a] for a in addresses if a in rt.children]
@@ -726,6 +740,7 @@ class HostMesh(MeshAlgebra):
                 children = plan_remote(rt, hosts, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        _logs.procs_planned(rt, children)
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 

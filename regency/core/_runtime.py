@@ -427,6 +427,8 @@ class Runtime:
         self.launcher: ProcLauncher | None = launcher
         self.address = address or self._default_address(proc_id)
         self.parent_address = parent_address
+        #: The job's controller (procs learn it from their bootstrap record); None: this one.
+        self.root_address: str | None = None
         self.rng = random.Random(seed)
         #: Opens this runtime's transport; the simulator passes its own.
         self._open_transport = transport or _open_real_transport
@@ -896,6 +898,7 @@ class Runtime:
             "proc_id": child.proc_id,
             "address": child.address,
             "parent_address": self.address,
+            "root_address": self.root_address or self.address,
             "secret": self.secret.hex(),
             "jobdir": self.jobdir,
             "config": self.config.to_env(),

@@ -1,0 +1,113 @@
+"""The controller's side of log forwarding: the sink port that prints what procs send.
+
+Batches arrive as PORT frames and are handled on arrival, on the runtime's trio thread, in
+the order each proc sent them. Without a window each line prints at once as
+``[{hostname} {proc}] [{rank}] line`` on the controller's stdout or stderr, matching where it
+was written. With a window, lines are grouped per stream (:mod:`._aggregate`) and printed as
+one block when the window closes or at a flush.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+import trio
+
+from ..core import _codec
+from ..core import _messages as M
+from ._aggregate import Aggregator
+from ._records import SINK_PORT, STDERR, STDOUT, Flushed, LineBatch
+
+if TYPE_CHECKING:
+    from ..core._runtime import Runtime
+
+
+def _target(stream: int) -> TextIO:
+    return sys.stderr if stream == STDERR else sys.stdout
+
+
+class LogSink:
+    """A port handler in the root runtime (reserved id :data:`SINK_PORT`)."""
+
+    dests: frozenset[str] = frozenset()
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: Per stream: the open window's aggregator and its length in seconds.
+        self._windows: dict[int, tuple[Aggregator, float]] = {}
+        self._timer_running: set[int] = set()
+        #: Lines printed (or grouped), for tests and benchmarks.
+        self.received = 0
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        message = _codec.loads(parts)
+        if isinstance(message, LineBatch):
+            self._lines(message)
+        elif isinstance(message, Flushed):
+            self.flush()
+            try:
+                self.rt.send_port(message.reply, 0, M.OK, message.origin)
+            except Exception:
+                pass  # whoever asked is gone
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        pass
+
+    def _lines(self, batch: LineBatch) -> None:
+        self.received += len(batch.lines)
+        if batch.window is None:
+            out = _target(batch.stream)
+            prefix = f"[{batch.hostname} {batch.proc_id}] [{batch.rank}] "
+            _write(out, "".join(f"{prefix}{line}\n" for line in batch.lines))
+            return
+        entry = self._windows.get(batch.stream)
+        if entry is not None and entry[1] != batch.window:
+            self._print_window(batch.stream)  # the window changed: close the old one
+            entry = None
+        if entry is None:
+            entry = (Aggregator(), batch.window)
+            self._windows[batch.stream] = entry
+        aggregator = entry[0]
+        for line in batch.lines:
+            aggregator.add(batch.rank, line, batch.timestamp)
+        if batch.stream not in self._timer_running:
+            self._timer_running.add(batch.stream)
+            self.rt.nursery.start_soon(self._close_after, batch.stream, batch.window)
+
+    async def _close_after(self, stream: int, seconds: float) -> None:
+        try:
+            await trio.sleep(seconds)
+        finally:
+            self._timer_running.discard(stream)
+        self._print_window(stream)
+
+    def _print_window(self, stream: int) -> None:
+        entry = self._windows.pop(stream, None)
+        if entry is not None and len(entry[0]):
+            _write(_target(stream), entry[0].render())
+
+    def flush(self) -> None:
+        """Print every open window now."""
+        for stream in (STDOUT, STDERR):
+            self._print_window(stream)
+
+
+def _write(out: TextIO, text: str) -> None:
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):
+        pass  # the controller's own output is closed
+
+
+def sink_of(rt: Runtime) -> LogSink | None:
+    handler: Any = rt.ports.get(SINK_PORT)
+    return handler if isinstance(handler, LogSink) else None
+
+
+def ensure_sink(rt: Runtime) -> None:
+    """Open the sink port of a root runtime (on its trio thread; idempotent)."""
+    if SINK_PORT not in rt.ports:
+        rt.ports[SINK_PORT] = LogSink(rt)

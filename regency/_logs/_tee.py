@@ -1,0 +1,356 @@
+"""The proc's side of log forwarding: an fd-level tee of stdout and stderr.
+
+At bootstrap, fds 1 and 2 become pipes, so everything the proc writes (Python, C extensions,
+subprocesses that inherit the fds) passes through one reader thread. That thread copies each
+chunk to the original fd (the host's own output) and, when streaming is on, sends complete
+lines in batches to the controller's sink port. A thread, not a trio task: it keeps
+forwarding while the trio loop is busy, and a full pipe never blocks the loop.
+
+Mode changes and flushes arrive on the control port (on the trio thread) and are handed to
+the reader thread, which first drains both pipes: what was written before a change is
+forwarded under the old mode, what is written after under the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ..core import _codec
+from ..core import _messages as M
+from ._records import (
+    CONTROL_PORT,
+    MAX_LINE_BYTES,
+    SINK_PORT,
+    STDERR,
+    STDOUT,
+    TRUNCATED_MARK,
+    Flush,
+    Flushed,
+    Init,
+    LineBatch,
+    Mode,
+    SetMode,
+)
+
+if TYPE_CHECKING:
+    from ..core._runtime import Runtime
+
+log = logging.getLogger("regency.logs")
+
+#: Lines kept from before the spawner's Init arrives (sent then, if streaming is on).
+_BACKLOG = 1000
+_CHUNK = 65536
+
+
+class _Stream:
+    """One captured fd: the pipe we read and the host output we copy to."""
+
+    def __init__(self, number: int, read_fd: int, host_fd: int) -> None:
+        self.number = number
+        self.read_fd = read_fd
+        self.host_fd: int | None = host_fd
+        self.partial = bytearray()
+        #: Inside an over-long line whose head was already sent: drop until its newline.
+        self.skipping = False
+
+    def copy_to_host(self, chunk: bytes) -> None:
+        fd = self.host_fd
+        if fd is None:
+            return
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            self.host_fd = None  # the host's output is gone (a closed terminal or pipe)
+
+    def split(self, chunk: bytes) -> list[str]:
+        """Complete lines in ``chunk`` (with what came before), cut at MAX_LINE_BYTES."""
+        lines: list[str] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self.skipping:
+                self.skipping = False
+            else:
+                self.partial += chunk[start:end]
+                lines.append(_decode(self.partial))
+            self.partial.clear()
+            start = end + 1
+        if not self.skipping:
+            self.partial += chunk[start:]
+            if len(self.partial) > MAX_LINE_BYTES:
+                lines.append(_decode(self.partial))
+                self.partial.clear()
+                self.skipping = True
+        return lines
+
+    def rest(self) -> list[str]:
+        """An unterminated last line, at a flush."""
+        if not self.partial:
+            return []
+        line = _decode(self.partial)
+        self.partial.clear()
+        return [line]
+
+
+def _decode(raw: bytes | bytearray) -> str:
+    if len(raw) > MAX_LINE_BYTES:
+        return bytes(raw[:MAX_LINE_BYTES]).decode("utf-8", "replace") + TRUNCATED_MARK
+    return raw.decode("utf-8", "replace").rstrip("\r")
+
+
+class ProcLogs:
+    """The control port handler and the reader thread of one proc."""
+
+    dests: frozenset[str] = frozenset()  # a link loss never fails this port
+
+    def __init__(self, rt: Runtime, streams: list[_Stream]) -> None:
+        self.rt = rt
+        self.hostname = socket.gethostname()
+        self.streams = streams
+        self.mode = Mode(stream=False)
+        self.rank: int | None = None
+        self.sink: str | None = None
+        self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
+        self._commands: deque[tuple[Any, threading.Event | None]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name="regency-log-tee", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- control (on the trio thread) --------------------------------------------------------
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        message = _codec.loads(parts)
+        if isinstance(message, (Init, SetMode)):
+            self._apply_level(message.mode.level)
+        elif isinstance(message, Flush):
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+        else:
+            raise TypeError(f"log control port takes Init, SetMode or Flush (got {message!r})")
+        self.command(message)
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        pass
+
+    def _apply_level(self, level: int) -> None:
+        logging.getLogger().setLevel(level)
+
+    def command(self, message: Any, done: threading.Event | None = None) -> None:
+        """Hand ``message`` to the reader thread (any thread)."""
+        self._commands.append((message, done))
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        fds = [s.read_fd for s in self.streams]
+        by_fd = {s.read_fd: s for s in self.streams}
+        while True:
+            try:
+                ready, _, _ = select.select([*fds, self._wake_r], [], [])
+            except InterruptedError:
+                continue
+            for fd in ready:
+                if fd == self._wake_r:
+                    continue
+                stream = by_fd[fd]
+                try:
+                    chunk = os.read(fd, _CHUNK)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # every writer closed it: nothing more will come
+                    fds.remove(fd)
+                    continue
+                self._take(stream, chunk)
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                while self._commands:
+                    message, done = self._commands.popleft()
+                    self._drain()
+                    self._obey(message)
+                    if done is not None:
+                        done.set()
+
+    def _take(self, stream: _Stream, chunk: bytes, *, final: bool = False) -> None:
+        stream.copy_to_host(chunk)
+        lines = stream.split(chunk)
+        if final:
+            lines += stream.rest()
+        if lines:
+            self._forward(stream.number, lines)
+
+    def _drain(self, *, final: bool = False) -> None:
+        """Read what the pipes hold now: everything written before this call."""
+        for stream in self.streams:
+            while True:
+                try:
+                    chunk = os.read(stream.read_fd, _CHUNK)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                self._take(stream, chunk)
+            if final:
+                rest = stream.rest()
+                if rest:
+                    self._forward(stream.number, rest)
+
+    def _forward(self, number: int, lines: list[str]) -> None:
+        now = self.rt_time()
+        if self.rank is None:
+            self._backlog.extend((number, line, now) for line in lines)
+            return
+        if self.mode.stream:
+            self._send(LineBatch(self.rt.proc_id, self.hostname, self.rank, number,
+                                 tuple(lines), now, self.mode.window))
+
+    def rt_time(self) -> float:
+        return time.time()
+
+    def _send(self, message: Any) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.rt.send_port((self.sink, SINK_PORT), 0, M.OK, message)
+        except Exception as exc:  # the controller is gone: keep teeing to the host
+            log.debug("could not forward log lines: %s", exc)
+
+    def _obey(self, message: Any) -> None:
+        if isinstance(message, Init):
+            self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
+            backlog, self._backlog = list(self._backlog), deque(maxlen=_BACKLOG)
+            if self.mode.stream:
+                for number in (STDOUT, STDERR):
+                    lines = [line for n, line, _ in backlog if n == number]
+                    if lines:
+                        self._forward(number, lines)
+        elif isinstance(message, SetMode):
+            self.mode = message.mode
+            self._reply(message.reply)
+        elif isinstance(message, Flush):
+            for stream in self.streams:
+                rest = stream.rest()
+                if rest:
+                    self._forward(stream.number, rest)
+            self._send(Flushed(message.reply, self.rt.address))
+        elif callable(message):
+            message()
+
+    def _reply(self, port: tuple[str, int]) -> None:
+        try:
+            self.rt.send_port(port, self.rank or 0, M.OK, None)
+        except Exception as exc:
+            log.debug("could not acknowledge a log mode change: %s", exc)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def final_drain(self, timeout: float = 2.0) -> None:
+        """Forward what is still in the pipes (the proc is about to exit). From any thread but
+        the reader's; waits at most ``timeout`` seconds, then for the sink to confirm when
+        the trio loop can still deliver its answer."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        done = threading.Event()
+
+        def finish() -> None:
+            self._drain(final=True)
+
+        self.command(finish, done)
+        done.wait(timeout)
+        rt = self.rt
+        if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
+            return
+        from ..core._future import Future
+
+        confirmed: Future[None] = Future()
+        try:
+            port = rt.open_port(_Confirm(confirmed))
+            self._send(Flushed(port, rt.address))
+            confirmed.get(timeout)
+        except Exception:
+            pass
+
+
+class _Confirm:
+    dests: frozenset[str] = frozenset()
+
+    def __init__(self, fut: Any) -> None:
+        self.fut = fut
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        self.fut.set_result(None)
+        return True
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(exc)
+
+
+_installed: ProcLogs | None = None
+
+
+def install_tee(rt: Runtime) -> ProcLogs:
+    """Capture fds 1 and 2 of this proc and serve the control port. Call once, in the proc,
+    before its runtime serves."""
+    global _installed
+    assert _installed is None, "the log tee is installed once per process"
+    streams = []
+    for number in (STDOUT, STDERR):
+        read_fd, write_fd = os.pipe()
+        host_fd = os.dup(number)
+        os.set_inheritable(host_fd, False)
+        os.dup2(write_fd, number)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        streams.append(_Stream(number, read_fd, host_fd))
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure: Callable[..., None] | None = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)  # a print is a write(2), as on a terminal
+    logs = ProcLogs(rt, streams)
+    rt.ports[CONTROL_PORT] = logs
+    logs.start()
+    _installed = logs
+    real_exit = os._exit
+
+    def exit_after_drain(status: int) -> NoReturn:
+        # os._exit skips every cleanup; the lines printed just before it matter most.
+        try:
+            logs.final_drain()
+        finally:
+            real_exit(status)
+
+    os._exit = exit_after_drain
+    return logs
+
+
+def installed() -> ProcLogs | None:
+    return _installed
