@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core._future import Future, resolved
-from ._records import CONTROL_PORT, Flush, Init, Mode, SetMode
+from ._records import CONTROL_PORT, SINK_PORT, Flush, Init, Mode, PrintWindows, SetMode
 from ._sink import LogSink, ensure_sink, sink_of
 
 if TYPE_CHECKING:
@@ -136,12 +136,17 @@ class _Acked:
 
     def __init__(self) -> None:
         self.acked: set[str] = set()
+        self.windows_printed = False
         self.changed = trio.Event()
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         from ..core import _codec
 
-        self.acked.add(_codec.loads(parts))
+        origin = _codec.loads(parts)
+        if origin is None:
+            self.windows_printed = True
+        else:
+            self.acked.add(origin)
         self.changed.set()
         return False
 
@@ -152,8 +157,9 @@ class _Acked:
 async def flush_procs(rt: Runtime, addresses: Sequence[str]) -> None:
     """A barrier: returns once every line the procs at ``addresses`` wrote before now has
     been printed at the controller. Each proc drains its pipes, sends the rest, then
-    ``Flushed`` to the sink, which prints its open windows and acknowledges. A proc that
-    exits meanwhile stops being waited for; none waits longer than ``stop_timeout``."""
+    ``Flushed`` to the sink, which acknowledges; then the sink prints its open windows. A
+    proc that exits meanwhile stops being waited for; none waits longer than
+    ``stop_timeout``."""
     if not rt.config.enable_log_forwarding or not addresses:
         return
     from ..core import _messages as M
@@ -187,5 +193,10 @@ async def flush_procs(rt: Runtime, addresses: Sequence[str]) -> None:
                     await acks.changed.wait()
                     acks.changed = trio.Event()
                 nursery.cancel_scope.cancel()
+            # Every proc's lines are in: print the open windows (lines of all ranks grouped).
+            rt.send_port((root_address(rt), SINK_PORT), 0, M.OK, PrintWindows(port))
+            while not acks.windows_printed:
+                await acks.changed.wait()
+                acks.changed = trio.Event()
     finally:
         rt.close_port(port[1])

@@ -89,9 +89,16 @@ class LineBatch:
 
 
 @attrs.frozen
+class PrintWindows:
+    """To the sink: print the open windows now, then ack ``reply`` (after a flush)."""
+
+    reply: tuple[str, int]
+
+
+@attrs.frozen
 class Flushed:
-    """Sent by a proc after its last flushed batch: the sink prints what it holds and acks
-    ``reply`` with ``origin``, so the flusher knows every earlier line reached the controller."""
+    """Sent by a proc after its last flushed batch: the sink acks ``reply`` with ``origin``,
+    so the flusher knows every earlier line of that proc reached the controller."""
 
     reply: tuple[str, int]
     #: The address of the proc that flushed.

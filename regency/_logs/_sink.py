@@ -17,7 +17,7 @@ import trio
 from ..core import _codec
 from ..core import _messages as M
 from ._aggregate import Aggregator
-from ._records import SINK_PORT, STDERR, STDOUT, Flushed, LineBatch
+from ._records import SINK_PORT, STDERR, STDOUT, Flushed, LineBatch, PrintWindows
 
 if TYPE_CHECKING:
     from ..core._runtime import Runtime
@@ -45,12 +45,17 @@ class LogSink:
         if isinstance(message, LineBatch):
             self._lines(message)
         elif isinstance(message, Flushed):
+            self._ack(message.reply, message.origin)
+        elif isinstance(message, PrintWindows):
             self.flush()
-            try:
-                self.rt.send_port(message.reply, 0, M.OK, message.origin)
-            except Exception:
-                pass  # whoever asked is gone
+            self._ack(message.reply, None)
         return False
+
+    def _ack(self, reply: tuple[str, int], value: str | None) -> None:
+        try:
+            self.rt.send_port(reply, 0, M.OK, value)
+        except Exception:
+            pass  # whoever asked is gone
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         pass

@@ -112,7 +112,14 @@ def _decode(raw: bytes | bytearray) -> str:
 
 
 class ProcLogs:
-    """The control port handler and the reader thread of one proc."""
+    """The control port handler and the reader thread of one proc.
+
+    ``_io`` serialises reading the pipes: the reader thread holds it while it reads and
+    forwards a chunk; a control message (on the trio thread, as its frame is dispatched)
+    holds it while it drains what the pipes hold and applies itself. So bytes written before
+    a message arrived go out under the old mode, bytes written after (a later call's
+    output) under the new one.
+    """
 
     dests: frozenset[str] = frozenset()  # a link loss never fails this port
 
@@ -124,9 +131,7 @@ class ProcLogs:
         self.rank: int | None = None
         self.sink: str | None = None
         self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
-        self._commands: deque[tuple[Any, threading.Event | None]] = deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        self._io = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="regency-log-tee", daemon=True)
 
     def start(self) -> None:
@@ -136,72 +141,41 @@ class ProcLogs:
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         message = _codec.loads(parts)
-        if isinstance(message, (Init, SetMode)):
-            self._apply_level(message.mode.level)
-        elif isinstance(message, Flush):
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-        else:
+        if not isinstance(message, (Init, SetMode, Flush)):
             raise TypeError(f"log control port takes Init, SetMode or Flush (got {message!r})")
-        self.command(message)
+        _flush_python_streams()
+        with self._io:
+            self._drain()
+            self._obey(message)
         return False
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         pass
-
-    def _apply_level(self, level: int) -> None:
-        logging.getLogger().setLevel(level)
-
-    def command(self, message: Any, done: threading.Event | None = None) -> None:
-        """Hand ``message`` to the reader thread (any thread)."""
-        self._commands.append((message, done))
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # already awake
 
     # -- the reader thread -------------------------------------------------------------------
 
     def _run(self) -> None:
         fds = [s.read_fd for s in self.streams]
         by_fd = {s.read_fd: s for s in self.streams}
-        while True:
+        while fds:
             try:
-                ready, _, _ = select.select([*fds, self._wake_r], [], [])
+                ready, _, _ = select.select(fds, [], [])
             except InterruptedError:
                 continue
-            for fd in ready:
-                if fd == self._wake_r:
-                    continue
-                stream = by_fd[fd]
-                try:
-                    chunk = os.read(fd, _CHUNK)
-                except BlockingIOError:
-                    continue
-                if not chunk:  # every writer closed it: nothing more will come
-                    fds.remove(fd)
-                    continue
-                self._take(stream, chunk)
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                while self._commands:
-                    message, done = self._commands.popleft()
-                    self._drain()
-                    self._obey(message)
-                    if done is not None:
-                        done.set()
+            with self._io:
+                for fd in ready:
+                    try:
+                        chunk = os.read(fd, _CHUNK)
+                    except BlockingIOError:
+                        continue  # a control message drained it first
+                    if not chunk:  # every writer closed it: nothing more will come
+                        fds.remove(fd)
+                        continue
+                    self._take(by_fd[fd], chunk)
 
-    def _take(self, stream: _Stream, chunk: bytes, *, final: bool = False) -> None:
+    def _take(self, stream: _Stream, chunk: bytes) -> None:
         stream.copy_to_host(chunk)
         lines = stream.split(chunk)
-        if final:
-            lines += stream.rest()
         if lines:
             self._forward(stream.number, lines)
 
@@ -217,21 +191,24 @@ class ProcLogs:
                     break
                 self._take(stream, chunk)
             if final:
-                rest = stream.rest()
-                if rest:
-                    self._forward(stream.number, rest)
+                self._forward_rest(stream)
+
+    def _forward_rest(self, stream: _Stream) -> None:
+        rest = stream.rest()
+        if rest:
+            self._forward(stream.number, rest)
 
     def _forward(self, number: int, lines: list[str]) -> None:
-        now = self.rt_time()
+        now = time.time()
         if self.rank is None:
             self._backlog.extend((number, line, now) for line in lines)
             return
         if self.mode.stream:
-            self._send(LineBatch(self.rt.proc_id, self.hostname, self.rank, number,
-                                 tuple(lines), now, self.mode.window))
-
-    def rt_time(self) -> float:
-        return time.time()
+            batch = LineBatch(
+                self.rt.proc_id, self.hostname, self.rank, number, tuple(lines), now,
+                self.mode.window,
+            )
+            self._send(batch)
 
     def _send(self, message: Any) -> None:
         if self.sink is None:
@@ -241,8 +218,9 @@ class ProcLogs:
         except Exception as exc:  # the controller is gone: keep teeing to the host
             log.debug("could not forward log lines: %s", exc)
 
-    def _obey(self, message: Any) -> None:
+    def _obey(self, message: Init | SetMode | Flush) -> None:
         if isinstance(message, Init):
+            logging.getLogger().setLevel(message.mode.level)
             self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
             backlog, self._backlog = list(self._backlog), deque(maxlen=_BACKLOG)
             if self.mode.stream:
@@ -251,41 +229,30 @@ class ProcLogs:
                     if lines:
                         self._forward(number, lines)
         elif isinstance(message, SetMode):
+            logging.getLogger().setLevel(message.mode.level)
             self.mode = message.mode
-            self._reply(message.reply)
-        elif isinstance(message, Flush):
+            try:
+                self.rt.send_port(message.reply, self.rank or 0, M.OK, None)
+            except Exception as exc:
+                log.debug("could not acknowledge a log mode change: %s", exc)
+        else:
             for stream in self.streams:
-                rest = stream.rest()
-                if rest:
-                    self._forward(stream.number, rest)
+                self._forward_rest(stream)
             self._send(Flushed(message.reply, self.rt.address))
-        elif callable(message):
-            message()
-
-    def _reply(self, port: tuple[str, int]) -> None:
-        try:
-            self.rt.send_port(port, self.rank or 0, M.OK, None)
-        except Exception as exc:
-            log.debug("could not acknowledge a log mode change: %s", exc)
 
     # -- the end -----------------------------------------------------------------------------
 
     def final_drain(self, timeout: float = 2.0) -> None:
-        """Forward what is still in the pipes (the proc is about to exit). From any thread but
-        the reader's; waits at most ``timeout`` seconds, then for the sink to confirm when
-        the trio loop can still deliver its answer."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        done = threading.Event()
-
-        def finish() -> None:
+        """Forward what is still in the pipes (the proc is about to exit), from any thread;
+        then, when the trio loop can still deliver its answer, wait (at most ``timeout``)
+        for the sink to confirm it has the lines."""
+        _flush_python_streams()
+        if not self._io.acquire(timeout=timeout):
+            return
+        try:
             self._drain(final=True)
-
-        self.command(finish, done)
-        done.wait(timeout)
+        finally:
+            self._io.release()
         rt = self.rt
         if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
             return
@@ -297,6 +264,14 @@ class ProcLogs:
             self._send(Flushed(port, rt.address))
             confirmed.get(timeout)
         except Exception:
+            pass
+
+
+def _flush_python_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
             pass
 
 

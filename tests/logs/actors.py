@@ -1,0 +1,46 @@
+"""Actors for the log forwarding tests (importable by child procs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+from regency.actor import Actor, current_rank, endpoint
+
+
+class Printer(Actor):
+    @endpoint
+    def say(self, tag: str) -> None:
+        rank = current_rank().rank
+        print(f"out {tag} {rank}")
+        print(f"err {tag} {rank}", file=sys.stderr)
+        os.write(1, f"raw {tag} {rank}\n".encode())  # below Python: as a C extension would
+        subprocess.run(["sh", "-c", f"echo sub {tag} {rank}"], check=True)
+
+    @endpoint
+    def lines(self, tag: str, count: int) -> None:
+        rank = current_rank().rank
+        for i in range(count):
+            print(f"{tag} {rank} line {i}")
+
+    @endpoint
+    def long_line(self, size: int) -> None:
+        print("L" * size)
+
+    @endpoint
+    def log(self, tag: str) -> None:
+        logging.getLogger("user").info(f"info {tag}")
+        logging.getLogger("user").warning(f"warning {tag}")
+
+    @endpoint
+    def die(self, tag: str) -> None:
+        print(f"last words {tag}")
+        print(f"last err {tag}", file=sys.stderr)
+        os._exit(3)
+
+    @endpoint
+    async def die_async(self, tag: str) -> None:
+        print(f"last words {tag}")
+        os._exit(3)
