@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core._future import Future, resolved
+from ..core._singletons import root_address
 from ._records import CONTROL_PORT, SINK_PORT, Flush, Init, Mode, PrintWindows, SetMode
 from ._sink import LogSink, ensure_sink, sink_of
 
@@ -38,13 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("regency.logs")
-
-
-def root_address(rt: Runtime) -> str:
-    """The address of the job's controller, seen from ``rt``."""
-    if rt.parent_address is None:
-        return rt.address
-    return rt.root_address or rt.parent_address
 
 
 def install_proc(rt: Runtime) -> None:

@@ -13,7 +13,7 @@ from ._context import (
     current_rank,
     current_size,
 )
-from ._endpoint import Actor, EndpointSpec, endpoint
+from ._endpoint import Actor, EndpointSpec, concurrent_endpoint, endpoint
 from ._errors import (
     ActorError,
     RemoteException,
@@ -40,6 +40,7 @@ from ._mesh import (
 )
 from ._runtime import Runtime, current_runtime
 from ._shape import Extent, MeshAlgebra, Point, Shape, ValueMesh
+from ._singletons import get_or_spawn_controller
 
 __all__ = [
     "Accumulator",
@@ -70,6 +71,7 @@ __all__ = [
     "UndeliverableError",
     "ValueMesh",
     "as_endpoint",
+    "concurrent_endpoint",
     "configure",
     "context",
     "current_actor_name",
@@ -78,6 +80,7 @@ __all__ = [
     "current_runtime",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "proc_mesh",
     "send",
     "this_host",

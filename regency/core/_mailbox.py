@@ -274,9 +274,13 @@ class ActorCell:
             current.reset(token)
         return True
 
-    async def _call_async(self, item: tuple[Any, ...]) -> bool:
-        """Handle one call on the trio loop; False when the actor died of it."""
+    async def _call_async(self, item: tuple[Any, ...], started: bool = False) -> bool:
+        """Handle one call on the trio loop; False when the actor died of it. A concurrent
+        endpoint's call becomes its own task (``started``) and the mailbox goes on."""
         spec = self.endpoints.get(item[1])
+        if spec is not None and spec.concurrent and not started:
+            self.rt.nursery.start_soon(self._call_async, item, True)
+            return True
         context = self._context(item)
         token = current.set(context)
         try:
@@ -293,7 +297,9 @@ class ActorCell:
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
-                if self.threaded:  # a mixed actor: the thread finishes dying
+                if started:  # a concurrent call: the mailbox does the dying, in turn
+                    self.enqueue(("escalate", cause))
+                elif self.threaded:  # a mixed actor: the thread finishes dying
                     self._pending_death = (cause, exc)
                 else:
                     await self._die_async(cause, exc)

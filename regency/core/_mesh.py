@@ -27,6 +27,7 @@ from ._future import Future, resolved
 from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
 from ._runtime import Child, Runtime, current_runtime
 from ._shape import MeshAlgebra, Shape, ValueMesh
+from ._singletons import ensure_registry
 
 A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
@@ -740,6 +741,8 @@ class HostMesh(MeshAlgebra):
                 children = plan_remote(rt, hosts, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        if rt.parent_address is None:  # procs may ask the controller for its singletons
+            rt.call_soon(lambda: ensure_registry(rt))
         _logs.procs_planned(rt, children)
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
