@@ -37,6 +37,7 @@ import trio
 
 from .. import supervision as S
 from .. import transports
+from .._debugger import _remote as _dbg
 from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
@@ -263,11 +264,15 @@ class ActorCell:
                 coro = result
                 result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
         except BaseException as exc:
+            if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
+                _dbg.call_ended(exc)
             cause = self._raised(item, exc)
             if cause is not None:
                 self._die_sync(cause, exc)
                 return False
         else:
+            if _dbg.open_sessions:
+                _dbg.call_ended(None)
             if not explicit:
                 self._succeeded(item, result)
         finally:
@@ -291,7 +296,8 @@ class ActorCell:
             else:
                 result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
-                result = await result
+                # Driven in a greenlet: a breakpoint() in it waits without stopping the loop.
+                result = await _dbg.drive(result)
         except trio.Cancelled:
             raise  # the runtime is shutting down
         except BaseException as exc:
