@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -72,8 +73,16 @@ class SessionInfo:
 class Session:
     """One rank at a breakpoint: what pdb wrote since the last input, and lines for it."""
 
-    def __init__(self, name: str, rank: int, coords: dict[str, int], hostname: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        rank: int,
+        coords: dict[str, int],
+        hostname: str,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name, self.rank, self.coords, self.hostname = name, rank, coords, hostname
+        self._on_change = on_change
         self.function: str | None = None
         self.lineno: int | None = None
         #: pdb's output since the last line it was given (replayed on attach).
@@ -95,6 +104,7 @@ class Session:
     def changed(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        self._on_change()
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
@@ -159,7 +169,7 @@ class DebugController(Actor):
         self._server: trio.SocketListener | None = None
         self._server_error: BaseException | None = None
         self._client_scope: trio.CancelScope | None = None
-        self._added = trio.Event()
+        self._changed = trio.Event()
 
     # -- the remote pdbs' side ---------------------------------------------------------------
 
@@ -170,10 +180,13 @@ class DebugController(Actor):
         """A rank reached a breakpoint. Returns where the server listens."""
         address = await self._ensure_server()
         if (name, rank) not in self.sessions:
-            self.sessions[(name, rank)] = Session(name, rank, coords, hostname)
-            self._added.set()
-            self._added = trio.Event()
+            self.sessions[(name, rank)] = Session(name, rank, coords, hostname, self._touch)
+            self._touch()
         return address
+
+    def _touch(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     @endpoint
     async def write(
@@ -208,9 +221,9 @@ class DebugController(Actor):
 
     @concurrent_endpoint
     async def wait_pending_session(self, count: int = 1) -> None:
-        """Return once at least ``count`` sessions are open."""
-        while len(self.sessions) < count:
-            await self._added.wait()
+        """Return once at least ``count`` sessions wait at a pdb prompt."""
+        while sum(1 for s in self.sessions.values() if s.waiting) < count:
+            await self._changed.wait()
 
     # -- the server ----------------------------------------------------------------------------
 
@@ -266,6 +279,8 @@ class DebugController(Actor):
                         await self._run(client, command)
                     except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
                         raise
+                    except LookupError as exc:
+                        await client.write(f"Error processing command: {exc.args[0]}\n")
                     except Exception as exc:
                         await client.write(f"Error processing command: {exc}\n")
             except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -281,7 +296,10 @@ class DebugController(Actor):
         elif isinstance(command, C.Attach):
             session = self.sessions.get((command.actor, command.rank))
             if session is None:
-                raise LookupError(f"no debug session for {command.actor} rank {command.rank}")
+                open_ = ", ".join(f"{n} {r}" for n, r in sorted(self.sessions)) or "none"
+                raise LookupError(
+                    f"no debug session for {command.actor} rank {command.rank} (open: {open_})"
+                )
             await self._attach(client, session)
         elif isinstance(command, C.Detach):
             await client.write("Not attached to a debug session.\n")
