@@ -85,8 +85,7 @@ def wait(awaitable: Future[R]) -> R:
 
 
 def _steps(coro: Coroutine[Any, Any, Any]) -> tuple[str, Any]:
-    """In the child greenlet: step ``coro``, handing each trap to the driver."""
-    parent = greenlet.getcurrent().parent
+    """In a driving greenlet: step ``coro``, handing each trap to the driver."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -101,44 +100,62 @@ def _steps(coro: Coroutine[Any, Any, Any]) -> tuple[str, Any]:
                 call_ended(exc)  # a post-mortem here, where pdb can wait off the loop
             return ("raise", exc)
         tracer = sys.gettrace()
-        sys.settrace(None)
-        try:
-            value, error = parent.switch(("yield", trap))
-        finally:
+        if tracer is not None:
+            sys.settrace(None)  # trio's other tasks must not run under pdb's tracer
+        value, error = greenlet.getcurrent().parent.switch(("yield", trap))
+        if tracer is not None:
             sys.settrace(tracer)
+
+
+def _serve_steps(coro: Coroutine[Any, Any, Any]) -> None:
+    """A driving greenlet's life: drive one coroutine after another (starting a greenlet
+    costs tens of microseconds; switching into an idle one, one or two)."""
+    while True:
+        outcome = _steps(coro)
+        coro = greenlet.getcurrent().parent.switch(outcome)
+
+
+#: Driving greenlets between calls (one per concurrently running async endpoint at most).
+_idle: list[_Driven] = []
 
 
 @types.coroutine
 def _drive(coro: Coroutine[Any, Any, R]) -> Generator[Any, Any, R]:
-    child = _Driven(_steps)
+    child = _idle.pop() if _idle else _Driven(_serve_steps)
+    here = greenlet.getcurrent()
+    if child.parent is not here:
+        child.parent = here
     child.gr_context = contextvars.copy_context()
     message = child.switch(coro)
-    while True:
-        kind = message[0]
-        if kind == "yield":
-            try:
-                sent = yield message[1]
-            except BaseException as exc:
-                message = child.switch((None, exc))
+    try:
+        while True:
+            kind = message[0]
+            if kind == "yield":
+                try:
+                    sent = yield message[1]
+                except BaseException as exc:
+                    message = child.switch((None, exc))
+                else:
+                    message = child.switch((sent, None))
+            elif kind == "wait":
+                try:
+                    result = yield from message[1].__await__()
+                except BaseException as exc:
+                    message = child.switch((False, exc))
+                else:
+                    message = child.switch((True, result))
+            elif kind == "done":
+                return message[1]  # type: ignore[no-any-return]
             else:
-                message = child.switch((sent, None))
-        elif kind == "wait":
-            try:
-                result = yield from message[1].__await__()
-            except BaseException as exc:
-                message = child.switch((False, exc))
-            else:
-                message = child.switch((True, result))
-        elif kind == "done":
-            return message[1]  # type: ignore[no-any-return]
-        else:
-            raise message[1]
+                raise message[1]
+    finally:
+        if message[0] in ("done", "raise") and len(_idle) < 64:
+            _idle.append(child)  # finished cleanly: ready for the next call
 
 
-async def drive(coro: Coroutine[Any, Any, R]) -> R:
-    """Await ``coro`` with its steps in a greenlet, so that a pdb inside it can wait for the
-    debugger without stopping the loop."""
-    return await _drive(coro)
+#: ``await drive(coro)`` awaits ``coro`` with its steps in a greenlet, so that a pdb inside
+#: it can wait for the debugger without stopping the loop.
+drive = _drive
 
 
 # -- pdb ------------------------------------------------------------------------------------------

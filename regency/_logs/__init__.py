@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LogSink",
     "Mode",
+    "flush",
     "flush_procs",
     "install_proc",
     "logging_option",
@@ -120,6 +121,27 @@ def logging_option(
 
     for address in addresses:
         rt.send_port((address, CONTROL_PORT), 0, M.OK, SetMode(mode, port))
+    return done
+
+
+def flush(mesh: ProcMesh) -> Future[None]:
+    """Resolve once every line ``mesh``'s procs wrote before this call is printed at the
+    controller (the barrier ``stop()`` runs first)."""
+    from ..core._runtime import current_runtime
+
+    rt = current_runtime()
+    done: Future[None] = Future()
+    addresses = _addresses(mesh)
+
+    async def run() -> None:
+        try:
+            await flush_procs(rt, addresses)
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(None)
+
+    rt.start_soon(run)
     return done
 
 
