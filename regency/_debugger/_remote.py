@@ -21,6 +21,7 @@ import os
 import pdb
 import socket
 import sys
+import threading
 import types
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
@@ -115,13 +116,21 @@ def _serve_steps(coro: Coroutine[Any, Any, Any]) -> None:
         coro = greenlet.getcurrent().parent.switch(outcome)
 
 
-#: Driving greenlets between calls (one per concurrently running async endpoint at most).
-_idle: list[_Driven] = []
+class _Idle(threading.local):
+    """Driving greenlets between calls, per thread (a greenlet lives on one thread; a
+    process may run several loops: a controller's and a simulation's)."""
+
+    def __init__(self) -> None:
+        self.greenlets: list[_Driven] = []
+
+
+_idle = _Idle()
 
 
 @types.coroutine
 def _drive(coro: Coroutine[Any, Any, R]) -> Generator[Any, Any, R]:
-    child = _idle.pop() if _idle else _Driven(_serve_steps)
+    idle = _idle.greenlets
+    child = idle.pop() if idle else _Driven(_serve_steps)
     here = greenlet.getcurrent()
     if child.parent is not here:
         child.parent = here
@@ -149,8 +158,8 @@ def _drive(coro: Coroutine[Any, Any, R]) -> Generator[Any, Any, R]:
             else:
                 raise message[1]
     finally:
-        if message[0] in ("done", "raise") and len(_idle) < 64:
-            _idle.append(child)  # finished cleanly: ready for the next call
+        if message[0] in ("done", "raise") and len(idle) < 64:
+            idle.append(child)  # finished cleanly: ready for the next call
 
 
 #: ``await drive(coro)`` awaits ``coro`` with its steps in a greenlet, so that a pdb inside
