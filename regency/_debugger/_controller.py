@@ -92,6 +92,7 @@ class Session:
         #: Reads waiting for a line (pdb asks for one line at a time).
         self.waiting = 0
         self.ended = False
+        self.proc_address: str | None = None
         self._lines_in, self._lines_out = trio.open_memory_channel[str](math.inf)
         self._changed = trio.Event()
 
@@ -139,6 +140,21 @@ class Session:
         return not self.ended
 
 
+class _ProcWatch:
+    """A reply port that never gets a reply: the runtime fails it when the link to
+    ``address`` is lost, which is how the controller learns a debugged proc died."""
+
+    def __init__(self, address: str, lost: Callable[[str], None]) -> None:
+        self.dests = frozenset((address,))
+        self._address, self._lost = address, lost
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self._lost(self._address)
+
+
 class _Client:
     """The connected person: line-based text over one TCP stream."""
 
@@ -169,20 +185,42 @@ class DebugController(Actor):
         self._server: trio.SocketListener | None = None
         self._server_error: BaseException | None = None
         self._client_scope: trio.CancelScope | None = None
+        self._watched: set[str] = set()
         self._changed = trio.Event()
 
     # -- the remote pdbs' side ---------------------------------------------------------------
 
     @endpoint
     async def session_start(
-        self, name: str, rank: int, coords: dict[str, int], hostname: str
+        self,
+        name: str,
+        rank: int,
+        coords: dict[str, int],
+        hostname: str,
+        proc_address: str | None = None,
     ) -> tuple[str, int]:
-        """A rank reached a breakpoint. Returns where the server listens."""
+        """A rank reached a breakpoint. Returns where the server listens. A proc that dies
+        ends its sessions (``proc_address`` is watched)."""
         address = await self._ensure_server()
         if (name, rank) not in self.sessions:
-            self.sessions[(name, rank)] = Session(name, rank, coords, hostname, self._touch)
+            session = Session(name, rank, coords, hostname, self._touch)
+            session.proc_address = proc_address
+            self.sessions[(name, rank)] = session
             self._touch()
+            if proc_address is not None and proc_address not in self._watched:
+                from ..core._runtime import current_runtime
+
+                self._watched.add(proc_address)
+                current_runtime().open_port(_ProcWatch(proc_address, self._proc_lost))
         return address
+
+    def _proc_lost(self, address: str) -> None:
+        self._watched.discard(address)
+        for key, session in list(self.sessions.items()):
+            if session.proc_address == address:
+                del self.sessions[key]
+                session.end()
+        self._touch()
 
     def _touch(self) -> None:
         self._changed.set()

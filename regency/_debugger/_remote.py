@@ -227,9 +227,12 @@ class RemotePdb(pdb.Pdb):
         global open_sessions
         if self._started:
             return
+        from ..core._runtime import current_runtime
+
         wait(
             self.controller.session_start.call_one(
-                self.name, self.rank, self.coords, socket.gethostname()
+                self.name, self.rank, self.coords, socket.gethostname(),
+                current_runtime().address,
             )
         )
         self._started = True

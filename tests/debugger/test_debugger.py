@@ -262,10 +262,17 @@ def test_async_endpoint_breakpoint_leaves_the_loop_serving(debugging: object) ->
     # Step over an await: the coroutine yields to the loop and comes back under pdb.
     assert "-> return y + 1" in me.send("n", PDB)
     me.send("detach")
+    # A proc that dies ends its sessions.
+    me.send("cast debugee ranks(0) !import os; os._exit(3)")
+    gone = me.send("attach debugee 0")
+    assert (
+        "Debug session for debugee 0 (" in gone and ") ended" in gone
+    ) or "no debug session for debugee rank 0 (open: debugee 1)" in gone
+    assert me.send("list").count("| debugee ") == 1
     me.send("continue")
     out = _finish(proc)
     assert "BYSTANDER ['pong', 'pong']" in out
-    assert "RESULT [102, 102]" in out
+    assert "ERROR SupervisionError" in out
 
 
 @pytest.mark.slow
