@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,11 +50,22 @@ def install_proc(rt: Runtime) -> None:
     install_tee(rt)
 
 
+#: Per runtime: the procs it spawned with forwarding on (only they have a control port to
+#: answer a mode change or a flush).
+_forwarding: weakref.WeakKeyDictionary[Runtime, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _teed(rt: Runtime, addresses: Sequence[str]) -> list[str]:
+    known = _forwarding.get(rt, set())
+    return [a for a in addresses if a in known]
+
+
 def procs_planned(rt: Runtime, children: Sequence[Child]) -> None:
     """The spawner planned ``children`` (in rank order). With forwarding on, their first
     message is their rank and the default mode (stream, 3 s window, INFO as in Monarch)."""
     if not rt.config.enable_log_forwarding:
         return
+    _forwarding.setdefault(rt, set()).update(child.address for child in children)
     sink = root_address(rt)
     if rt.parent_address is None:
         rt.call_soon(lambda: ensure_sink(rt))
@@ -97,21 +109,19 @@ def logging_option(
     if aggregate_window_sec is not None and not stream_to_client:
         raise RuntimeError("cannot set aggregate window without streaming to client")
     mode = Mode(bool(stream_to_client), aggregate_window_sec, level)
-    from ..core._config import current_config
     from ..core._runtime import current_runtime
 
-    if not current_config().enable_log_forwarding:
+    rt = current_runtime()
+    addresses = _teed(rt, _addresses(mesh))
+    if not addresses:
         warnings.warn(
-            "logging_option has no effect: log forwarding was off when the procs were "
-            "spawned; call regency.configure(enable_log_forwarding=True) (or set "
+            "logging_option has no effect: log forwarding was off when these procs were "
+            "spawned (or they were not spawned from here); call "
+            "regency.configure(enable_log_forwarding=True) (or set "
             "REGENCY_ENABLE_LOG_FORWARDING=1) before spawning them",
             UserWarning,
             stacklevel=3,
         )
-        return resolved(None)
-    rt = current_runtime()
-    addresses = _addresses(mesh)
-    if not addresses:
         return resolved(None)
     done: Future[None] = Future()
     port = rt.open_port(
@@ -176,7 +186,8 @@ async def flush_procs(rt: Runtime, addresses: Sequence[str]) -> None:
     ``Flushed`` to the sink, which acknowledges; then the sink prints its open windows. A
     proc that exits meanwhile stops being waited for; none waits longer than
     ``stop_timeout``."""
-    if not rt.config.enable_log_forwarding or not addresses:
+    addresses = _teed(rt, addresses)
+    if not addresses:
         return
     from ..core import _messages as M
 

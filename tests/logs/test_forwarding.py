@@ -134,14 +134,19 @@ from tests.logs.actors import Printer
 
 pm = this_host().spawn_procs(per_host={"gpus": 2})
 p = pm.spawn("p", Printer)
-pm.logging_option(stream_to_client=True, aggregate_window_sec=600).get()
+import asyncio, trio
+async def option():
+    await pm.logging_option(stream_to_client=True, aggregate_window_sec=600)
+asyncio.run(option())   # awaitable under asyncio (a notebook) ...
 p.lines.call("a training step is done, rank", 3).get()
 pm.stop().get()   # the window is far from over: stop's flush prints it
 print("STOPPED", flush=True)
 
 crash = this_host().spawn_procs(per_host={"gpus": 1})
 c = crash.spawn("c", Printer)
-crash.logging_option(stream_to_client=True, aggregate_window_sec=None).get()
+async def crash_option():
+    await crash.logging_option(stream_to_client=True, aggregate_window_sec=None)
+trio.run(crash_option)  # ... and under trio
 try:
     c.die.call_one("sync").get()
 except SupervisionError:
@@ -193,7 +198,8 @@ def test_logging_option_checks_its_arguments() -> None:
 
 
 def test_logging_option_warns_when_forwarding_is_off() -> None:
-    with overridden(enable_log_forwarding=False), warnings.catch_warnings(record=True) as seen:
+    # Also when it is on now but the procs were not spawned with it (here: this process).
+    with overridden(enable_log_forwarding=True), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         this_proc().logging_option(stream_to_client=True).get(5)
     assert any(
