@@ -208,7 +208,7 @@ class DebugController(Actor):
             self.sessions[(name, rank)] = session
             self._touch()
             if proc_address is not None and proc_address not in self._watched:
-                from ..core._runtime import current_runtime
+                from ..core._controller import current_runtime
 
                 self._watched.add(proc_address)
                 current_runtime().open_port(_ProcWatch(proc_address, self._proc_lost))
@@ -267,7 +267,7 @@ class DebugController(Actor):
 
     async def _ensure_server(self) -> tuple[str, int]:
         if self._server is None:
-            from ..core._runtime import current_runtime
+            from ..core._controller import current_runtime
 
             host, port = server_address()
             listeners = await trio.open_tcp_listeners(port, host=host)

@@ -75,7 +75,7 @@ def wait(awaitable: Future[R]) -> R:
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]
-    from ..core._runtime import current_runtime
+    from ..core._controller import current_runtime
 
     if current_runtime().on_runtime_thread():
         raise RuntimeError(
@@ -227,7 +227,7 @@ class RemotePdb(pdb.Pdb):
         global open_sessions
         if self._started:
             return
-        from ..core._runtime import current_runtime
+        from ..core._controller import current_runtime
 
         wait(
             self.controller.session_start.call_one(

@@ -25,8 +25,9 @@ from ._records import CONTROL_PORT, SINK_PORT, Flush, Init, Mode, PrintWindows, 
 from ._sink import LogSink, ensure_sink, sink_of
 
 if TYPE_CHECKING:
+    from ..core._children import Child
     from ..core._mesh import ProcMesh
-    from ..core._runtime import Child, Runtime
+    from ..core._runtime import Runtime
 
 __all__ = [
     "LogSink",
@@ -109,7 +110,7 @@ def logging_option(
     if aggregate_window_sec is not None and not stream_to_client:
         raise RuntimeError("cannot set aggregate window without streaming to client")
     mode = Mode(bool(stream_to_client), aggregate_window_sec, level)
-    from ..core._runtime import current_runtime
+    from ..core._controller import current_runtime
 
     rt = current_runtime()
     addresses = _teed(rt, _addresses(mesh))
@@ -137,7 +138,7 @@ def logging_option(
 def flush(mesh: ProcMesh) -> Future[None]:
     """Resolve once every line ``mesh``'s procs wrote before this call is printed at the
     controller (the barrier ``stop()`` runs first)."""
-    from ..core._runtime import current_runtime
+    from ..core._controller import current_runtime
 
     rt = current_runtime()
     done: Future[None] = Future()

@@ -114,7 +114,7 @@ class _Dispatch(io.TextIOBase):
         self.inner, self.number = inner, number
 
     def write(self, text: str) -> int:
-        from ..core._runtime import current_runtime_or_none
+        from ..core._current import current_runtime_or_none
 
         rt = current_runtime_or_none()
         handler = rt.ports.get(CONTROL_PORT) if rt is not None else None

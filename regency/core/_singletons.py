@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..supervision import ROOT, MeshFailure
 from ._endpoint import Actor, endpoint
 from ._future import Future
-from ._runtime import Runtime, current_runtime
 from ._shape import Shape
 
 if TYPE_CHECKING:
     from ._mesh import ActorMesh
+    from ._runtime import Runtime
 
 A = TypeVar("A", bound=Actor)
 
@@ -86,6 +86,7 @@ def get_or_spawn_controller(
         raise ValueError(f"a controller's name must be a non-empty string (got {name!r})")
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"get_or_spawn_controller needs an Actor subclass (got {cls!r})")
+    from ._controller import current_runtime
     from ._mesh import ActorMesh
 
     rt = current_runtime()
