@@ -5,7 +5,8 @@
 * ``call_one`` round trips with forwarding on and off, nothing printed (target: no
   measurable change); on and off alternate, several rounds, to even out the machine's load;
 * the greenlet driver every async endpoint runs under (so a ``breakpoint()`` in one waits
-  off the loop), per call, measured in one process.
+  off the loop): end to end (procs whose bootstrap swaps it out) and per await in one
+  process.
 
 The procs' host output is /dev/null here: each measurement runs in a child controller whose
 fds 1 and 2 point there (its procs inherit them), and which writes its figures to a file.
@@ -53,32 +54,38 @@ def median_us(fn, n=1000, repeats=5):
         samples.append((time.perf_counter() - t0) / n * 1e6)
     return statistics.median(samples)
 
+def without_driver():
+    # Await async endpoints directly, as before the debugger's greenlet driver.
+    import regency._debugger._remote as remote
+    remote.drive = lambda coro: coro
+
 out = {}
 meshes = {}
-for on in (False, True):
-    regency.configure(enable_log_forwarding=on)
-    pm = this_host().spawn_procs(per_host={"gpus": 4})
+for variant in ("off", "on", "nodriver"):
+    regency.configure(enable_log_forwarding=variant == "on")
+    boot = without_driver if variant == "nodriver" else None
+    pm = this_host().spawn_procs(per_host={"gpus": 4}, bootstrap=boot)
     actors = pm.spawn("chatty", Chatty)
     actors.ping.call().get(60)
-    if on:
+    if variant == "on":
         pm.logging_option(stream_to_client=True, aggregate_window_sec=None).get(30)
-    meshes[on] = (pm, actors)
+    meshes[variant] = (pm, actors)
 
-for on, (pm, actors) in meshes.items():
+for pm, actors in meshes.values():
     one = actors.slice(gpus=0)
     for _ in range(1000):
         one.ping.call_one().get()
-rounds = {False: {"sync": [], "async": []}, True: {"sync": [], "async": []}}
+rounds = {v: {"sync": [], "async": []} for v in meshes}
 for _ in range(4):
-    for on, (pm, actors) in meshes.items():
+    for variant, (pm, actors) in meshes.items():
         one = actors.slice(gpus=0)
-        rounds[on]["sync"].append(median_us(lambda: one.ping.call_one().get()))
-        rounds[on]["async"].append(median_us(lambda: one.aping.call_one().get()))
-for on in (False, True):
+        rounds[variant]["sync"].append(median_us(lambda: one.ping.call_one().get()))
+        rounds[variant]["async"].append(median_us(lambda: one.aping.call_one().get()))
+for variant in meshes:
     for kind in ("sync", "async"):
-        out[f"{kind}_{'on' if on else 'off'}"] = statistics.median(rounds[on][kind])
+        out[f"{kind}_{variant}"] = statistics.median(rounds[variant][kind])
 
-pm, actors = meshes[True]
+pm, actors = meshes["on"]
 sink_out = io.StringIO()
 real_stdout = sys.stdout
 per_proc = 50_000
@@ -151,6 +158,7 @@ def run() -> list[tuple[str, str, float, str]]:
         ("call_one sync endpoint, forwarding on, nothing printed", "= off", figures["sync_on"], "us"),
         ("call_one async endpoint, forwarding off", "", figures["async_off"], "us"),
         ("call_one async endpoint, forwarding on, nothing printed", "= off", figures["async_on"], "us"),
+        ("call_one async endpoint, forwarding off, without the greenlet driver", "", figures["async_nodriver"], "us"),
         ("await of a one-checkpoint coroutine, plain", "", plain, "us"),
         ("same, through the debugger's greenlet driver", "", driven, "us"),
     ]
