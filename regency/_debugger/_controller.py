@@ -270,7 +270,13 @@ class DebugController(Actor):
             from ..core._controller import current_runtime
 
             host, port = server_address()
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            try:
+                listeners = await trio.open_tcp_listeners(port, host=host)
+            except OSError as exc:
+                raise OSError(
+                    f"the debug server cannot listen on {host}:{port} ({exc}); set "
+                    "REGENCY_DEBUG_SERVER_HOST/REGENCY_DEBUG_SERVER_PORT to a free address"
+                ) from exc
             self._server = listeners[0]
             for extra in listeners[1:]:
                 await extra.aclose()

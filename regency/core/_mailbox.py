@@ -97,6 +97,8 @@ class ActorCell:
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._deque: deque[tuple[Any, ...]] = deque()
         self._wakeup = trio.Event()
+        #: Calls of concurrent endpoints still running (cancelled when the actor retires).
+        self._running: set[trio.CancelScope] = set()
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -187,6 +189,8 @@ class ActorCell:
 
         def retire() -> None:
             self.rt.actor_gone(self, failure)
+            for scope in list(self._running):  # concurrent calls still running
+                scope.cancel()
             while True:
                 try:
                     item = self._queue.get_nowait()
@@ -284,7 +288,9 @@ class ActorCell:
         endpoint's call becomes its own task (``started``) and the mailbox goes on."""
         spec = self.endpoints.get(item[1])
         if spec is not None and spec.concurrent and not started:
-            self.rt.nursery.start_soon(self._call_async, item, True)
+            scope = trio.CancelScope()
+            self._running.add(scope)  # now: the actor may retire before the task starts
+            self.rt.nursery.start_soon(self._concurrent, item, scope)
             return True
         context = self._context(item)
         token = current.set(context)
@@ -316,6 +322,19 @@ class ActorCell:
         finally:
             current.reset(token)
         return True
+
+    async def _concurrent(self, item: tuple[Any, ...], scope: trio.CancelScope) -> None:
+        """A concurrent endpoint's call, as its own task; cancelled when the actor retires
+        (its caller then gets DEAD, as for a message still queued)."""
+        with scope:
+            try:
+                if scope.cancel_called:
+                    await trio.lowlevel.checkpoint()  # retired before we started: raises
+                await self._call_async(item, True)
+            finally:
+                self._running.discard(scope)
+        if scope.cancelled_caught and item[3] is not None:
+            self._reply(item[3], item[4], M.DEAD, self._stopped_failure())
 
     def _raised(self, item: tuple[Any, ...], exc: BaseException) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just

@@ -9,6 +9,7 @@ import pytest
 from regency.actor import (
     ActorError,
     ProcMesh,
+    SupervisionError,
     concurrent_endpoint,
     get_or_spawn_controller,
     this_host,
@@ -61,6 +62,15 @@ def test_concurrent_calls_do_not_wait_for_each_other(procs: ProcMesh) -> None:
     with pytest.raises(ActorError, match="no such thing"):
         gate.fail.call().get(T)
     assert set(gate.wait.call("after").get(T).values()) == {"passed after"}
+
+
+@pytest.mark.slow
+def test_stopping_an_actor_cancels_its_concurrent_calls(procs: ProcMesh) -> None:
+    gate = procs.spawn("closing", Gate)
+    waiting = gate.wait.call("never")
+    gate.stop().get(T)
+    with pytest.raises(SupervisionError, match="was stopped"):
+        waiting.get(T)
 
 
 def test_concurrent_endpoint_needs_an_async_function() -> None:
