@@ -36,7 +36,6 @@ class LogSink:
         self.rt = rt
         #: Per stream: the open window's aggregator and its length in seconds.
         self._windows: dict[int, tuple[Aggregator, float]] = {}
-        self._timer_running: set[int] = set()
         #: Lines printed (or grouped), for tests and benchmarks.
         self.received = 0
 
@@ -74,19 +73,15 @@ class LogSink:
         if entry is None:
             entry = (Aggregator(), batch.window)
             self._windows[batch.stream] = entry
+            self.rt.nursery.start_soon(self._close_after, batch.stream, entry)
         aggregator = entry[0]
         for line in batch.lines:
             aggregator.add(batch.rank, line, batch.timestamp)
-        if batch.stream not in self._timer_running:
-            self._timer_running.add(batch.stream)
-            self.rt.nursery.start_soon(self._close_after, batch.stream, batch.window)
 
-    async def _close_after(self, stream: int, seconds: float) -> None:
-        try:
-            await trio.sleep(seconds)
-        finally:
-            self._timer_running.discard(stream)
-        self._print_window(stream)
+    async def _close_after(self, stream: int, entry: tuple[Aggregator, float]) -> None:
+        await trio.sleep(entry[1])
+        if self._windows.get(stream) is entry:  # not already printed by a flush or a change
+            self._print_window(stream)
 
     def _print_window(self, stream: int) -> None:
         entry = self._windows.pop(stream, None)

@@ -107,6 +107,16 @@ def test_list_is_a_grid_table() -> None:
     )
 
 
+def test_client_says_where_it_could_not_connect(capsys: pytest.CaptureFixture[str]) -> None:
+    from regency._debugger._client import run_client
+
+    port = _free_port()
+    assert run_client("127.0.0.1", port) == 2
+    err = capsys.readouterr().err
+    assert f"cannot connect to the debug server at 127.0.0.1:{port}" in err
+    assert "REGENCY_DEBUG_SERVER_HOST/_PORT" in err
+
+
 # -- through real procs ---------------------------------------------------------------------------
 
 CONTROLLER = """
