@@ -6,6 +6,8 @@ before spawning procs; then ``await proc_mesh.logging_option(...)``. See docs/lo
 * :mod:`._tee`: in each proc, the fd-level tee and the control port.
 * :mod:`._sink`: in the controller, the sink port that prints (and groups) lines.
 * :mod:`._aggregate`: the pure grouping of similar lines.
+* :mod:`._leftovers`: what a proc killed by a signal left unread in its pipes.
+* :mod:`._sim`: the simulator's side.
 * :mod:`._records`: the messages between them.
 """
 

@@ -96,6 +96,18 @@ class PrintWindows:
 
 
 @attrs.frozen
+class Streaming:
+    """A proc's mode, told to the sink at each change: it prints what a dead proc left
+    unread in its pipes (see :mod:`._leftovers`) only for procs that stream."""
+
+    proc_id: str
+    hostname: str
+    rank: int
+    on: bool
+    window: float | None
+
+
+@attrs.frozen
 class Flushed:
     """Sent by a proc after its last flushed batch: the sink acks ``reply`` with ``origin``,
     so the flusher knows every earlier line of that proc reached the controller."""

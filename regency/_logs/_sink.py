@@ -9,7 +9,10 @@ one block when the window closes or at a flush.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
@@ -17,7 +20,16 @@ import trio
 from ..core import _codec
 from ..core import _messages as M
 from ._aggregate import Aggregator
-from ._records import SINK_PORT, STDERR, STDOUT, Flushed, LineBatch, PrintWindows
+from ._leftovers import LeftoverWatch
+from ._records import (
+    SINK_PORT,
+    STDERR,
+    STDOUT,
+    Flushed,
+    LineBatch,
+    PrintWindows,
+    Streaming,
+)
 
 if TYPE_CHECKING:
     from ..core._runtime import Runtime
@@ -38,11 +50,25 @@ class LogSink:
         self._windows: dict[int, tuple[Aggregator, float]] = {}
         #: Lines printed (or grouped), for tests and benchmarks.
         self.received = 0
+        #: Each proc's latest mode, by proc id.
+        self._streaming: dict[str, Streaming] = {}
+
+    def leftovers(self, proc_id: str, stream: int, lines: list[str]) -> None:
+        """What a dead proc had written and nobody had read (on the trio thread)."""
+        mode = self._streaming.get(proc_id)
+        if mode is None or not mode.on:
+            return
+        self._lines(
+            LineBatch(proc_id, mode.hostname, mode.rank, stream, tuple(lines), time.time(),
+                      mode.window)
+        )
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         message = _codec.loads(parts)
         if isinstance(message, LineBatch):
             self._lines(message)
+        elif isinstance(message, Streaming):
+            self._streaming[message.proc_id] = message
         elif isinstance(message, Flushed):
             self._ack(message.reply, message.origin)
         elif isinstance(message, PrintWindows):
@@ -109,5 +135,19 @@ def sink_of(rt: Runtime) -> LogSink | None:
 
 def ensure_sink(rt: Runtime) -> None:
     """Open the sink port of a root runtime (on its trio thread; idempotent)."""
-    if SINK_PORT not in rt.ports:
-        rt.ports[SINK_PORT] = LogSink(rt)
+    if SINK_PORT in rt.ports:
+        return
+    sink = LogSink(rt)
+    rt.ports[SINK_PORT] = sink
+    if os.path.isdir(rt.jobdir):  # a real controller (the simulator's jobdir is fictional)
+
+        def deliver(proc_id: str, stream: int, lines: list[str]) -> None:
+            try:
+                rt.call_soon(lambda: sink.leftovers(proc_id, stream, lines))
+            except RuntimeError:
+                pass  # the runtime has stopped (the program is exiting)
+
+        try:
+            LeftoverWatch(rt, deliver)
+        except OSError as exc:
+            logging.getLogger("regency.logs").info("no leftover watch: %s", exc)

@@ -26,19 +26,20 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core import _codec
 from ..core import _messages as M
+from ._leftovers import cut_line, hand_over
 from ._records import (
     CONTROL_PORT,
     MAX_LINE_BYTES,
     SINK_PORT,
     STDERR,
     STDOUT,
-    TRUNCATED_MARK,
     Flush,
     Flushed,
     Init,
     LineBatch,
     Mode,
     SetMode,
+    Streaming,
 )
 
 if TYPE_CHECKING:
@@ -105,10 +106,7 @@ class _Stream:
         return [line]
 
 
-def _decode(raw: bytes | bytearray) -> str:
-    if len(raw) > MAX_LINE_BYTES:
-        return bytes(raw[:MAX_LINE_BYTES]).decode("utf-8", "replace") + TRUNCATED_MARK
-    return raw.decode("utf-8", "replace").rstrip("\r")
+_decode = cut_line
 
 
 class ProcLogs:
@@ -218,11 +216,19 @@ class ProcLogs:
         except Exception as exc:  # the controller is gone: keep teeing to the host
             log.debug("could not forward log lines: %s", exc)
 
+    def _announce(self) -> None:
+        """Tell the sink whether we stream (it prints a dead proc's leftovers only then)."""
+        assert self.rank is not None
+        self._send(
+            Streaming(self.rt.proc_id, self.hostname, self.rank, self.mode.stream, self.mode.window)
+        )
+
     def _obey(self, message: Init | SetMode | Flush) -> None:
         if isinstance(message, Init):
             logging.getLogger().setLevel(message.mode.level)
             self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
             backlog, self._backlog = list(self._backlog), deque(maxlen=_BACKLOG)
+            self._announce()
             if self.mode.stream:
                 for number in (STDOUT, STDERR):
                     lines = [line for n, line, _ in backlog if n == number]
@@ -231,6 +237,7 @@ class ProcLogs:
         elif isinstance(message, SetMode):
             logging.getLogger().setLevel(message.mode.level)
             self.mode = message.mode
+            self._announce()
             try:
                 self.rt.send_port(message.reply, self.rank or 0, M.OK, None)
             except Exception as exc:
@@ -312,6 +319,7 @@ def install_tee(rt: Runtime) -> ProcLogs:
             reconfigure(line_buffering=True)  # a print is a write(2), as on a terminal
     logs = ProcLogs(rt, streams)
     rt.ports[CONTROL_PORT] = logs
+    hand_over(rt.jobdir, rt.proc_id, [s.read_fd for s in streams])
     logs.start()
     _installed = logs
     real_exit = os._exit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -39,6 +40,17 @@ class Printer(Actor):
         print(f"last words {tag}")
         print(f"last err {tag}", file=sys.stderr)
         os._exit(3)
+
+    @endpoint
+    def die_unread(self, tag: str) -> None:
+        """Die by SIGKILL with a line in the pipe that the tee thread has not read."""
+        from regency._logs._tee import installed
+
+        tee = installed()
+        assert tee is not None
+        tee._io.acquire()  # from here on the tee thread cannot read
+        print(f"unread {tag}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @endpoint
     async def die_async(self, tag: str) -> None:

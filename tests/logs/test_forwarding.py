@@ -152,6 +152,14 @@ try:
 except SupervisionError:
     print("DIED", flush=True)
 
+killed = this_host().spawn_procs(per_host={"gpus": 1})
+k = killed.spawn("k", Printer)
+killed.logging_option(stream_to_client=True, aggregate_window_sec=None).get()
+try:
+    k.die_unread.call_one("kill").get()
+except SupervisionError:
+    pass
+
 tail = this_host().spawn_procs(per_host={"gpus": 1})
 t = tail.spawn("t", Printer)
 tail.logging_option(stream_to_client=True, aggregate_window_sec=600).get()
@@ -176,6 +184,9 @@ def test_aggregation_stop_flush_crash_and_exit_flush(tmp_path: Path) -> None:
     died = out.index("DIED")
     assert re.search(r"\] \[0\] last words sync\n", out[stopped:died])
     assert any(line == "last err sync" for _, _, line in _forwarded(err))
+    # Even a SIGKILL with the line still unread in the pipe: the controller reads what is left
+    # once the proc is gone.
+    assert re.search(r"\] \[0\] unread kill\n", out)
     # Program exit flushes an open window too.
     rest = out[out.index("EXITING") :]
     assert re.search(
