@@ -60,12 +60,15 @@ def _add_debug_command(commands: Any) -> None:
         default=int(os.environ.get("REGENCY_DEBUG_SERVER_PORT", "27000")),
         help="debug server port (default: $REGENCY_DEBUG_SERVER_PORT or 27000)",
     )
+    debug.add_argument(
+        "--token", help="the server's token (default: read from ~/.regency/debug-PORT.token)"
+    )
 
 
 def _debug(args: argparse.Namespace) -> int:
     from ._debugger._client import run_client
 
-    return run_client(args.host, args.port)
+    return run_client(args.host, args.port, token=args.token)
 
 
 if __name__ == "__main__":

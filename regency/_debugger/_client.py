@@ -11,11 +11,30 @@ from typing import BinaryIO
 
 
 def run_client(
-    host: str, port: int, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None
+    host: str,
+    port: int,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+    token: str | None = None,
 ) -> int:
-    """Connect and relay until either side closes. Returns an exit status."""
+    """Connect, present the token and relay until either side closes. Returns an exit
+    status."""
+    from ._controller import token_path
+
     source = stdin if stdin is not None else sys.stdin.buffer
     sink = stdout if stdout is not None else sys.stdout.buffer
+    if token is None:
+        try:
+            with open(token_path(port)) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            print(
+                f"regency debug: no token for port {port} ({exc}); the server writes it when "
+                "it starts (the first breakpoint); pass --token if it ran as another user's "
+                "job on this machine",
+                file=sys.stderr,
+            )
+            return 2
     try:
         sock = socket.create_connection((host, port), timeout=10)
     except OSError as exc:
@@ -26,6 +45,7 @@ def run_client(
         )
         return 2
     sock.settimeout(None)
+    sock.sendall(token.encode() + b"\n")
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "server")
     try:

@@ -5,7 +5,9 @@ Procs reach it with ``get_or_spawn_controller("debug_controller", DebugControlle
 endpoints run on the controller's trio loop; ``read`` is concurrent, so a pdb waiting for
 input never holds up the others. The server starts with the first session, on
 ``REGENCY_DEBUG_SERVER_HOST``:``REGENCY_DEBUG_SERVER_PORT`` (localhost:27000); one client at
-a time (a new one replaces the old).
+a time (a new one replaces the old). A client's first line must be the server's token, which
+the server writes to ``~/.regency/debug-<port>.token`` (mode 0600): pdb runs any Python in the
+procs, so only this user may attach.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import builtins
 import logging
 import math
 import os
+import secrets
 import sys
 from collections.abc import Callable
 
@@ -42,6 +45,20 @@ HELP = (
     "\tcontinue - clear all breakpoints and tell all ranks to continue\n"
     "\thelp - print this help message\n"
 )
+
+
+def token_path(port: int) -> str:
+    """Where the server of ``port`` leaves its token: readable by this user only."""
+    return os.path.join(os.path.expanduser("~"), ".regency", f"debug-{port}.token")
+
+
+def _write_token(port: int, token: str) -> str:
+    path = token_path(port)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
 
 
 def server_address() -> tuple[str, int]:
@@ -186,6 +203,7 @@ class DebugController(Actor):
         self._server_error: BaseException | None = None
         self._client_scope: trio.CancelScope | None = None
         self._watched: set[str] = set()
+        self._token = ""
         self._changed = trio.Event()
 
     # -- the remote pdbs' side ---------------------------------------------------------------
@@ -280,8 +298,10 @@ class DebugController(Actor):
             self._server = listeners[0]
             for extra in listeners[1:]:
                 await extra.aclose()
-            current_runtime().nursery.start_soon(self._serve, self._server)
             bound = self._server.socket.getsockname()
+            self._token = secrets.token_hex(16)
+            _write_token(bound[1], self._token)
+            current_runtime().nursery.start_soon(self._serve, self._server)
             print(
                 f"regency: an actor is at a breakpoint; attach with "
                 f"`regency debug --host {host} --port {bound[1]}`",
@@ -291,20 +311,41 @@ class DebugController(Actor):
         name = self._server.socket.getsockname()
         return (os.environ.get("REGENCY_DEBUG_SERVER_HOST", "localhost"), int(name[1]))
 
+    def _server_port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.socket.getsockname()[1]
+        return port
+
     async def _serve(self, listener: trio.SocketListener) -> None:
         async with trio.open_nursery() as nursery:
             while True:
                 stream = await listener.accept()
-                if self._client_scope is not None:
-                    self._client_scope.cancel()  # one client at a time: the newest wins
-                scope = trio.CancelScope()
-                self._client_scope = scope
-                nursery.start_soon(self._client, stream, scope)
+                nursery.start_soon(self._client, stream)
 
-    async def _client(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+    async def _admitted(self, client: _Client) -> bool:
+        """pdb runs any Python in the procs: only this user (who can read the token file)
+        may attach. A client that fails says so and leaves the current one alone."""
+        offered = ""
+        with trio.move_on_after(10):
+            offered = await client.readline()
+        if secrets.compare_digest(offered.strip().encode(), self._token.encode()):
+            return True
+        await client.write(
+            "regency debug: wrong or missing token (the first line must be the token in "
+            f"{token_path(self._server_port())})\n"
+        )
+        return False
+
+    async def _client(self, stream: trio.SocketStream) -> None:
         client = _Client(stream)
+        scope = trio.CancelScope()
         with scope:
             try:
+                if not await self._admitted(client):
+                    raise EOFError("refused a client without the token")
+                if self._client_scope is not None:
+                    self._client_scope.cancel()  # one client at a time: the newest wins
+                self._client_scope = scope
                 await client.write(BANNER)
                 while True:
                     await client.write(PROMPT)

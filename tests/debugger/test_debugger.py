@@ -24,7 +24,7 @@ from regency._debugger._commands import (
     parse_ranks,
     selects,
 )
-from regency._debugger._controller import SessionInfo, render_table
+from regency._debugger._controller import SessionInfo, render_table, token_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "regency_dbg> "
@@ -111,7 +111,7 @@ def test_client_says_where_it_could_not_connect(capsys: pytest.CaptureFixture[st
     from regency._debugger._client import run_client
 
     port = _free_port()
-    assert run_client("127.0.0.1", port) == 2
+    assert run_client("127.0.0.1", port, token="x") == 2
     err = capsys.readouterr().err
     assert f"cannot connect to the debug server at 127.0.0.1:{port}" in err
     assert "REGENCY_DEBUG_SERVER_HOST/_PORT" in err
@@ -153,9 +153,13 @@ def _free_port() -> int:
 class _Session:
     """The debugging person, speaking the server's text protocol."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, token: str | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.buffer = b""
+        if token is None:
+            with open(token_path(port)) as f:
+                token = f.read().strip()
+        self.sock.sendall(token.encode() + b"\n")
 
     def until(self, token: str) -> str:
         while token.encode() not in self.buffer:
@@ -219,6 +223,11 @@ def test_two_ranks_list_attach_cast_replay_and_continue(debugging: object) -> No
     me = _Session(port)
     banner = me.until(PROMPT)
     assert "REGENCY DEBUGGER" in banner
+    # Without the token (only this user can read its file) the server says no and hangs up,
+    # and the connected person is not displaced.
+    stranger = _Session(port, token="guess")
+    with pytest.raises(EOFError, match="wrong or missing token"):
+        stranger.until(PROMPT)
     table = me.send("list")
     rows = [line for line in table.splitlines() if line.startswith("| debugee")]
     assert len(rows) == 2
