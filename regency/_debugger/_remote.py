@@ -269,8 +269,13 @@ def remote_breakpointhook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` in procs: a remote pdb for the actor running now."""
     ctx = current_context.get()
     frame = sys._getframe(1)
-    if ctx is None:  # not inside an endpoint: there is no session to attach to
-        sys.__breakpointhook__(*args, **kwargs)
+    if ctx is None:  # not inside an endpoint: no session to attach to, and no terminal
+        print(
+            f"regency: breakpoint() at {frame.f_code.co_filename}:{frame.f_lineno} ignored: "
+            "in a proc, breakpoints work inside actor endpoints",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     debugger = _by_call.get(ctx)
     if debugger is None:
