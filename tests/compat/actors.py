@@ -118,3 +118,27 @@ class AsyncioWorker(Actor):
     async def raises(self) -> Any:
         await asyncio.sleep(0)
         raise KeyError("from asyncio code")
+
+
+class Named(Actor):
+    """Reports who it is, and logs through Python's logging."""
+
+    @endpoint
+    def report(self) -> tuple[str, str, str]:
+        import logging
+        import sys
+
+        from regency.actor import context, current_actor_name, current_rank
+
+        handler = logging.StreamHandler(sys.stderr)
+        logger = logging.getLogger("compat.named")
+        logger.addHandler(handler)
+        logger.error("hello from an actor")
+        logger.removeHandler(handler)
+        return str(context().actor_instance), current_actor_name(), str(current_rank())
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
