@@ -10,6 +10,7 @@ ignored: a setting that silently does nothing is worse than an error.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -163,7 +164,9 @@ def _translate(settings: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             valid = sorted(native | set(_MONARCH_KEYS))
-            raise TypeError(f"unknown configuration key {key!r}; valid keys: {valid}")
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"unknown configuration key {key!r}{hint}; valid keys: {valid}")
     return out
 
 
