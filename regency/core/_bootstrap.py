@@ -90,6 +90,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
         parent_address=record["parent_address"],
     )
     set_current_runtime(rt)
+    from .._actor_config import install_log_prefix
+
+    install_log_prefix()
     rt.root_address = record.get("root_address")
     _install_services(rt)
     code = 0

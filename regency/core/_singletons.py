@@ -45,7 +45,7 @@ class _Registry(Actor):
         from ._mesh import this_proc
 
         if name not in self._controllers:
-            mesh = this_proc().spawn(name, cls, *args, **kwargs)
+            mesh: Any = this_proc().spawn(name, cls, *args, **kwargs)
             self._controllers[name] = mesh
             self._by_key[mesh._key] = name
         found = self._controllers[name]
@@ -76,12 +76,11 @@ def ensure_registry(rt: Runtime) -> None:
     )
 
 
-def get_or_spawn_controller(
-    name: str, cls: type[A], *args: Any, **kwargs: Any
-) -> Future[ActorMesh[A]]:
+def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[A]:
     """The singleton actor ``name`` of the job, spawned as ``cls(*args, **kwargs)`` in the
     controller's process by the first caller (from the controller or from any actor);
-    every later caller gets the same mesh. Resolves to a one-rank ``ActorMesh``."""
+    every later caller gets the same mesh. Resolves to a one-rank ``ActorMesh`` (typed as
+    ``cls``, as ``spawn`` is)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a controller's name must be a non-empty string (got {name!r})")
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
@@ -96,5 +95,5 @@ def get_or_spawn_controller(
     registry: ActorMesh[_Registry] = ActorMesh(
         REGISTRY_KEY, "controller_controller", _Registry, (("root", root),), Shape.full([], [])
     )
-    fut: Future[ActorMesh[A]] = registry.get_or_spawn.call_one(name, cls, args, kwargs)
+    fut: Future[A] = registry.get_or_spawn.call_one(name, cls, args, kwargs)
     return fut
