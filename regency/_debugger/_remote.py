@@ -212,13 +212,34 @@ class _Input:
         return True
 
 
+_MACHINERY = [
+    "regency.*",
+    "trio",
+    "trio.*",
+    "trio_asyncio",
+    "trio_asyncio.*",
+    "outcome",
+    "outcome.*",
+    "asyncio",
+    "asyncio.*",
+    "greenlet",
+    "greenlet.*",
+]
+
+
 class RemotePdb(pdb.Pdb):
     """pdb whose terminal is the controller's debug server."""
 
     def __init__(self, name: str, rank: int, coords: dict[str, int]) -> None:
         self.name, self.rank, self.coords = name, rank, coords
         self.controller = _debug_controller()
-        super().__init__(stdin=_Input(self), stdout=_Output(self))  # type: ignore[arg-type]
+        super().__init__(
+            stdin=_Input(self),  # type: ignore[arg-type]
+            stdout=_Output(self),  # type: ignore[arg-type]
+            # Stepping never stops in the machinery between the user's frames (the driver,
+            # the asyncio bridge, trio) when a coroutine suspends and resumes.
+            skip=_MACHINERY,
+        )
         self.use_rawinput = False
         self.prompt = "(Pdb) "
         self._started = False
@@ -244,6 +265,14 @@ class RemotePdb(pdb.Pdb):
             return None, None
         module = inspect.getmodulename(frame.f_code.co_filename) or "?"
         return f"{module}.{frame.f_code.co_name}", frame.f_lineno
+
+    def dispatch_exception(self, frame: types.FrameType, arg: Any) -> Any:
+        # bdb stops at a StopIteration in any frame after a `next` at a coroutine's last
+        # statement, even in a skipped module: the machinery's own StopIterations are not
+        # the user's business.
+        if self.skip and self.is_skipped_module(frame.f_globals.get("__name__", "")):
+            return self.trace_dispatch
+        return super().dispatch_exception(frame, arg)
 
     def do_clear(self, arg: str) -> bool | None:
         if not arg:  # plain pdb would ask for confirmation on stdin

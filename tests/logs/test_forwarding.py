@@ -105,7 +105,8 @@ def test_streaming_formats_streams_levels_order_and_stop_flush(tmp_path: Path) -
         # The long line is cut at 4 KiB and marked.
         assert (rank, "L" * 4096 + " ... [TRUNCATED]") in lines_out
         # Level: WARNING hides info; INFO shows it (Python logging goes to stderr).
-        logged = {line.split(": ", 1)[-1] for r, line in lines_err if r == rank}
+        # (records from inside an actor carry "[actor=...] ": prefix_python_logs_with_actor)
+        logged = {line.rsplit("] ", 1)[-1] for r, line in lines_err if r == rank and ": " in line}
         assert {"warning W", "info I", "warning I"} <= logged
         assert "info W" not in logged
         assert not any("hidden" in line for _, line in lines_out)
