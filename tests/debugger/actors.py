@@ -23,6 +23,15 @@ class Debugee(Actor):
         return y + 1
 
     @endpoint
+    async def aio_compute(self, x: int) -> int:
+        import asyncio
+
+        y = x + 7
+        breakpoint()
+        await asyncio.sleep(0)  # an asyncio await, through the runtime's asyncio bridge
+        return y + 1
+
+    @endpoint
     def boom(self, x: int) -> int:
         v = x + 40
         breakpoint()

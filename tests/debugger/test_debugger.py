@@ -295,6 +295,22 @@ def test_async_endpoint_breakpoint_leaves_the_loop_serving(debugging: object) ->
 
 
 @pytest.mark.slow
+def test_asyncio_endpoint_steps_over_an_asyncio_await(debugging: object) -> None:
+    start, port = debugging  # type: ignore[misc]
+    proc = start("aio_compute")
+    me = _Session(port)
+    me.until(PROMPT)
+    assert "-> await asyncio.sleep(0)" in me.send("attach debugee 0", PDB)
+    assert "-> return y + 1" in me.send("n", PDB)
+    assert me.send("p y", PDB).strip().startswith("8")
+    me.send("detach")
+    me.send("continue")
+    out = _finish(proc)
+    assert "BYSTANDER ['pong', 'pong']" in out
+    assert "RESULT [9, 9]" in out
+
+
+@pytest.mark.slow
 def test_raise_after_breakpoint_opens_post_mortem_and_regency_debug_cli(
     debugging: object,
 ) -> None:
