@@ -23,6 +23,15 @@ class Tally(Actor):
         return os.getpid()
 
 
+class Broken(Actor):
+    def __init__(self) -> None:
+        raise RuntimeError("this controller cannot start")
+
+    @endpoint
+    async def hello(self) -> str:
+        return "hello"
+
+
 class Client(Actor):
     """Finds the job's Tally from inside a proc."""
 

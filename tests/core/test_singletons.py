@@ -15,7 +15,8 @@ from regency.actor import (
     this_host,
 )
 
-from .singleton_actors import Client, Gate, Tally
+from ..conftest import RootFailures
+from .singleton_actors import Broken, Client, Gate, Tally
 
 T = 30
 
@@ -41,6 +42,26 @@ def test_one_controller_per_name_in_the_controller_process(procs: ProcMesh) -> N
     assert first.add.call_one(0).get(T) == 122
     other = get_or_spawn_controller("other", Tally).get(T)
     assert other._key != first._key and other.add.call_one(1).get(T) == 1
+
+
+@pytest.mark.slow
+def test_a_failed_controller_is_reported_to_later_callers(roots: RootFailures) -> None:
+    broken = get_or_spawn_controller("broken", Broken).get(T)
+    with pytest.raises(SupervisionError, match="this controller cannot start"):
+        broken.hello.call_one().get(T)
+    # The registry owns it: the failure goes to the registry's __supervise__, which keeps it
+    # (it does not reach the root) and answers later lookups with it. The supervision
+    # report may trail the call's error by a moment; each lookup is one round trip.
+    for _ in range(500):
+        try:
+            get_or_spawn_controller("broken", Broken).get(T)
+        except ActorError as exc:
+            assert "controller 'broken' has failed" in str(exc)
+            assert "this controller cannot start" in str(exc)
+            break
+    else:
+        raise AssertionError("the registry never learned that 'broken' failed")
+    assert roots.of("broken") == []
 
 
 def test_get_or_spawn_controller_checks_its_arguments() -> None:
