@@ -11,6 +11,11 @@ import sys
 from regency.actor import Actor, current_rank, endpoint
 
 
+def announce() -> None:
+    """A proc bootstrap that prints before the proc serves (before the controller's word)."""
+    print("booting up before serving")
+
+
 class Printer(Actor):
     @endpoint
     def say(self, tag: str) -> None:

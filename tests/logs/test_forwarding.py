@@ -64,9 +64,9 @@ import logging, sys
 import regency
 regency.configure(enable_log_forwarding=True)
 from regency.actor import this_host
-from tests.logs.actors import Printer
+from tests.logs.actors import Printer, announce
 
-pm = this_host().spawn_procs(per_host={"gpus": 2})
+pm = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=announce)
 p = pm.spawn("p", Printer)
 pm.logging_option(stream_to_client=True, aggregate_window_sec=None).get()
 p.say.call("A").get()
@@ -118,7 +118,15 @@ def test_streaming_formats_streams_levels_order_and_stop_flush(tmp_path: Path) -
     # Only the sink writes to the controller's output; the host's own output got the raw
     # bytes (the tee: chunks as read, so two procs' lines may interleave there), on the same
     # streams.
-    assert not [line for line in out.splitlines() if line != "STOPPED" and not line.startswith("[")]
+    assert not [
+        line
+        for line in out.splitlines()
+        if line != "STOPPED" and not line.startswith(("[", "\x1b["))
+    ]
+    # Lines printed before the proc heard from the controller (its bootstrap) were kept and
+    # sent under the default mode (a 3 s window), printed at the latest by stop's flush.
+    assert "\x1b[33m[2 similar log lines]\x1b[0m [" in out
+    assert "] booting up before serving\n" in out
     for rank in (0, 1):
         for line in (f"out A {rank}", f"raw A {rank}", f"sub A {rank}", "L" * 5000):
             assert line in host_out
