@@ -49,6 +49,9 @@ log = logging.getLogger("regency.logs")
 
 #: Lines kept from before the spawner's Init arrives (sent then, if streaming is on).
 _BACKLOG = 1000
+#: Bytes held for a host output that does not drain; beyond, the host copy drops (the
+#: controller still gets every line).
+_HOST_BACKLOG = 16 << 20
 _CHUNK = 65536
 
 
@@ -62,6 +65,20 @@ class _Stream:
         self.partial = bytearray()
         #: Inside an over-long line whose head was already sent: drop until its newline.
         self.skipping = False
+        #: Chunks read and not yet copied to the host's output (only the reader thread
+        #: writes there, holding no lock: a stuck host output stalls nothing else).
+        self.to_host: deque[bytes] = deque()
+        self.to_host_bytes = 0
+        self.dropped = 0
+
+    def queue_for_host(self, chunk: bytes) -> None:
+        if self.host_fd is None:
+            return
+        if self.to_host_bytes > _HOST_BACKLOG:
+            self.dropped += len(chunk)  # the host's output has not been draining for long
+            return
+        self.to_host.append(chunk)
+        self.to_host_bytes += len(chunk)
 
     def copy_to_host(self, chunk: bytes) -> None:
         fd = self.host_fd
@@ -130,6 +147,8 @@ class ProcLogs:
         self.sink: str | None = None
         self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
         self._io = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="regency-log-tee", daemon=True)
 
     def start(self) -> None:
@@ -141,11 +160,21 @@ class ProcLogs:
         message = _codec.loads(parts)
         if not isinstance(message, (Init, SetMode, Flush)):
             raise TypeError(f"log control port takes Init, SetMode or Flush (got {message!r})")
-        _flush_python_streams()
+        if isinstance(message, Flush):
+            # Text Python still buffers (a print without a newline) belongs to the flush.
+            # Only then: the loop must not wait on a pipe that a stuck host output filled.
+            _flush_python_streams()
         with self._io:
             self._drain()
             self._obey(message)
+        self._wake()  # the reader copies what we drained to the host's output
         return False
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         pass
@@ -156,12 +185,20 @@ class ProcLogs:
         fds = [s.read_fd for s in self.streams]
         by_fd = {s.read_fd: s for s in self.streams}
         while fds:
+            self._copy_to_host()
             try:
-                ready, _, _ = select.select(fds, [], [])
+                ready, _, _ = select.select([*fds, self._wake_r], [], [])
             except InterruptedError:
                 continue
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
             with self._io:
                 for fd in ready:
+                    if fd == self._wake_r:
+                        continue
                     try:
                         chunk = os.read(fd, _CHUNK)
                     except BlockingIOError:
@@ -171,8 +208,25 @@ class ProcLogs:
                         continue
                     self._take(by_fd[fd], chunk)
 
+    def _copy_to_host(self) -> None:
+        """Write what was read to the host's output, outside the lock (it may block)."""
+        for stream in self.streams:
+            if stream.dropped:
+                dropped, stream.dropped = stream.dropped, 0
+                stream.copy_to_host(
+                    f"[regency: {dropped} bytes not copied here: this output was not being "
+                    "read; the controller got every line]\n".encode()
+                )
+            while True:
+                with self._io:
+                    if not stream.to_host:
+                        break
+                    chunk = stream.to_host.popleft()
+                    stream.to_host_bytes -= len(chunk)
+                stream.copy_to_host(chunk)
+
     def _take(self, stream: _Stream, chunk: bytes) -> None:
-        stream.copy_to_host(chunk)
+        stream.queue_for_host(chunk)
         lines = stream.split(chunk)
         if lines:
             self._forward(stream.number, lines)
@@ -260,6 +314,7 @@ class ProcLogs:
             self._drain(final=True)
         finally:
             self._io.release()
+        self._copy_to_host()  # the reader may not run again
         rt = self.rt
         if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
             return
