@@ -1,14 +1,16 @@
 """The proc's side of log forwarding: an fd-level tee of stdout and stderr.
 
 At bootstrap, fds 1 and 2 become pipes, so everything the proc writes (Python, C extensions,
-subprocesses that inherit the fds) passes through one reader thread. That thread copies each
-chunk to the original fd (the host's own output) and, when streaming is on, sends complete
-lines in batches to the controller's sink port. A thread, not a trio task: it keeps
-forwarding while the trio loop is busy, and a full pipe never blocks the loop.
+subprocesses that inherit the fds) passes through one reader thread. That thread sends
+complete lines in batches to the controller's sink port (when streaming is on) and queues
+each chunk for a second thread, which copies it to the original fd (the host's own output):
+an output nobody reads stalls only that copy. Threads, not trio tasks: they keep forwarding
+while the trio loop is busy, and a full pipe never blocks the loop.
 
-Mode changes and flushes arrive on the control port (on the trio thread) and are handed to
-the reader thread, which first drains both pipes: what was written before a change is
-forwarded under the old mode, what is written after under the new one.
+Mode changes and flushes arrive on the control port and are applied as their frame is
+dispatched (on the trio thread), after draining both pipes under the readers' lock: what was
+written before a change is forwarded under the old mode, what is written after under the new
+one.
 """
 
 from __future__ import annotations
@@ -71,14 +73,16 @@ class _Stream:
         self.to_host_bytes = 0
         self.dropped = 0
 
-    def queue_for_host(self, chunk: bytes) -> None:
+    def queue_for_host(self, chunk: bytes, ready: threading.Condition) -> None:
         if self.host_fd is None:
             return
-        if self.to_host_bytes > _HOST_BACKLOG:
-            self.dropped += len(chunk)  # the host's output has not been draining for long
-            return
-        self.to_host.append(chunk)
-        self.to_host_bytes += len(chunk)
+        with ready:
+            if self.to_host_bytes > _HOST_BACKLOG:
+                self.dropped += len(chunk)  # the host's output has not drained for long
+                return
+            self.to_host.append(chunk)
+            self.to_host_bytes += len(chunk)
+            ready.notify()
 
     def copy_to_host(self, chunk: bytes) -> None:
         fd = self.host_fd
@@ -147,12 +151,16 @@ class ProcLogs:
         self.sink: str | None = None
         self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
         self._io = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._thread = threading.Thread(target=self._run, name="regency-log-tee", daemon=True)
+        #: Signals chunks queued for the host's output (its own lock, never held long).
+        self._host_ready = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self._run, name="regency-log-tee", daemon=True),
+            threading.Thread(target=self._host_writer, name="regency-log-host", daemon=True),
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     # -- control (on the trio thread) --------------------------------------------------------
 
@@ -167,14 +175,7 @@ class ProcLogs:
         with self._io:
             self._drain()
             self._obey(message)
-        self._wake()  # the reader copies what we drained to the host's output
         return False
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # already awake
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         pass
@@ -185,20 +186,12 @@ class ProcLogs:
         fds = [s.read_fd for s in self.streams]
         by_fd = {s.read_fd: s for s in self.streams}
         while fds:
-            self._copy_to_host()
             try:
-                ready, _, _ = select.select([*fds, self._wake_r], [], [])
+                ready, _, _ = select.select(fds, [], [])
             except InterruptedError:
                 continue
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
             with self._io:
                 for fd in ready:
-                    if fd == self._wake_r:
-                        continue
                     try:
                         chunk = os.read(fd, _CHUNK)
                     except BlockingIOError:
@@ -208,17 +201,26 @@ class ProcLogs:
                         continue
                     self._take(by_fd[fd], chunk)
 
+    def _host_writer(self) -> None:
+        """Its own thread: a host output that blocks (a pipe nobody reads) stalls only this
+        copy, never the reading, the forwarding or the loop."""
+        while True:
+            with self._host_ready:
+                while not any(s.to_host or s.dropped for s in self.streams):
+                    self._host_ready.wait()
+            self._copy_to_host()
+
     def _copy_to_host(self) -> None:
-        """Write what was read to the host's output, outside the lock (it may block)."""
         for stream in self.streams:
-            if stream.dropped:
+            with self._host_ready:
                 dropped, stream.dropped = stream.dropped, 0
+            if dropped:
                 stream.copy_to_host(
                     f"[regency: {dropped} bytes not copied here: this output was not being "
                     "read; the controller got every line]\n".encode()
                 )
             while True:
-                with self._io:
+                with self._host_ready:
                     if not stream.to_host:
                         break
                     chunk = stream.to_host.popleft()
@@ -226,7 +228,7 @@ class ProcLogs:
                 stream.copy_to_host(chunk)
 
     def _take(self, stream: _Stream, chunk: bytes) -> None:
-        stream.queue_for_host(chunk)
+        stream.queue_for_host(chunk, self._host_ready)
         lines = stream.split(chunk)
         if lines:
             self._forward(stream.number, lines)
@@ -314,7 +316,7 @@ class ProcLogs:
             self._drain(final=True)
         finally:
             self._io.release()
-        self._copy_to_host()  # the reader may not run again
+        self._copy_to_host()  # the host writer may not run again
         rt = self.rt
         if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
             return

@@ -238,3 +238,43 @@ def test_env_alias_enables_forwarding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REGENCY_ENABLE_LOG_FORWARDING", "perhaps")
     with pytest.raises(ValueError, match="REGENCY_ENABLE_LOG_FORWARDING must be a boolean"):
         _from_env()
+
+
+STUCK_HOST = """
+import logging, os, sys
+r, w = os.pipe()
+saved = os.dup(1), os.dup(2)
+os.dup2(w, 1); os.dup2(w, 2)
+from regency.core import current_runtime
+current_runtime()  # the zygote (and so every proc) gets the pipe as its stdout and stderr
+os.dup2(saved[0], 1); os.dup2(saved[1], 2); os.close(w)
+# Nobody ever reads `r`: the procs' own output fills up after 64 KiB and stays full.
+import regency
+regency.configure(enable_log_forwarding=True)
+from regency.actor import this_host
+from tests.logs.actors import Printer
+
+pm = this_host().spawn_procs(per_host={"gpus": 1})
+p = pm.spawn("p", Printer)
+pm.logging_option(stream_to_client=True, aggregate_window_sec=None).get(30)
+p.lines.call("flood", 6000).get(60)
+pm.logging_option(stream_to_client=True, aggregate_window_sec=None, level=logging.ERROR).get(30)
+pm.stop().get(60)
+print("STOPPED", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_host_output_nobody_reads_stalls_nothing() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(STUCK_HOST)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    flood = [line for _, _, line in _forwarded(proc.stdout) if line.startswith("flood")]
+    assert flood == [f"flood 0 line {i}" for i in range(6000)]
+    assert proc.stdout.splitlines()[-1] == "STOPPED"
