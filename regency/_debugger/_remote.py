@@ -323,7 +323,8 @@ def call_ended(exc: BaseException | None) -> None:
     if debugger is None:
         return
     try:
-        if isinstance(exc, Exception) and exc.__traceback__ is not None:
+        quit_ = isinstance(exc, bdb.BdbQuit)  # the person typed `quit`: no post-mortem of it
+        if isinstance(exc, Exception) and not quit_ and exc.__traceback__ is not None:
             debugger.message(
                 f"Post-mortem: the endpoint raised {type(exc).__name__}: {exc}"
             )
