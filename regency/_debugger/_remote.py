@@ -15,7 +15,6 @@ await while the loop serves everyone else, then switches back into pdb.
 from __future__ import annotations
 
 import bdb
-import contextvars
 import inspect
 import os
 import pdb
@@ -26,11 +25,16 @@ import types
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
-import greenlet
+import trio
 
 from ..core._context import Context
 from ..core._context import current as current_context
 from ..core._future import Future
+
+try:
+    import greenlet
+except ImportError:  # an interpreter without it (HostMesh.with_python_executable)
+    greenlet = None
 
 R = TypeVar("R")
 
@@ -57,15 +61,18 @@ def _debug_controller() -> Any:
 # -- waiting without blocking the loop -----------------------------------------------------------
 
 
-class _Driven(greenlet.greenlet):  # type: ignore[misc]
-    """A greenlet running an async endpoint's coroutine steps (see :func:`drive`)."""
+_Driven: Any = None
+if greenlet is not None:
+
+    class _Driven(greenlet.greenlet):  # type: ignore[no-redef,misc]
+        """A greenlet running an async endpoint's coroutine steps (see :func:`drive`)."""
 
 
 def wait(awaitable: Future[R]) -> R:
     """Wait for a regency ``Future`` from pdb's code: on an actor thread by blocking; inside a
     driven coroutine by switching to the loop's task, which awaits it."""
-    current = greenlet.getcurrent()
-    if isinstance(current, _Driven):
+    current = greenlet.getcurrent() if greenlet is not None else None
+    if _Driven is not None and isinstance(current, _Driven):
         tracer = sys.gettrace()
         sys.settrace(None)  # the loop's other tasks must not run under pdb's tracer
         try:
@@ -121,7 +128,7 @@ class _Idle(threading.local):
     process may run several loops: a controller's and a simulation's)."""
 
     def __init__(self) -> None:
-        self.greenlets: list[_Driven] = []
+        self.greenlets: list[Any] = []
 
 
 _idle = _Idle()
@@ -134,7 +141,10 @@ def _drive(coro: Coroutine[Any, Any, R]) -> Generator[Any, Any, R]:
     here = greenlet.getcurrent()
     if child.parent is not here:
         child.parent = here
-    child.gr_context = contextvars.copy_context()
+    # The task's own context, not a copy: what the coroutine sets stays visible to code that
+    # reads the task's context directly (trio-asyncio finds its loop there), as it would be
+    # without the driver. Only one of the two greenlets runs at a time.
+    child.gr_context = trio.lowlevel.current_task().context
     message = child.switch(coro)
     try:
         while True:
@@ -162,9 +172,14 @@ def _drive(coro: Coroutine[Any, Any, R]) -> Generator[Any, Any, R]:
             idle.append(child)  # finished cleanly: ready for the next call
 
 
+def _undriven(coro: Coroutine[Any, Any, R]) -> Coroutine[Any, Any, R]:
+    return coro
+
+
 #: ``await drive(coro)`` awaits ``coro`` with its steps in a greenlet, so that a pdb inside
-#: it can wait for the debugger without stopping the loop.
-drive = _drive
+#: it can wait for the debugger without stopping the loop. Without greenlet installed it
+#: awaits ``coro`` as it is (and a breakpoint in an async endpoint says it cannot wait).
+drive = _drive if greenlet is not None else _undriven
 
 
 # -- pdb ------------------------------------------------------------------------------------------
