@@ -41,6 +41,17 @@ class Printer(Actor):
         logging.getLogger("user").warning(f"warning {tag}")
 
     @endpoint
+    def nested(self, tag: str) -> None:
+        """Spawn a proc from this actor; its output still goes to the job's controller."""
+        from regency.actor import this_host
+
+        inner = this_host().spawn_procs(per_host={"gpus": 1})
+        printers = inner.spawn("inner", Printer)
+        inner.logging_option(stream_to_client=True, aggregate_window_sec=None).get(30)
+        printers.say.call(tag).get(30)
+        inner.stop().get(30)  # the flush barrier, run from a proc
+
+    @endpoint
     def die(self, tag: str) -> None:
         print(f"last words {tag}")
         print(f"last err {tag}", file=sys.stderr)

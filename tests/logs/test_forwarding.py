@@ -80,6 +80,9 @@ pm.logging_option(stream_to_client=False, aggregate_window_sec=None)
 p.lines.call("hidden", 3).get()
 pm.logging_option(stream_to_client=True, aggregate_window_sec=None)
 p.lines.call("visible", 3).get()
+# A proc spawned by an actor forwards to the job's controller too.
+p.slice(gpus=0).nested.call_one("N").get()
+print("NESTED DONE", flush=True)
 # Everything printed before stop() is at the controller when stop() returns.
 p.lines.call("bulk", 400)
 pm.stop().get()
@@ -115,13 +118,17 @@ def test_streaming_formats_streams_levels_order_and_stop_flush(tmp_path: Path) -
         assert bulk == [f"bulk {rank} line {i}" for i in range(400)]
     # The flush is a barrier: every forwarded line precedes the controller's marker.
     assert out.splitlines()[-1] == "STOPPED"
+    # The grandchild's lines (rank 0 of its own mesh) came before its spawner's stop returned.
+    nested = out[: out.index("NESTED DONE")]
+    assert re.search(rf"^\[{re.escape(HOST)} c\d+\.p\d+\.p\d+\] \[0\] out N 0$", nested, re.M)
+    assert re.search(r"\.p\d+\.p\d+\] \[0\] err N 0$", err, re.M)
     # Only the sink writes to the controller's output; the host's own output got the raw
     # bytes (the tee: chunks as read, so two procs' lines may interleave there), on the same
     # streams.
     assert not [
         line
         for line in out.splitlines()
-        if line != "STOPPED" and not line.startswith(("[", "\x1b["))
+        if line not in ("STOPPED", "NESTED DONE") and not line.startswith(("[", "\x1b["))
     ]
     # Lines printed before the proc heard from the controller (its bootstrap) were kept and
     # sent under the default mode (a 3 s window), printed at the latest by stop's flush.
