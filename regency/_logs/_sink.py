@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
@@ -52,6 +55,8 @@ class LogSink:
         self.received = 0
         #: Each proc's latest mode, by proc id.
         self._streaming: dict[str, Streaming] = {}
+        #: Text (and acknowledgements) waiting for the writer thread, in order.
+        self._writer: queue.SimpleQueue[tuple[int | Callable[[], None], str]] | None = None
 
     def leftovers(self, proc_id: str, stream: int, lines: list[str]) -> None:
         """What a dead proc had written and nobody had read (on the trio thread)."""
@@ -73,7 +78,9 @@ class LogSink:
             self._ack(message.reply, message.origin)
         elif isinstance(message, PrintWindows):
             self.flush()
-            self._ack(message.reply, None)
+            reply = message.reply
+            # Acknowledged once everything before it is written out: the barrier holds.
+            self._emit(lambda: self._ack(reply, None))
         return False
 
     def _ack(self, reply: tuple[str, int], value: str | None) -> None:
@@ -88,9 +95,8 @@ class LogSink:
     def _lines(self, batch: LineBatch) -> None:
         self.received += len(batch.lines)
         if batch.window is None:
-            out = _target(batch.stream)
             prefix = f"[{batch.hostname} {batch.proc_id}] [{batch.rank}] "
-            _write(out, "".join(f"{prefix}{line}\n" for line in batch.lines))
+            self._emit(batch.stream, "".join(f"{prefix}{line}\n" for line in batch.lines))
             return
         entry = self._windows.get(batch.stream)
         if entry is not None and entry[1] != batch.window:
@@ -112,7 +118,32 @@ class LogSink:
     def _print_window(self, stream: int) -> None:
         entry = self._windows.pop(stream, None)
         if entry is not None and len(entry[0]):
-            _write(_target(stream), entry[0].render())
+            self._emit(stream, entry[0].render())
+
+    def _emit(self, stream: int | Callable[[], None], text: str = "") -> None:
+        """Write ``text`` to the controller's ``stream`` (or run a callable) in order: on a
+        writer thread where there is one, so a controller output that blocks stalls only
+        that thread, not the runtime; at once otherwise (the simulator, deterministic)."""
+        writer = self._writer
+        if writer is not None:
+            writer.put((stream, text))
+        elif callable(stream):
+            stream()
+        else:
+            _write(_target(stream), text)
+
+    def start_writer(self) -> None:
+        self._writer = queue.SimpleQueue()
+        threading.Thread(target=self._write_forever, name="regency-log-sink", daemon=True).start()
+
+    def _write_forever(self) -> None:
+        assert self._writer is not None
+        while True:
+            stream, text = self._writer.get()
+            if callable(stream):
+                stream()
+            else:
+                _write(_target(stream), text)
 
     def flush(self) -> None:
         """Print every open window now."""
@@ -140,6 +171,7 @@ def ensure_sink(rt: Runtime) -> None:
     sink = LogSink(rt)
     rt.ports[SINK_PORT] = sink
     if os.path.isdir(rt.jobdir):  # a real controller (the simulator's jobdir is fictional)
+        sink.start_writer()
 
         def deliver(proc_id: str, stream: int, lines: list[str]) -> None:
             try:
