@@ -133,12 +133,36 @@ def endpoint(
     return wrap
 
 
-@overload
-def concurrent_endpoint(fn: Callable[..., R], /) -> EndpointSpec[..., R]: ...
+class _ConcurrentDecorator(Protocol):
+    def __call__(
+        self, fn: Callable[Concatenate[Any, P], Awaitable[R]], /
+    ) -> EndpointSpec[P, R]: ...
+
+
+class _PortConcurrentDecorator(Protocol):
+    def __call__(
+        self, fn: Callable[Concatenate[Any, Port[R], P], Awaitable[None]], /
+    ) -> EndpointSpec[P, R]: ...
+
+
 @overload
 def concurrent_endpoint(
-    *, explicit_response_port: bool = False, propagate: Any = None, instrument: bool = True
-) -> Callable[[Callable[..., R]], EndpointSpec[..., R]]: ...
+    fn: Callable[Concatenate[Any, P], Awaitable[R]], /
+) -> EndpointSpec[P, R]: ...
+@overload
+def concurrent_endpoint(
+    *,
+    explicit_response_port: Literal[True],
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _PortConcurrentDecorator: ...
+@overload
+def concurrent_endpoint(
+    *,
+    explicit_response_port: Literal[False] = False,
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _ConcurrentDecorator: ...
 def concurrent_endpoint(
     fn: Callable[..., Any] | None = None,
     /,

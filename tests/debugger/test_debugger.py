@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -60,7 +60,7 @@ def test_commands_and_their_short_forms() -> None:
 )
 def test_ranks_grammar(text: str, ranks: object) -> None:
     assert parse_ranks(text) == ranks
-    assert parse(f"cast m ranks({text}) n") == Cast("m", ranks, "n")  # type: ignore[arg-type]
+    assert parse(f"cast m ranks({text}) n") == Cast("m", ranks, "n")
 
 
 @pytest.mark.parametrize(
@@ -176,8 +176,13 @@ class _Session:
         return self.until(until)
 
 
+Starter = Callable[[str], "subprocess.Popen[str]"]
+
+
 @pytest.fixture
-def debugging(tmp_path: object) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def debugging() -> Iterator[tuple[Starter, int]]:
+    """(start, port): ``start(endpoint)`` runs a controller whose two ranks call ``endpoint``
+    and sit at its breakpoint; ``port`` is where its debug server listens."""
     procs: list[subprocess.Popen[str]] = []
     port = _free_port()
 
@@ -203,7 +208,7 @@ def debugging(tmp_path: object) -> Iterator[tuple[subprocess.Popen[str], int]]:
             raise AssertionError(f"controller said {line!r}: {proc.communicate()[1]}")
         return proc
 
-    yield start, port  # type: ignore[misc]
+    yield start, port
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
@@ -217,8 +222,8 @@ def _finish(proc: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.slow
-def test_two_ranks_list_attach_cast_replay_and_continue(debugging: object) -> None:
-    start, port = debugging  # type: ignore[misc]
+def test_two_ranks_list_attach_cast_replay_and_continue(debugging: tuple[Starter, int]) -> None:
+    start, port = debugging
     proc = start("compute")
     me = _Session(port)
     banner = me.until(PROMPT)
@@ -269,8 +274,8 @@ def test_two_ranks_list_attach_cast_replay_and_continue(debugging: object) -> No
 
 
 @pytest.mark.slow
-def test_async_endpoint_breakpoint_leaves_the_loop_serving(debugging: object) -> None:
-    start, port = debugging  # type: ignore[misc]
+def test_async_endpoint_breakpoint_leaves_the_loop_serving(debugging: tuple[Starter, int]) -> None:
+    start, port = debugging
     proc = start("acompute")
     me = _Session(port)
     me.until(PROMPT)
@@ -295,8 +300,8 @@ def test_async_endpoint_breakpoint_leaves_the_loop_serving(debugging: object) ->
 
 
 @pytest.mark.slow
-def test_asyncio_endpoint_steps_over_an_asyncio_await(debugging: object) -> None:
-    start, port = debugging  # type: ignore[misc]
+def test_asyncio_endpoint_steps_over_an_asyncio_await(debugging: tuple[Starter, int]) -> None:
+    start, port = debugging
     proc = start("aio_compute")
     me = _Session(port)
     me.until(PROMPT)
@@ -312,9 +317,9 @@ def test_asyncio_endpoint_steps_over_an_asyncio_await(debugging: object) -> None
 
 @pytest.mark.slow
 def test_raise_after_breakpoint_opens_post_mortem_and_regency_debug_cli(
-    debugging: object,
+    debugging: tuple[Starter, int],
 ) -> None:
-    start, port = debugging  # type: ignore[misc]
+    start, port = debugging
     proc = start("boom")
     me = _Session(port)
     me.until(PROMPT)
