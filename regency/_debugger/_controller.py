@@ -450,7 +450,7 @@ def render_table(rows: list[SessionInfo]) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(headers)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+\n"
     head_rule = "+" + "+".join("=" * (w + 2) for w in widths) + "+\n"
 

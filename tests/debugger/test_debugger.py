@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -89,6 +90,12 @@ def test_selection_by_rank_list_slice_and_dims() -> None:
     assert not selects({"pp": 0}, 5, coords)  # a dim the session does not have
 
 
+def test_an_empty_list_is_the_headers() -> None:
+    assert render_table([]).splitlines()[1] == (
+        "| Actor Name | Rank | Coords | Hostname | Function | Line No. |"
+    )
+
+
 def test_list_is_a_grid_table() -> None:
     rows = [
         SessionInfo("trainer", 0, (("gpus", 0),), "h1", "train.step", 12),
@@ -136,6 +143,7 @@ controller.wait_pending_session.call_one(2).get(60)
 print("READY", flush=True)
 # Both ranks sit at breakpoints; the other actors of their procs still serve.
 print("BYSTANDER", bystander.ping.call().get(30).values(), flush=True)
+sys.stdin.readline()  # the test says when to collect the results (and so exit)
 try:
     print("RESULT", pending.get(120).values(), flush=True)
 except Exception as exc:
@@ -185,10 +193,12 @@ def debugging() -> Iterator[tuple[Starter, int]]:
     and sit at its breakpoint; ``port`` is where its debug server listens."""
     procs: list[subprocess.Popen[str]] = []
     port = _free_port()
+    errors.clear()
 
     def start(endpoint: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(CONTROLLER), endpoint],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -206,6 +216,12 @@ def debugging() -> Iterator[tuple[Starter, int]]:
         if line.strip() != "READY":
             proc.kill()
             raise AssertionError(f"controller said {line!r}: {proc.communicate()[1]}")
+        # stdout is read on through its buffer (communicate() would skip what readline()
+        # buffered); stderr drains meanwhile so the controller never blocks on it.
+        assert proc.stderr is not None
+        stderr = proc.stderr
+        errors[proc.pid] = []
+        threading.Thread(target=lambda: errors[proc.pid].append(stderr.read()), daemon=True).start()
         return proc
 
     yield start, port
@@ -215,9 +231,17 @@ def debugging() -> Iterator[tuple[Starter, int]]:
             proc.wait()
 
 
+#: The stderr of each controller the fixture started, by pid (read by a thread).
+errors: dict[int, list[str]] = {}
+
+
 def _finish(proc: subprocess.Popen[str]) -> str:
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    """Let the controller collect its results and exit; its stdout."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    out = proc.stdout.read()
+    assert proc.wait(60) == 0, errors.get(proc.pid)
     return out
 
 
@@ -343,7 +367,7 @@ def test_raise_after_breakpoint_opens_post_mortem_and_regency_debug_cli(
     assert "| debugee    | 0    | {'gpus': 0} |" in cli.stdout
     assert cli.stdout.endswith("regency_dbg> Quitting debug session...\n")
     # Ending the post-mortem lets the error through to the caller (the first error of a
-    # mesh call fails it; the controller script then exits).
+    # mesh call fails it).
     again = _Session(port)
     again.until(PROMPT)
     again.send("cast debugee ranks(0) c")
