@@ -150,9 +150,12 @@ class HostMesh(MeshAlgebra):
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
             hosts = [self._hosts[r] for r in self._shape.ranks]
-            if all(h.worker in rt.host_launchers for h in hosts):
+            launchers = [rt.env.host_launcher(h.worker) for h in hosts]
+            if all(launcher is not None for launcher in launchers):
                 children = rt.plan_on_launchers(
-                    [rt.host_launchers[h.worker] for h in hosts], count, name or "p"
+                    [launcher for launcher in launchers if launcher is not None],
+                    count,
+                    name or "p",
                 )
             else:
                 remote = True

@@ -21,7 +21,6 @@ import os
 import random
 import threading
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
@@ -34,10 +33,11 @@ from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
+from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
-from ._launcher import ProcLauncher, ZygoteLauncher, default_launcher
+from ._launcher import ProcLauncher, ZygoteLauncher
 from ._mailbox import ActorCell
 from ._outbox import Outbox
 from ._oversight import Oversight
@@ -45,13 +45,6 @@ from ._ports import PortHandler, PortTable
 from ._probe import Probe
 
 log = logging.getLogger("regency.runtime")
-
-
-def _open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.MultiTransport]:
-    return transports.open_transport(rt.secret, max_frame_bytes=rt.config.max_frame_bytes)
-
-
-TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]
 
 
 class Runtime(ChildProcs, PortTable, InboundSessions):
@@ -67,19 +60,19 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         address: str | None = None,
         parent_address: str | None = None,
         seed: int | None = None,
-        transport: TransportFactory | None = None,
-        launcher: ProcLauncher | None = None,
+        env: Environment | None = None,
     ) -> None:
         self.proc_id = proc_id
         self.secret = secret
         self.jobdir = jobdir
         self.config = config
-        self.launcher: ProcLauncher | None = launcher
+        #: The world this runtime runs in (see :mod:`regency.core._environment`).
+        self.env = env = env if env is not None else production()
+        #: Starts procs on this host; made from ``env.launcher`` when ``serve`` starts.
+        self.launcher: ProcLauncher | None = None
         self.address = address or self._default_address(proc_id)
         self.parent_address = parent_address
         self.rng = random.Random(seed)
-        #: Opens this runtime's transport; the simulator passes its own.
-        self._open_transport = transport or _open_real_transport
         self.actors: dict[str, ActorCell] = {}
         #: Keys of actors that stopped or failed here, with why (later messages bounce).
         self.dead: dict[str, RemoteFailure] = {}
@@ -96,19 +89,15 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._names = itertools.count()
         self.started = threading.Event()
         self.thread_id: int | None = None
-        #: Launchers for hosts this runtime can place procs on directly, by the ``worker``
-        #: field of their HostRef (the simulator's hosts); other hosts go through workers.
-        self.host_launchers: dict[str, ProcLauncher] = {}
-        #: When set, sync actor code runs through it instead of on actor threads (the
-        #: simulator runs it in lockstep with its loop). ``await sync_runner(fn)``.
-        self.sync_runner: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
+        #: ``env.sync_runner``: when set, sync actor code runs through it instead of on
+        #: actor threads (the simulator runs it in lockstep with its loop).
+        self.sync_runner = env.sync_runner
         self.on_child_exit: list[Callable[[Child], None]] = []
-        #: Told what delivery and supervision do (the simulator's invariant checker).
-        self.probe: Probe | None = None
-        #: Acknowledge inbound frames after this many, or this many seconds (the simulator's
-        #: "buggify" runs change them to stress the delivery layer).
-        self.ack_every = _ACK_EVERY
-        self.ack_delay = _ACK_DELAY
+        #: ``env.probe``: told what delivery and supervision do (the simulator's checker).
+        self.probe: Probe | None = env.probe
+        #: Acknowledge inbound frames after this many, or this many seconds.
+        self.ack_every = env.ack_every
+        self.ack_delay = env.ack_delay
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
@@ -130,10 +119,10 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._stop_event = trio.Event()
         try:
             _runtime_var.set(self)  # tasks spawned from here on know their runtime
-            async with self._open_transport(self) as transport, trio.open_nursery() as nursery:
+            async with self.env.transport(self) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
-                self.launcher = self.launcher or default_launcher(nursery)
+                self.launcher = self.env.launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: InboundSink(self))
                 self.address = self.local_address = listener.address
                 # Frames this process sends to itself take the in-process transport, where

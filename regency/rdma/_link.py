@@ -53,7 +53,7 @@ from . import _cuda
 from ._backend import BufferRef, FallBack, call_manager
 from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
 from ._registry import Entry
-from ._state import SIM_SCHEME, ProcState, current_state
+from ._state import ProcState, current_state
 
 #: Bytes per DATA frame.
 CHUNK = 1 << 20
@@ -216,13 +216,8 @@ def _listen_host(address: str, tcp_host: str) -> str:
 
 
 def listen_address(address: str, tcp_host: str) -> str:
-    """The address the data listener listens on, for a runtime at ``address``: a fresh name on
-    the same simulated host in a simulation (``sim://HOST/``), else ``tcp://HOST:0``."""
-    parts = urlsplit(address)
-    if parts.scheme == SIM_SCHEME:
-        if not parts.hostname:
-            raise ValueError(f"sim address must look like sim://HOST/NAME (got {address!r})")
-        return f"{SIM_SCHEME}://{parts.hostname}/"
+    """The TCP address the data listener listens on, for a runtime at ``address``:
+    ``tcp://HOST:0`` (a runtime's environment may name another, see ``data_address``)."""
     host = _listen_host(address, tcp_host)
     return f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
 
@@ -237,7 +232,9 @@ async def data_address() -> str:
     async with state.listen_lock:
         if state.data_address is None:
             rt = current_runtime()
-            where = listen_address(rt.address, rt.config.tcp_host)
+            where = rt.env.data_listen_address or listen_address(
+                rt.address, rt.config.tcp_host
+            )
             listener = await rt.transport.listen(where, lambda conn: _ServerSink(conn, state))
             state.data_address = listener.address
         return state.data_address
