@@ -12,7 +12,7 @@ from . import _messages as M
 from ._controller import current_runtime
 from ._errors import SupervisionError
 from ._future import Future
-from ._replies import _Fold, _MeshReplies, _OneReply, _StreamReplies
+from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 
 if TYPE_CHECKING:
@@ -123,19 +123,33 @@ class Endpoint(Generic[R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[ValueMesh[R]] = Future()
-        route = self._mesh._route()
-        self._issue(
-            rt,
-            range(len(route.addresses)),
-            _MeshReplies(fut, self.qualname, self._mesh._shape, route),
-            payload,
-        )
+        self._call_all(rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True)
         return fut
+
+    def _call_all(
+        self, rt: Runtime, reducer: Reducer, payload: list[Any], *, once_per_rank: bool = False
+    ) -> None:
+        route = self._mesh._route()
+        handler = Replies(
+            reducer,
+            self.qualname,
+            route.ranks,
+            route.addresses,
+            route.all_dests,
+            once_per_rank=once_per_rank,
+        )
+        self._issue(rt, range(len(route.addresses)), handler, payload)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         fut: Future[R] = Future()
         route = self._mesh._route()
-        handler = _OneReply(fut, self.qualname, route.dest_sets[local], route.ranks[local])
+        handler = Replies(
+            One(fut),
+            self.qualname,
+            (route.ranks[local],),
+            (route.addresses[local],),
+            route.dest_sets[local],
+        )
         self._issue(rt, (local,), handler, payload)
         return fut
 
@@ -160,10 +174,8 @@ class Endpoint(Generic[R]):
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        route = self._mesh._route()
-        futs: list[Future[R]] = [Future() for _ in route.addresses]
-        handler = _StreamReplies(futs, self.qualname, route)
-        self._issue(rt, range(len(futs)), handler, payload)
+        futs: list[Future[R]] = [Future() for _ in range(len(self._mesh._shape))]
+        self._call_all(rt, EachInTurn(futs), payload)
         return iter(futs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
@@ -180,11 +192,8 @@ class Endpoint(Generic[R]):
     ) -> Future[Any]:
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        route = self._mesh._route()
         fut: Future[Any] = Future()
-        n = len(route.addresses)
-        handler = _Fold(fut, self.qualname, n, acc, combine, route)
-        self._issue(rt, range(n), handler, payload)
+        self._call_all(rt, Fold(fut, acc, combine), payload)
         return fut
 
     def __repr__(self) -> str:
