@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _codec
-from . import _messages as M
 from ._controller import current_runtime
 from ._errors import SupervisionError
 from ._future import Future
@@ -85,9 +84,9 @@ class Endpoint(Generic[R]):
     ) -> None:
         route = self._mesh._route()
         key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
+        encode, send = _codec.encode_call, rt.send
         for local in local_ranks:
-            frame = _codec.pack((M.CALL, key, name, port, local, labels, sizes), payload)
-            rt.send(route.addresses[local], frame)
+            send(route.addresses[local], encode(key, name, port, local, labels, sizes, payload))
 
     def _issue(
         self, rt: Runtime, local_ranks: Sequence[int], handler: Any, payload: list[Any]

@@ -5,15 +5,16 @@ See :mod:`regency.core._worker` for the worker daemon and the protocol.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import trio
 
-from . import _codec, _controller, _current
+from . import _controller, _current
 from . import _messages as M
 from ._children import Child
 from ._controller import current_runtime, derive_secret
@@ -38,8 +39,7 @@ class _Reply:
         self.fut, self.what = fut, what
         self.dests = frozenset((worker,))
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        value = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         if status == M.OK:
             self.fut.set_result(value)
         else:
@@ -59,28 +59,29 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
-        rt.extensions[M.EXITED] = self._exited
+        rt.extensions[M.Exited] = self._exited
 
-    def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, address, code = envelope
-        child = self.rt.children.get(address)
+    def _exited(self, msg: M.Exited) -> None:
+        child = self.rt.children.get(msg.address)
         if child is not None:
-            self.rt._child_exited(child, code)
+            self.rt._child_exited(child, msg.code)
 
     async def renew_leases(self) -> None:
         while True:
             await trio.sleep(self.lease / 4)
             for worker in list(self.workers):
                 try:
-                    self.rt.send(worker, _codec.pack((M.LEASE, self.rt.address)))
+                    self.rt.post(worker, M.Lease(self.rt.address))
                 except Exception:
                     pass  # its procs are lost through heartbeats or links
 
-    def request(self, worker: str, envelope: tuple[Any, ...], what: str, timeout: float) -> Any:
-        """Send ``envelope + (port,)`` to a worker and wait for the reply (not on the loop)."""
+    def request(
+        self, worker: str, message: Callable[[M.PortRef], M.Wire], what: str, timeout: float
+    ) -> Any:
+        """Send ``message(reply port)`` to a worker and wait for the reply (not on the loop)."""
         fut: Future[Any] = Future()
         port = self.rt.open_port(_Reply(fut, what, worker))
-        self.rt.send(worker, _codec.pack((*envelope, port)))
+        self.rt.post(worker, message(port))
         return fut.get(timeout)
 
     def take_ports(self, worker: str, count: int) -> list[int]:
@@ -93,7 +94,7 @@ class _Hosts:
                 )
             more = self.request(
                 worker,
-                (M.RESERVE, self.rt.address, max(count - len(pool), 32)),
+                functools.partial(M.Reserve, self.rt.address, max(count - len(pool), 32)),
                 f"reserving ports on {worker}",
                 30,
             )
@@ -110,7 +111,7 @@ class RemoteProcHandle(ProcHandle):
 
     def kill(self) -> None:
         try:
-            self.rt.send(self.worker, _codec.pack((M.KILL, self.rt.address, self.address)))
+            self.rt.post(self.worker, M.Kill(self.rt.address, self.address))
         except Exception:
             pass  # the worker is gone, and its procs with it
 
@@ -177,7 +178,7 @@ def attach_to_workers(
         try:
             hostname, ip, ports = hosts.request(
                 address,
-                (M.ATTACH, rt.address, lease),
+                functools.partial(M.Attach, rt.address, lease),
                 f"attaching to the worker at {address}",
                 rt.config.spawn_timeout,
             )
@@ -215,7 +216,7 @@ def launch_remote(
         record = rt.bootstrap_record(child, boot)
         by_worker.setdefault(child.worker, []).append((record, dict(env or {})))  # type: ignore[attr-defined]
     for worker, requests in by_worker.items():
-        rt.send(worker, _codec.pack((M.LAUNCH, rt.address), _codec.dumps(requests)))
+        rt.post(worker, M.Launch(rt.address, requests))
 
 
 def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
@@ -239,7 +240,7 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
         for worker in workers:
             if state.workers.pop(worker, None) is not None:
                 try:
-                    rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+                    rt.post(worker, M.Detach(rt.address))
                 except Exception:
                     pass
                 state.ports.pop(worker, None)
@@ -258,6 +259,6 @@ def detach_all(rt: Runtime) -> None:
         return
     for worker in hosts.workers:
         try:
-            rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+            rt.post(worker, M.Detach(rt.address))
         except Exception:
             pass

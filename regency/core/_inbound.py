@@ -11,6 +11,7 @@ import trio
 
 from .. import transports
 from . import _codec
+from ._messages import Ack, Session
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -38,17 +39,18 @@ class InboundSink:
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         handled = self._handled
-        if handled is None or frame[:4] == _codec.SESSION_MARK:
-            session = _codec.unpack_session(frame)
-            if session is not None:
-                handled = self._rt.session_opened(*session)  # raises for a forgotten one
+        if handled is None or _codec.starts_session(frame):
+            msg = _codec.decode(frame)
+            if type(msg) is Session:
+                # raises for a forgotten session
+                handled = self._rt.session_opened(msg.session, msg.first)
                 if self._session is not None:
                     self._rt.session_closed(self._session)
-                self._session, self._next = session
+                self._session, self._next = msg.session, msg.first
                 self._handled = handled
                 self._conn = conn
             else:
-                self._rt.on_frame(frame)  # a peer without sessions (tests, tools)
+                self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
             return
         index = self._next
         self._next = index + 1
@@ -72,7 +74,7 @@ class InboundSink:
         if count > self._acked and self._conn is not None and not self._conn.closed:
             self._acked = count
             try:
-                self._conn.send_nowait(_codec.pack_ack(count))
+                self._conn.send_nowait(_codec.encode(Ack(count)))
             except transports.TransportError:
                 pass
 

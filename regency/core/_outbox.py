@@ -14,6 +14,7 @@ import trio
 from .. import transports
 from . import _codec
 from ._errors import UndeliverableError
+from ._messages import Ack, Session
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -157,7 +158,7 @@ class Outbox:
             self._unacked.extend(self._pending)
             self._pending.clear()
             try:
-                conn.send_nowait(_codec.pack_session(self._session, self._acked))
+                conn.send_nowait(_codec.encode(Session(self._session, self._acked)))
                 for frame in self._unacked:
                     conn.send_nowait(frame)
             except transports.TransportError:
@@ -243,11 +244,11 @@ class _OutboundSink:
         self._outbox = outbox
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        count = _codec.unpack_ack(frame)
-        if count is not None:
-            self._outbox.acknowledged(count)
+        msg = _codec.decode(frame)
+        if type(msg) is Ack:
+            self._outbox.acknowledged(msg.count)
         else:
-            self._outbox._rt.on_frame(frame)
+            self._outbox._rt.dispatch(msg)
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         if exc is None:

@@ -63,6 +63,7 @@ class ProcMesh(MeshAlgebra):
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         port = rt.open_port(_Acks(init, len(shape), f"spawning {name}", dests))
         labels, sizes = list(shape.labels), list(shape.sizes)
+        pickled = M.Pickled(payload)
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
         mesh = ActorMesh(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
@@ -70,10 +71,7 @@ class ProcMesh(MeshAlgebra):
         addresses = tuple(address for _, address in procs)
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
         for local, address in enumerate(addresses):
-            rt.send(
-                address,
-                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
-            )
+            rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
         return mesh
 
     @property

@@ -12,16 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from . import _codec
 from . import _messages as M
 from ._errors import ActorError, RemoteFailure, SupervisionError
 from ._future import Future
 from ._shape import Shape, ValueMesh
 
 
-def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> Any:
-    """Unpickle a reply; raise what the caller should see for an error reply."""
-    value = _codec.loads(parts)
+def _decode(endpoint: str, index: int, status: int, value: Any) -> Any:
+    """A reply's value; raise what the caller should see for an error reply."""
     if status == M.OK:
         return value
     if status == M.ERROR:
@@ -68,14 +66,14 @@ class Replies:
         #: Ranks answered, where an explicit port may answer twice (the first answer counts).
         self.seen: list[bool] | None = [False] * len(ranks) if once_per_rank else None
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         seen = self.seen
         if seen is not None:
             if seen[index]:
                 return False
             seen[index] = True
         try:
-            self.reducer.add(index, _decode(self.endpoint, index, status, parts))
+            self.reducer.add(index, _decode(self.endpoint, index, status, value))
         except Exception as exc:
             if self.reducer.error(exc):
                 return True
@@ -188,9 +186,9 @@ class _Acks:
         self.fut, self.missing, self.what, self.dests = fut, n, what, dests
         self.failures: list[RemoteFailure] = []
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         if status != M.OK:
-            self.failures.append(_codec.loads(parts))
+            self.failures.append(value)
         return self.skip(1)
 
     def skip(self, count: int) -> bool:

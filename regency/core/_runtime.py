@@ -20,8 +20,8 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, assert_never
 
 import trio
 
@@ -78,7 +78,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.dead: dict[str, RemoteFailure] = {}
         #: Messages for actors whose SPAWN has not arrived yet (a third party may know the
         #: mesh before the SPAWN from its owner reaches this proc).
-        self.limbo: dict[str, list[tuple[Any, ...]]] = {}
+        self.limbo: dict[str, list[M.Call | M.StopActor]] = {}
         self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self._outboxes: dict[str, Outbox] = {}
@@ -101,7 +101,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
-        self.extensions: dict[int, Callable[[tuple[Any, ...], list[memoryview]], None]] = {}
+        self.extensions: dict[type[M.HostMessage], Callable[[Any], None]] = {}
         #: Set once an actor here failed: the proc refuses new actors from then on.
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
@@ -136,7 +136,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                     self._loopback = listener
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
-                        _codec.pack((M.HELLO, self.proc_id, self.address))
+                        _codec.encode(M.Hello(self.proc_id, self.address))
                     )
                 if self.parent_address is None and isinstance(self.launcher, ZygoteLauncher):
                     # A controller will almost surely spawn procs: warm the zygote now.
@@ -167,7 +167,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
 
     async def _send_heartbeats(self, address: str) -> None:
         """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
-        frame = _codec.pack((M.HEARTBEAT, self.address))
+        frame = _codec.encode(M.Heartbeat(self.address))
         while True:
             await trio.sleep(self.config.heartbeat_interval)
             try:
@@ -273,59 +273,62 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
 
     def on_frame(self, frame: memoryview) -> None:
         """Dispatch one frame. A malformed frame raises, closing that one connection."""
-        if frame[:4] == _codec.PORT_MARK_BYTES:
-            self._to_port(*_codec.unpack_port(frame))
-            return
-        envelope, parts = _codec.unpack(frame)
-        kind = envelope[0]
-        if kind == M.CALL:
-            _, key, method, port, rank, labels, sizes = envelope
-            try:
-                args = _codec.loads(parts)
-            except Exception as exc:
-                args = exc
-            self._to_actor(key, ("call", method, args, port, rank, (rank, labels, sizes)))
-        elif kind == M.PORT:
-            _, port_id, index, status = envelope
-            self._to_port(port_id, index, status, parts)
-        elif kind == M.SPAWN:
-            _, key, name, rank, labels, sizes, port, owner = envelope
-            try:
-                payload = _codec.loads(parts)
-            except Exception as exc:
-                payload = exc
-            self._spawn(key, name, (rank, labels, sizes), payload, port, owner)
-        elif kind == M.FAILED:
-            _, key, rank = envelope
-            self.oversight.feed(RanksFailed(key, (rank,), _codec.loads(parts)))
-        elif kind == M.HEARTBEAT:
-            (_, address) = envelope
-            child = self.children.get(address)
-            if child is not None and child.last_seen is not None:
-                child.last_seen = trio.current_time()
-        elif kind == M.STOP_ACTOR:
-            _, key, port = envelope
-            self._to_actor(key, ("stop", port))
-        elif kind == M.STOP_PROC:
-            (_, port) = envelope
-            if port is not None:
-                self.send_port(port, 0, M.OK, None)
-            self.stop()
-        elif kind == M.HELLO:
-            _, _proc_id, address = envelope
-            ready = self.child_ready.pop(address, None)
-            if ready is not None:
-                ready.set()
-            child = self.children.get(address)
-            if child is not None:
-                child.last_seen = trio.current_time()
-        else:
-            extension = self.extensions.get(kind)
-            if extension is None:
-                raise ValueError(f"unknown frame kind {kind!r}")
-            extension(envelope, parts)
+        self.dispatch(_codec.decode(frame))
 
-    def _to_actor(self, key: str, item: tuple[Any, ...]) -> None:
+    def dispatch(self, msg: M.Wire) -> None:
+        """Handle one message from a peer (on the trio thread). Session control belongs to
+        the connection's sink; here it raises like a malformed frame."""
+        match msg:
+            case M.Reply():
+                self._to_port(msg)
+            case M.Call():
+                self._to_actor(msg.actor, msg)
+            case M.Spawn():
+                payload = msg.payload
+                if type(payload) is M.Undecodable:
+                    payload = payload.error
+                self._spawn(
+                    msg.actor, msg.name, (msg.rank, msg.labels, msg.sizes), payload, msg.port,
+                    msg.owner,
+                )
+            case M.Failed():
+                if type(msg.payload) is M.Undecodable:
+                    raise msg.payload.error
+                self.oversight.feed(RanksFailed(msg.mesh, (msg.rank,), msg.payload))
+            case M.Heartbeat():
+                child = self.children.get(msg.address)
+                if child is not None and child.last_seen is not None:
+                    child.last_seen = trio.current_time()
+            case M.StopActor():
+                self._to_actor(msg.actor, msg)
+            case M.StopProc():
+                if msg.port is not None:
+                    self.send_port(msg.port, 0, M.OK, None)
+                self.stop()
+            case M.Hello():
+                ready = self.child_ready.pop(msg.address, None)
+                if ready is not None:
+                    ready.set()
+                child = self.children.get(msg.address)
+                if child is not None:
+                    child.last_seen = trio.current_time()
+            case M.Attach() | M.Reserve() | M.Launch() | M.Exited() | M.Kill() | M.Lease() | (
+                M.Detach()
+            ):
+                extension = self.extensions.get(type(msg))
+                if extension is None:
+                    raise ValueError(f"{type(msg).__name__} frames are not handled here")
+                extension(msg)
+            case M.Session() | M.Ack():
+                raise ValueError(f"a {type(msg).__name__} frame outside session control")
+            case _:
+                assert_never(msg)
+
+    def post(self, address: str, msg: M.Wire) -> None:
+        """Encode ``msg`` and send it to the runtime at ``address``. Thread-safe."""
+        self.send(address, _codec.encode(msg))
+
+    def _to_actor(self, key: str, item: M.Call | M.StopActor) -> None:
         cell = self.actors.get(key)
         if cell is not None:
             cell.enqueue(item)
@@ -340,7 +343,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self,
         key: str,
         name: str,
-        point: tuple[int, list[str], list[int]],
+        point: tuple[int, Sequence[str], Sequence[int]],
         payload: Any,
         port: tuple[str, int] | None,
         owner: tuple[str, str, str],
@@ -372,27 +375,17 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.dead[cell.key] = failure
 
 
-def bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
+def bounce(rt: Runtime, item: M.MailboxItem, failure: RemoteFailure) -> None:
     """Answer a message for an actor that cannot take it (best effort: the caller's proc may
     be gone too, and nothing here may raise into the loop)."""
     try:
-        _bounce(rt, item, failure)
+        match item:
+            case M.Call(port=port, rank=index) if port is not None:
+                rt.send_port(port, index, M.DEAD, failure)
+            case M.StopActor(port=port) if port is not None:
+                rt.send_port(port, 0, M.OK, None)
     except Exception as exc:
-        log.info("could not bounce a message (%s): %s", item[0], exc)
-
-
-def _bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
-    if item[0] == "call":
-        port, index = item[3], item[4]
-    elif item[0] == "stop":
-        port, index = item[1], 0
-        if port is not None:
-            rt.send_port(port, index, M.OK, None)
-        return
-    else:
-        return
-    if port is not None:
-        rt.send_port(port, index, M.DEAD, failure)
+        log.info("could not bounce a message (%s): %s", type(item).__name__, exc)
 
 
 # Names other modules (and tests) import from here; they live in their own modules now.
