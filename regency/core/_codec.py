@@ -309,7 +309,14 @@ def decode(frame: memoryview) -> M.Wire:
     try:
         if env[0] == _CALL:  # the common case first
             _, actor, method, port, rank, labels, sizes = env
-            return Call(actor, method, port, rank, labels, sizes, _load(parts))
+            try:
+                if len(parts) == 1:
+                    args = pickle.loads(parts[0])
+                else:
+                    args = pickle.loads(parts[0], buffers=parts[1:])
+            except Exception as exc:
+                args = Undecodable(exc)
+            return Call(actor, method, port, rank, labels, sizes, args)
         return _from_envelope(env, parts)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed frame envelope {env[:1]!r}: {exc}") from exc

@@ -183,8 +183,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             now = trio.current_time()
             for box in list(self._outboxes.values()):
                 box.check_stalled(now)
-            if self._idle_sessions:
-                self._forget_idle_sessions(now)
+            self._forget_idle_sessions(now)
             self._check_heartbeats(now)
 
     def stop(self) -> None:
