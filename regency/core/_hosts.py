@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import socket
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -16,11 +16,10 @@ import trio
 
 from . import _controller, _current
 from . import _messages as M
-from ._children import Child
 from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
-from ._launcher import ProcHandle
+from ._launcher import ProcHandle, ProcLauncher
 from ._runtime import Runtime
 
 
@@ -59,12 +58,13 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
+        self.launchers: dict[str, WorkerLauncher] = {}
         rt.extensions[M.Exited] = self._exited
 
     def _exited(self, msg: M.Exited) -> None:
-        child = self.rt.children.get(msg.address)
-        if child is not None:
-            self.rt._child_exited(child, msg.code)
+        for launcher in self.launchers.values():
+            if launcher.exited(msg.address, msg.code):
+                return
 
     async def renew_leases(self) -> None:
         while True:
@@ -192,31 +192,56 @@ def attach_to_workers(
     return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs))
 
 
-def plan_remote(rt: Runtime, hosts: Sequence[HostRef], per_host: int, name: str) -> list[Child]:
-    """Name and address procs on remote hosts (``per_host`` on each, in host order)."""
-    state: _Hosts = rt.hosts  # type: ignore[attr-defined]
-    children = []
-    for host in hosts:
-        ip = f"[{host.ip}]" if ":" in host.ip else host.ip
-        for port in state.take_ports(host.worker, per_host):
-            child = rt.plan_child(rt.new_proc_id(name), f"tcp://{ip}:{port}")
-            child.handle = RemoteProcHandle(rt, host.worker, child.address)
-            child.worker = host.worker  # type: ignore[attr-defined]
-            children.append(child)
-    return children
+class WorkerLauncher(ProcLauncher):
+    """Starts procs on a remote host through its worker daemon: the runtime launches them
+    there like local ones. Addresses come from ports the worker reserved for us; exits come
+    back as EXITED reports."""
+
+    def __init__(self, hosts: _Hosts, host: HostRef) -> None:
+        self._hosts, self.host = hosts, host
+        self.worker = host.worker
+        #: Exit callbacks of the procs started here, by address.
+        self._on_exit: dict[str, Callable[[int], None]] = {}
+
+    def address_for(self, proc_id: str) -> str:
+        """A reserved port on the host (may ask the worker for more: not on the loop)."""
+        ip = f"[{self.host.ip}]" if ":" in self.host.ip else self.host.ip
+        (port,) = self._hosts.take_ports(self.worker, 1)
+        return f"tcp://{ip}:{port}"
+
+    def launch(
+        self,
+        bootstrap: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_exit: Callable[[int], None],
+    ) -> ProcHandle:
+        rt = self._hosts.rt
+        address = bootstrap["address"]
+        rt.post(self.worker, M.Launch(rt.address, [(dict(bootstrap), dict(env))]))
+        self._on_exit[address] = on_exit
+        return RemoteProcHandle(rt, self.worker, address)
+
+    def exited(self, address: str, code: int) -> bool:
+        """The worker reported an exit; False when the proc is not one of ours."""
+        on_exit = self._on_exit.pop(address, None)
+        if on_exit is None:
+            return False
+        on_exit(code)
+        return True
 
 
-def launch_remote(
-    rt: Runtime, children: list[Child], env: dict[str, str] | None, boot: str | None
-) -> None:
-    """Ask each child's worker to start it (on the trio thread)."""
-    by_worker: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {}
-    for child in children:
-        rt.children[child.address] = child
-        record = rt.bootstrap_record(child, boot)
-        by_worker.setdefault(child.worker, []).append((record, dict(env or {})))  # type: ignore[attr-defined]
-    for worker, requests in by_worker.items():
-        rt.post(worker, M.Launch(rt.address, requests))
+def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
+    """The launcher for a host of ``attach_to_workers``."""
+    state: _Hosts | None = getattr(rt, "hosts", None)
+    if state is None or host.worker not in state.workers:
+        raise LookupError(
+            f"the host at {host.worker} is not attached to this process; attach_to_workers "
+            "first (a host mesh from another process cannot start procs here)"
+        )
+    launcher = state.launchers.get(host.worker)
+    if launcher is None:
+        launcher = state.launchers[host.worker] = WorkerLauncher(state, host)
+    return launcher
 
 
 def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
@@ -233,7 +258,9 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
 
     async def shutdown() -> None:
         addresses = [
-            a for a, c in rt.children.items() if getattr(c, "worker", None) in workers
+            a
+            for a, c in rt.children.items()
+            if isinstance(c.launcher, WorkerLauncher) and c.launcher.worker in workers
         ]
         stopped: Future[None] = Future()
         await _stop_procs(rt, addresses, stopped)

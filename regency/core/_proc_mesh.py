@@ -14,7 +14,7 @@ from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
-from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
+from ._hosts import HostRef, shutdown_hosts, worker_launcher
 from ._replies import _Acks
 from ._shape import MeshAlgebra, Shape
 
@@ -144,20 +144,13 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         rt = current_runtime()
-        remote = False
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
-            hosts = [self._hosts[r] for r in self._shape.ranks]
-            launchers = [rt.env.host_launcher(h.worker) for h in hosts]
-            if all(launcher is not None for launcher in launchers):
-                children = rt.plan_on_launchers(
-                    [launcher for launcher in launchers if launcher is not None],
-                    count,
-                    name or "p",
-                )
-            else:
-                remote = True
-                children = plan_remote(rt, hosts, count, name or "p")
+            launchers = [
+                rt.env.host_launcher(host.worker) or worker_launcher(rt, host)
+                for host in (self._hosts[r] for r in self._shape.ranks)
+            ]
+            children = rt.plan_on_launchers(launchers, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
         ready: Future[None] = Future()
@@ -168,10 +161,7 @@ class HostMesh(MeshAlgebra):
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
             try:
-                if remote:
-                    launch_remote(rt, children, env, boot)
-                else:
-                    rt.launch_procs(children, env, boot)
+                rt.launch_procs(children, env, boot)
             except Exception as exc:  # not raised: this runs as a loop callback
                 ready.set_exception(exc)
                 for child in children:
