@@ -163,6 +163,8 @@ _DETACH = 26
 #: Replies skip the pickled envelope:
 #: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
 _PORT_HEAD = struct.Struct("<IQIB")
+_PORT_BODY = _PORT_HEAD.size
+_HEAD = struct.Struct("<I")
 _PORT_MARK = 0xFFFFFFFF
 #: ``u32 0xFFFFFFFE | u64 first | session id (utf-8)``
 _SESSION_HEAD = 0xFFFFFFFE
@@ -284,15 +286,17 @@ def starts_session(frame: memoryview) -> bool:
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""
-    if len(frame) < _U32:
-        raise ValueError(f"frame of {len(frame)} bytes is too short for a header")
-    head = int.from_bytes(frame[:_U32], "little")
+    try:
+        (head,) = _HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
     if head == _PORT_MARK:
-        if len(frame) < _PORT_HEAD.size:
-            raise ValueError(f"reply frame of {len(frame)} bytes is too short")
-        _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
         try:
-            value = pickle.loads(frame[_PORT_HEAD.size :])
+            _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
+        except struct.error:
+            raise ValueError(f"reply frame of {len(frame)} bytes is too short") from None
+        try:
+            value = pickle.loads(frame[_PORT_BODY:])
         except Exception as exc:
             value = Undecodable(exc)
         return Reply(port_id, index, status, value)

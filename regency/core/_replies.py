@@ -73,7 +73,9 @@ class Replies:
                 return False
             seen[index] = True
         try:
-            self.reducer.add(index, _decode(self.endpoint, index, status, value))
+            if status != M.OK:
+                value = _decode(self.endpoint, index, status, value)  # raises
+            self.reducer.add(index, value)
         except Exception as exc:
             if self.reducer.error(exc):
                 return True

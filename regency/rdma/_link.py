@@ -2,8 +2,9 @@
 
 Each process that owns buffers opens, on first need, a listener of its own on the runtime's
 transport (``tcp://HOST:0``, HOST that of the runtime's own TCP address, else ``tcp_host``; the
-job secret's challenge-response handshake like every Regency link; in a simulated cluster
-``sim://HOST/``, so the simulator's faults apply to the bytes). Peers learn its address once from the owner's RDMA manager actor, dial it once,
+job secret's challenge-response handshake like every Regency link; in a simulated cluster the
+address its environment names, on the simulated network, so the simulator's faults apply to
+the bytes). Peers learn its address once from the owner's RDMA manager actor, dial it once,
 and multiplex every request to that owner on the one connection, so bulk bytes never queue
 behind (or in front of) actor messages, and a lease costs a small struct frame each way
 instead of a pickled actor call.
