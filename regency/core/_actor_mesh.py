@@ -49,7 +49,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         self._key, self._name, self._cls = key, name, cls
         self._procs, self._shape = procs, shape
         self._init = init
-        self._endpoints: dict[str, Endpoint[Any]] = {}
+        self._endpoints: dict[str, Endpoint[..., Any]] = {}
         self._cached_route: _Route | None = None
 
     def _route(self) -> _Route:
@@ -83,7 +83,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             return cached
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointSpec):
-            ep: Endpoint[Any] = Endpoint(self, name)
+            ep: Endpoint[..., Any] = Endpoint(self, name)
             self._endpoints[name] = ep
             return ep
         if callable(attr):
@@ -93,7 +93,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             f"endpoints: {sorted(endpoints_of(self._cls))}"
         )
 
-    def endpoint(self, name: str) -> Endpoint[Any]:
+    def endpoint(self, name: str) -> Endpoint[..., Any]:
         """The endpoint ``name``, also when a mesh attribute of that name hides it
         (``mesh.size`` is the mesh's size; ``mesh.endpoint("size")`` the endpoint)."""
         if not isinstance(getattr(self._cls, name, None), EndpointSpec):

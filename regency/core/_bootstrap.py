@@ -79,6 +79,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
         parent_address=record["parent_address"],
     )
     set_current_runtime(rt)
+    from .._actor_config import install_log_prefix
+
+    install_log_prefix()
     code = 0
     try:
         if record.get("boot"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _codec
 from . import _messages as M
@@ -41,9 +41,12 @@ class ProcMesh(MeshAlgebra):
     def __reduce__(self) -> Any:
         return (ProcMesh, (self._procs, self._shape))
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> A:
         """Spawn ``cls(*args, **kwargs)`` on every proc. Returns at once; ``__init__`` runs
-        before the first message any rank handles."""
+        before the first message any rank handles.
+
+        The result is an :class:`ActorMesh`; it is typed as ``cls`` (as in Monarch) so that
+        the type checker checks ``mesh.endpoint_name.call(...)`` against the method."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
         shadowed = sorted(set(endpoints_of(cls)) & _MESH_ATTRIBUTES)
@@ -72,7 +75,7 @@ class ProcMesh(MeshAlgebra):
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
         for local, address in enumerate(addresses):
             rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
-        return mesh
+        return cast(A, mesh)
 
     @property
     def initialized(self) -> Future[None]:
