@@ -16,6 +16,7 @@ from ._messages import Ack, Session
 
 if TYPE_CHECKING:
     from ._config import Config
+    from ._environment import Environment
     from ._runtime import Runtime
 
 #: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
@@ -29,8 +30,9 @@ class InboundSink:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._probe = runtime.env.probe  # the environment never changes
         self._conn: transports.Connection | None = None
-        self._receiver = Receiver(runtime.ack_every)
+        self._receiver = Receiver(runtime.env.ack_every)
         self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
@@ -50,7 +52,7 @@ class InboundSink:
         index = receiver.frame()
         if index is None:
             return  # handled before the reconnect: a resend
-        probe = self._rt.probe
+        probe = self._probe
         if probe is not None:
             assert receiver.session is not None
             probe.frame_handled(self._rt, receiver.session, index)
@@ -85,7 +87,7 @@ class InboundSessions:
 
     config: Config
     nursery: trio.Nursery
-    ack_delay: float
+    env: Environment
     _sessions_in: SessionTable
     _to_ack: dict[int, InboundSink]  # insertion-ordered: deterministic
     _ack_scheduled: bool
@@ -125,7 +127,7 @@ class InboundSessions:
             self.nursery.start_soon(self._flush_acks)
 
     async def _flush_acks(self) -> None:
-        await trio.sleep(self.ack_delay)
+        await trio.sleep(self.env.ack_delay)
         self._ack_scheduled = False
         sinks, self._to_ack = self._to_ack, {}
         for sink in sinks.values():

@@ -46,6 +46,7 @@ class Outbox:
 
     def __init__(self, runtime: Runtime, address: str) -> None:
         self._rt = runtime
+        self._probe = runtime.env.probe  # the environment never changes
         self.address = address
         self._lock = threading.Lock()
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
@@ -71,7 +72,7 @@ class Outbox:
             )
         machine = self._machine
         with self._lock:
-            probe = self._rt.probe
+            probe = self._probe
             if probe is not None and machine.cause is None:
                 probe.frame_sent(self._rt, self.address, machine.session, machine.queued_count)
             try:

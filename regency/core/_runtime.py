@@ -34,7 +34,7 @@ from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
-from ._environment import Environment, TransportFactory, production
+from ._environment import Environment, SyncRunner, TransportFactory, production
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
@@ -90,15 +90,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._names = itertools.count()
         self.started = threading.Event()
         self.thread_id: int | None = None
-        #: ``env.sync_runner``: when set, sync actor code runs through it instead of on
-        #: actor threads (the simulator runs it in lockstep with its loop).
-        self.sync_runner = env.sync_runner
         self.on_child_exit: list[Callable[[Child], None]] = []
-        #: ``env.probe``: told what delivery and supervision do (the simulator's checker).
-        self.probe: Probe | None = env.probe
-        #: Acknowledge inbound frames after this many, or this many seconds.
-        self.ack_every = env.ack_every
-        self.ack_delay = env.ack_delay
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
@@ -109,6 +101,28 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._sessions = itertools.count(1)
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
+
+    # What the environment decides, read-only: a runtime's world does not change under it.
+
+    @property
+    def sync_runner(self) -> SyncRunner | None:
+        """Where sync actor code runs (None: on actor threads; the simulator's lockstep)."""
+        return self.env.sync_runner
+
+    @property
+    def probe(self) -> Probe | None:
+        """Told what delivery and supervision do (the simulator's invariant checker)."""
+        return self.env.probe
+
+    @property
+    def ack_every(self) -> int:
+        """Inbound frames are acknowledged after this many, or ..."""
+        return self.env.ack_every
+
+    @property
+    def ack_delay(self) -> float:
+        """... after this many seconds, whichever comes first."""
+        return self.env.ack_delay
 
     # -- lifecycle -----------------------------------------------------------------------
 

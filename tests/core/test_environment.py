@@ -37,6 +37,10 @@ def test_a_runtime_takes_everything_world_specific_from_its_environment() -> Non
     assert PRODUCTION.sync_runner is None and PRODUCTION.probe is None
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         env.probe = None  # type: ignore[misc]
+    # Nothing pokes a hook into a running runtime: the world is the environment's.
+    for hook in ("probe", "sync_runner", "ack_every", "ack_delay"):
+        with pytest.raises(AttributeError):
+            setattr(rt, hook, None)
 
 
 def test_rdma_reads_the_environment_not_the_address() -> None:
