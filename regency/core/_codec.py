@@ -312,7 +312,7 @@ def decode(frame: memoryview) -> M.Wire:
     env, parts = _unpack(frame, head)
     try:
         if env[0] == _CALL:  # the common case first
-            _, actor, method, port, rank, labels, sizes = env
+            _, actor, method, port, rank, labels, sizes, _ = env
             try:
                 if len(parts) == 1:
                     args = pickle.loads(parts[0])
@@ -329,53 +329,53 @@ def decode(frame: memoryview) -> M.Wire:
 def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
     kind = env[0]
     if kind == _SPAWN:
-        _, actor, name, rank, labels, sizes, port, owner = env
+        _, actor, name, rank, labels, sizes, port, owner, _ = env
         return Spawn(actor, name, rank, labels, sizes, port, owner, _load(parts))
     if kind == _REPLY:
-        _, port_id, index, status = env
+        _, port_id, index, status, _ = env
         return Reply(port_id, index, status, _load(parts))
     if kind == _STOP_ACTOR:
-        _, actor, port = env
+        _, actor, port, _ = env
         return StopActor(actor, port)
     if kind == _STOP_PROC:
-        (_, port) = env
+        _, port, _ = env
         return StopProc(port)
     if kind == _HELLO:
-        _, proc_id, address = env
+        _, proc_id, address, _ = env
         return Hello(proc_id, address)
     if kind == _FAILED:
-        _, mesh, rank = env
+        _, mesh, rank, _ = env
         return Failed(mesh, rank, _load(parts))
     if kind == _HEARTBEAT:
-        (_, address) = env
+        _, address, _ = env
         return Heartbeat(address)
     if kind == _ATTACH:
-        _, controller, lease, port = env
+        _, controller, lease, port, _ = env
         return Attach(controller, lease, port)
     if kind == _RESERVE:
-        _, controller, count, port = env
+        _, controller, count, port, _ = env
         return Reserve(controller, count, port)
     if kind == _LAUNCH:
-        (_, controller) = env
+        _, controller, _ = env
         return Launch(controller, _load(parts))
     if kind == _EXITED:
-        _, address, code = env
+        _, address, code, _ = env
         return Exited(address, code)
     if kind == _KILL:
-        _, controller, address = env
+        _, controller, address, _ = env
         return Kill(controller, address)
     if kind == _LEASE:
-        (_, controller) = env
+        _, controller, _ = env
         return Lease(controller)
     if kind == _DETACH:
-        (_, controller) = env
+        _, controller, _ = env
         return Detach(controller)
     raise ValueError(f"unknown frame kind {kind!r}")
 
 
 def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memoryview]]:
-    """Split a frame whose envelope is ``env_len`` bytes long into its envelope (without the
-    length list) and payload part views.
+    """Split a frame whose envelope is ``env_len`` bytes long into its envelope (the length
+    list still last) and payload part views.
 
     The views alias ``frame``: unpickle or copy them before the frame goes away.
     Raises ``ValueError`` when the frame is malformed.
@@ -388,7 +388,7 @@ def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memo
     offset = _U32 + env_len
     sizes = envelope[-1]
     if len(sizes) == 1 and type(sizes[0]) is int and offset + sizes[0] == len(frame):
-        return envelope[:-1], [frame[offset:]]  # the common case: one payload part
+        return envelope, [frame[offset:]]  # the common case: one payload part
     parts: list[memoryview] = []
     for size in sizes:
         if type(size) is not int or size < 0 or offset + size > len(frame):
@@ -397,4 +397,4 @@ def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memo
         offset += size
     if offset != len(frame):
         raise ValueError(f"frame has {len(frame) - offset} trailing bytes")
-    return envelope[:-1], parts
+    return envelope, parts
