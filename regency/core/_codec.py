@@ -278,11 +278,6 @@ def encode(msg: M.Wire) -> Frame:
             assert_never(msg)
 
 
-def starts_session(frame: memoryview) -> bool:
-    """Whether ``frame`` is a SESSION frame (cheaper than decoding every frame to ask)."""
-    return frame[:4] == SESSION_MARK
-
-
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""

@@ -291,6 +291,9 @@ class Receiver:
     next: int = 0
     #: The count last acknowledged on this connection.
     acked: int = 0
+    #: Set by :meth:`frame` when enough frames were handled since the last acknowledgement
+    #: to send one now (an attribute, not a second call: this runs for every frame).
+    ack_due: bool = False
 
     def started(self, session: str, first: int, state: _Inbound) -> str | None:
         """The connection announced ``SESSION(session, first)``; ``state`` is the session's
@@ -310,17 +313,14 @@ class Receiver:
         if index < state.handled:
             return None
         state.handled = index + 1
+        self.ack_due = index + 1 - self.acked >= self.ack_every
         return index
-
-    def ack_now(self) -> bool:
-        """Whether enough frames were handled since the last acknowledgement to send one."""
-        state = self.state
-        return state is not None and state.handled - self.acked >= self.ack_every
 
     def ack(self) -> int | None:
         """The count to acknowledge now, or None when nothing new was handled."""
         state = self.state
         count = state.handled if state is not None else 0
+        self.ack_due = False
         if count <= self.acked:
             return None
         self.acked = count

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from ._environment import Environment
     from ._runtime import Runtime
 
+_SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
+
 #: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
 _ACK_EVERY = 64
 _ACK_DELAY = 0.05
@@ -37,7 +39,7 @@ class InboundSink:
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
-        if receiver.state is None or _codec.starts_session(frame):
+        if receiver.state is None or frame[:4] == _SESSION_MARK:
             msg = _codec.decode(frame)
             if type(msg) is Session:
                 # raises for a forgotten session
@@ -57,7 +59,7 @@ class InboundSink:
             assert receiver.session is not None
             probe.frame_handled(self._rt, receiver.session, index)
         self._rt.on_frame(frame)
-        if receiver.ack_now():
+        if receiver.ack_due:
             self.ack()
         elif not self._ack_pending:
             self._ack_pending = True

@@ -140,7 +140,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         if index is not None:
             assert index == len(self.delivered), "handed on out of order"
             self.delivered.append(a)
-        if receiver.ack_now():
+        if receiver.ack_due:
             self.acknowledge(link)
 
     def acknowledge(self, link: _Link) -> None:
