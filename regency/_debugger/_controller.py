@@ -19,6 +19,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -165,7 +166,7 @@ class _ProcWatch:
         self.dests = frozenset((address,))
         self._address, self._lost = address, lost
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         return False
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:

@@ -17,7 +17,7 @@ import logging
 import warnings
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -84,7 +84,7 @@ class _Countdown:
     def __init__(self, fut: Future[None], n: int, dests: frozenset[str], what: str) -> None:
         self.fut, self.missing, self.dests, self.what = fut, n, dests, what
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         self.missing -= 1
         if self.missing <= 0:
             self.fut.set_result(None)
@@ -168,10 +168,8 @@ class _Acked:
         self.windows_printed = False
         self.changed = trio.Event()
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        from ..core import _codec
-
-        origin = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        origin = value
         if origin is None:
             self.windows_printed = True
         else:

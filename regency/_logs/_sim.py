@@ -16,7 +16,6 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..core import _codec
 from ..core import _messages as M
 from ._records import (
     CONTROL_PORT,
@@ -57,8 +56,8 @@ class SimProcLogs:
         self._partial = {STDOUT: "", STDERR: ""}
         self._backlog: list[tuple[int, str]] = []
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        message = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        message = value
         if isinstance(message, Init):
             self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
             backlog, self._backlog = self._backlog, []

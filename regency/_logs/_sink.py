@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
 
-from ..core import _codec
 from ..core import _messages as M
 from ._aggregate import Aggregator
 from ._leftovers import LeftoverWatch
@@ -68,8 +67,8 @@ class LogSink:
                       mode.window)
         )
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        message = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        message = value
         if isinstance(message, LineBatch):
             self._lines(message)
         elif isinstance(message, Streaming):

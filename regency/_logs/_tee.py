@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..core import _codec
 from ..core import _messages as M
 from ._leftovers import cut_line, hand_over
 from ._records import (
@@ -164,8 +163,8 @@ class ProcLogs:
 
     # -- control (on the trio thread) --------------------------------------------------------
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        message = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        message = value
         if not isinstance(message, (Init, SetMode, Flush)):
             raise TypeError(f"log control port takes Init, SetMode or Flush (got {message!r})")
         if isinstance(message, Flush):
@@ -345,7 +344,7 @@ class _Confirm:
     def __init__(self, fut: Any) -> None:
         self.fut = fut
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         self.fut.set_result(None)
         return True
 
