@@ -11,10 +11,4 @@ from __future__ import annotations
 
 from ._remote import call_ended, drive, install_breakpoint_hook
 
-__all__ = ["call_ended", "drive", "install_breakpoint_hook", "sessions_open"]
-
-
-def sessions_open() -> bool:
-    from . import _remote
-
-    return _remote.open_sessions > 0
+__all__ = ["call_ended", "drive", "install_breakpoint_hook"]

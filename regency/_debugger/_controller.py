@@ -462,9 +462,3 @@ def render_table(rows: list[SessionInfo]) -> str:
     for c in cells:
         out += row(c) + rule
     return out
-
-
-def debug_controller_key() -> str:
-    return "debug_controller"
-
-
