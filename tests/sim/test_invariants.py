@@ -346,5 +346,5 @@ def test_bad_process_faults_and_options_are_refused() -> None:
         return "paused nobody"
 
     assert simulate(program, seed=1, hosts=1).value == (
-        "no running simulated proc at 'sim://host0/nobody'"
+        "pause_proc(proc): no running simulated proc at 'sim://host0/nobody'"
     )
