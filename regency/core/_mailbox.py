@@ -28,7 +28,6 @@ from __future__ import annotations
 import inspect
 import logging
 import queue
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
+from ._executor import Mailbox
 from ._future import Future
 from ._shape import Extent, Point
 
@@ -88,12 +88,11 @@ class ActorCell:
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
         cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
-        # With a sync runner (the simulator) every actor is a trio task whose sync code goes
-        # through the runner; otherwise an actor with sync endpoints gets its own thread.
-        self.threaded = runtime.sync_runner is None and (
-            not table or any(not e.is_async for e in table.values())
-        )
-        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        # An actor with sync endpoints (or none) gets its own thread, in production and in
+        # the simulator alike; only the executor's blocking primitives differ.
+        self.threaded = not table or any(not e.is_async for e in table.values())
+        self._executor = runtime.executor
+        self._queue: Mailbox = self._executor.mailbox()
         self._deque: deque[tuple[Any, ...]] = deque()
         self._wakeup = trio.Event()
 
@@ -101,9 +100,7 @@ class ActorCell:
 
     def start(self) -> None:
         if self.threaded:
-            threading.Thread(
-                target=self._thread_main, name=f"actor {self.name}[{self.point.rank}]", daemon=True
-            ).start()
+            self._executor.start_thread(self._thread_main, f"actor {self.name}[{self.point.rank}]")
         else:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
 
@@ -121,7 +118,7 @@ class ActorCell:
 
     def _on_loop(self, fn: Callable[[], Any]) -> Any:
         """From the actor thread: run ``fn`` on the trio thread and return its result."""
-        return trio.from_thread.run_sync(fn, trio_token=self.rt.token)
+        return self._executor.to_loop_sync(fn)
 
     def _thread_main(self) -> None:
         from ._runtime import _runtime_var
@@ -136,9 +133,7 @@ class ActorCell:
                 if kind == "call":
                     spec = self.endpoints.get(item[1])
                     if spec is not None and spec.is_async:
-                        alive = trio.from_thread.run(
-                            self._call_async, item, trio_token=self.rt.token
-                        )
+                        alive = self._executor.to_loop(self._call_async, item)
                         if self._pending_death is not None:
                             self._die_sync(*self._pending_death)
                     else:
@@ -261,7 +256,9 @@ class ActorCell:
             result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):  # an async plain method via as_endpoint
                 coro = result
-                result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                result = self._executor.to_loop(lambda: coro)
+        except trio.RunFinishedError:
+            raise  # the runtime is gone
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
@@ -281,11 +278,7 @@ class ActorCell:
         token = current.set(context)
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
-            runner = self.rt.sync_runner
-            if runner is not None and not inspect.iscoroutinefunction(fn):
-                result = await runner(lambda: self._in(context, fn, self.obj, *args, **kwargs))
-            else:
-                result = fn(self.obj, *args, **kwargs)
+            result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
                 result = await result
         except trio.Cancelled:
@@ -365,7 +358,9 @@ class ActorCell:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
                     coro = result
-                    result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                    result = self._executor.to_loop(lambda: coro)
+        except trio.RunFinishedError:
+            raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
         finally:
@@ -377,11 +372,7 @@ class ActorCell:
         result, error = None, None
         token = current.set(Context(self.instance, self.point))
         try:
-            runner = self.rt.sync_runner
-            if fn is not None and runner is not None and not inspect.iscoroutinefunction(fn):
-                context = Context(self.instance, self.point)
-                result = await runner(lambda: self._in(context, fn, failure))
-            elif fn is not None:
+            if fn is not None:
                 result = fn(failure)
             if inspect.iscoroutine(result):
                 result = await result
@@ -463,15 +454,11 @@ class ActorCell:
                 with trio.move_on_after(timeout):
                     await self._as_actor(cleanup, exc)
 
-            self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
-        else:
-            worker = threading.Thread(
-                target=self._guard, args=(lambda: self._as_actor(cleanup, exc),), daemon=True
-            )
-            worker.start()
-            worker.join(timeout)
-            if worker.is_alive():
-                log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
+            self._guard(lambda: self._executor.to_loop(bounded))
+        elif not self._executor.run_bounded(
+            lambda: self._guard(lambda: self._as_actor(cleanup, exc)), timeout
+        ):
+            log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
 
     async def _wind_down_async(self, exc: BaseException | None) -> None:
         owned = self.rt.oversight.stop_owned(self.key)
@@ -487,12 +474,8 @@ class ActorCell:
             try:
                 if inspect.iscoroutinefunction(cleanup):
                     await self._as_actor(cleanup, exc)
-                elif self.rt.sync_runner is not None:
-                    await self.rt.sync_runner(lambda: self._as_actor(cleanup, exc))
                 else:
-                    await trio.to_thread.run_sync(
-                        self._as_actor, cleanup, exc, abandon_on_cancel=True
-                    )
+                    await self._executor.run(lambda: self._as_actor(cleanup, exc))
             except Exception:
                 log.exception("__cleanup__ of %s raised", self.name)
         if scope.cancelled_caught:

@@ -39,6 +39,7 @@ from . import _codec
 from . import _messages as M
 from ._config import Config, current_config
 from ._errors import RemoteFailure, UndeliverableError
+from ._executor import Executor, ThreadExecutor
 from ._future import runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
@@ -449,9 +450,9 @@ class Runtime:
         #: Launchers for hosts this runtime can place procs on directly, by the ``worker``
         #: field of their HostRef (the simulator's hosts); other hosts go through workers.
         self.host_launchers: dict[str, ProcLauncher] = {}
-        #: When set, sync actor code runs through it instead of on actor threads (the
-        #: simulator runs it in lockstep with its loop). ``await sync_runner(fn)``.
-        self.sync_runner: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
+        #: Where actor threads run and how they block (:mod:`._executor`): real threads
+        #: here; the simulator's runtimes get one that runs them in lockstep with its loop.
+        self.executor: Executor = ThreadExecutor(self)
         self.on_child_exit: list[Callable[[Child], None]] = []
         #: Told what delivery and supervision do (the simulator's invariant checker).
         self.probe: Probe | None = None

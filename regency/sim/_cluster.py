@@ -28,7 +28,7 @@ from . import _targets
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
 from ._invariants import InvariantChecker
-from ._lockstep import Lockstep
+from ._lockstep import Lockstep, LockstepExecutor
 from ._network import (
     CrashProcFault,
     Faults,
@@ -175,7 +175,7 @@ class SimCluster:
             transport=transport,
             launcher=SimLauncher(self, host),
         )
-        rt.sync_runner = self.lockstep.run
+        rt.executor = LockstepExecutor(self.lockstep, rt)
         rt.probe = self.checker
         self.buggify.apply_to_runtime(rt)
         # Any proc may place procs on any simulated host (an actor given the host mesh).
@@ -578,6 +578,7 @@ def simulate(
         replay += f", buggify={buggify!r}"
     replay += ")"
     checkers: list[InvariantChecker] = []
+    locksteps: list[Lockstep] = []
     switched: list[Buggify] = []
 
     async def main(rng: random.Random) -> tuple[Any, float]:
@@ -589,6 +590,7 @@ def simulate(
     async def run(rng: random.Random, bug: Buggify) -> tuple[Any, float]:
         cluster = SimCluster(rng, faults, buggify=bug)
         checkers.append(cluster.checker)
+        locksteps.append(cluster.lockstep)
         async with cluster.running() as controller:
             mesh = cluster.hosts(hosts)
             start = trio.current_time()
@@ -606,7 +608,11 @@ def simulate(
             return value, elapsed
 
     try:
-        (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
+        try:
+            (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
+        finally:
+            for lockstep in locksteps:
+                lockstep.close()  # threads of procs that never stopped unwind now
     except BaseException as raised:
         # The program's own error comes back as itself, not inside the cluster's nursery's
         # exception group.

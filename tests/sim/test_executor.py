@@ -1,0 +1,141 @@
+"""The simulator runs the production executor: actor threads, not a simulated stand-in.
+
+A trace probe (``sys.settrace`` on every thread) records which methods of ``ActorCell`` run
+during a simulation; the thread path that every actor with a plain ``def`` endpoint takes in
+production must be among them, and so must the loop path of all-async actors.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import trio
+
+from regency.actor import Actor, endpoint
+from regency.core import _mailbox
+from regency.sim import simulate
+
+THREAD_PATH = {
+    "_thread_main",
+    "_call_sync",
+    "_supervise_sync",
+    "_die_sync",
+    "_stop_sync",
+    "_wind_down_sync",
+}
+LOOP_PATH = {"_task_main", "_call_async", "_stop_async", "_wind_down_async"}
+
+
+@contextmanager
+def methods_run(module_file: str) -> Iterator[set[str]]:
+    """Names of the functions of ``module_file`` called on any thread meanwhile."""
+    seen: set[str] = set()
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == module_file:
+            seen.add(frame.f_code.co_name)
+
+    threading.settrace(tracer)  # type: ignore[arg-type]
+    sys.settrace(tracer)  # type: ignore[arg-type]
+    try:
+        yield seen
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+
+
+class Child(Actor):
+    @endpoint
+    def explode(self) -> None:
+        raise SystemExit("planned death")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Boss(Actor):
+    """Sync: owns children, supervises their failure, cleans up when stopped."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.cleaned = False
+
+    @endpoint
+    def build(self, procs: Any) -> str:
+        self.children = procs.spawn("children", Child)
+        return str(self.children.ping.call().get().values())
+
+    @endpoint
+    def blow_up_children(self) -> None:
+        self.children.explode.broadcast()
+
+    @endpoint
+    def failures(self) -> list[str]:
+        return self.seen
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.seen.append(failure.mesh_name)
+        return True
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.cleaned = True
+
+
+class Napper(Actor):
+    """All async: a trio task in production and simulated alike."""
+
+    @endpoint
+    async def nap(self, seconds: float) -> float:
+        await trio.sleep(seconds)
+        return seconds
+
+
+def program(hosts: Any) -> tuple[str, list[str], float]:
+    procs = hosts.spawn_procs(per_host={"gpus": 1})
+    boss = procs.slice(hosts=0).spawn("boss", Boss)
+    built = boss.build.call_one(procs.slice(hosts=1)).get()
+    boss.blow_up_children.call_one().get()
+    seen: list[str] = []
+    for _ in range(20):
+        seen = boss.failures.call_one().get()
+        if seen:
+            break
+        procs.slice(hosts=0).spawn("napper", Napper).nap.call_one(0.5).get()
+    nappers = procs.slice(hosts=0).spawn("nappers", Napper)
+    napped = nappers.nap.call(1.0).get().values()[0]
+    nappers.stop().get()
+    boss.stop().get()
+    return built, seen, napped
+
+
+def test_a_simulated_run_executes_the_production_thread_path() -> None:
+    with methods_run(_mailbox.__file__) as seen:
+        result = simulate(program, seed=4, hosts=2)
+    assert result.value == ("['pong']", ["children"], 1.0)
+    assert seen >= THREAD_PATH, sorted(THREAD_PATH - seen)
+    assert seen >= LOOP_PATH, sorted(LOOP_PATH - seen)
+
+
+def test_sync_actors_run_on_their_own_lockstep_thread() -> None:
+    names: list[str] = []
+
+    class Where(Actor):
+        @endpoint
+        def thread(self) -> str:
+            return threading.current_thread().name
+
+    def where(hosts: Any) -> list[str]:
+        mesh = hosts.spawn_procs(per_host={"gpus": 2}).spawn("where", Where)
+        names.extend(mesh.thread.call().get().values())
+        return names
+
+    result = simulate(where, seed=1, hosts=1)
+    # Two actors, two threads, neither of them the simulation's loop thread.
+    assert len(set(result.value)) == 2
+    assert threading.current_thread().name not in result.value
