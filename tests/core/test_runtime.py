@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import threading
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -25,6 +26,7 @@ from regency.actor import (
     this_proc,
 )
 
+from ..conftest import SpawnProcs
 from .actors import (
     AsyncCaller,
     Bad,
@@ -40,21 +42,29 @@ from .actors import (
     Where,
 )
 
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
 T = 30  # generous timeout for .get(): a hang fails the test instead of the suite
 
 
 @pytest.fixture(scope="module")
-def procs() -> ProcMesh:
+def procs() -> Iterator[ProcMesh]:
     pm = this_host().spawn_procs(per_host={"gpus": 4}, env={"REGENCY_TEST_ENV": "hello"})
-    pm.initialized.get(T)
-    return pm
+    try:
+        pm.initialized.get(T)
+        yield pm
+    finally:
+        pm.stop().get(T)
 
 
 def test_this_proc_actor_runs_in_the_controller_process() -> None:
     c = this_proc().spawn("local_counter", Counter, 41)
     c.incr.broadcast()
     assert c.value.call_one().get(T) == 42
-    assert c.where if False else True
+    # A Counter has no "where" endpoint: the mesh says so and names those it has.
+    with pytest.raises(AttributeError, match=r"Counter has no endpoint 'where'; endpoints: "):
+        _ = c.where
     w = this_proc().spawn("local_where", Where)
     assert w.where.call_one().get(T)["pid"] == os.getpid()
 
@@ -250,8 +260,8 @@ def test_await_from_asyncio(procs: ProcMesh) -> None:
     assert asyncio.run(main()) == [9] * 5
 
 
-def test_init_failure_is_reported_and_calls_fail() -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+def test_init_failure_is_reported_and_calls_fail(spawn_procs: SpawnProcs) -> None:
+    pm = spawn_procs(per_host={"gpus": 2})
     bad = pm.spawn("bad", Bad)
     with pytest.raises(SupervisionError, match="init exploded"):
         bad.initialized.get(T)
