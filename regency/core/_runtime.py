@@ -44,6 +44,7 @@ from ._outbox import Outbox
 from ._oversight import Oversight
 from ._ports import PortHandler, PortTable
 from ._probe import Probe
+from ._ticker import Ticker, TrioTicker
 
 log = logging.getLogger("regency.runtime")
 
@@ -103,6 +104,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: Where actor threads run and how they block (:mod:`._executor`): real threads
         #: here; the simulator's runtimes get one that runs them in lockstep with its loop.
         self.executor: Executor = ThreadExecutor(self)
+        #: Runs the heartbeats and the watchdog (:mod:`._ticker`); the simulator's can skip
+        #: idle virtual time.
+        self.ticker: Ticker = TrioTicker()
         self.on_child_exit: list[Callable[[Child], None]] = []
         #: Told what delivery and supervision do (the simulator's invariant checker).
         self.probe: Probe | None = None
@@ -180,24 +184,35 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     async def _send_heartbeats(self, address: str) -> None:
         """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
         frame = _codec.pack((M.HEARTBEAT, self.address))
-        while True:
-            await trio.sleep(self.config.heartbeat_interval)
+
+        def beat(now: float) -> bool:
             try:
                 self.send(address, frame)
             except Exception:
-                return  # the spawner is gone; we die with it
+                return False  # the spawner is gone; we die with it
+            return True
+
+        await self.ticker.every(
+            self._heartbeat_interval, beat, owner=self, kind="heartbeat", target=address
+        )
+
+    def _heartbeat_interval(self) -> float:
+        return self.config.heartbeat_interval
 
     async def _watchdog(self) -> None:
         """Every ``heartbeat_interval``: kill a started child whose heartbeats stopped for
         ``heartbeat_timeout``, and drop connections whose acknowledgements stopped."""
-        while True:
-            await trio.sleep(self.config.heartbeat_interval)
-            now = trio.current_time()
-            for box in list(self._outboxes.values()):
-                box.check_stalled(now)
-            if self._idle_sessions:
-                self._forget_idle_sessions(now)
-            self._check_heartbeats(now)
+        await self.ticker.every(
+            self._heartbeat_interval, self.watchdog_tick, owner=self, kind="watchdog"
+        )
+
+    def watchdog_tick(self, now: float) -> None:
+        """One round of the watchdog, as of ``now``."""
+        for box in list(self._outboxes.values()):
+            box.check_stalled(now)
+        if self._idle_sessions:
+            self._forget_idle_sessions(now)
+        self._check_heartbeats(now)
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""

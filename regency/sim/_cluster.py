@@ -38,6 +38,7 @@ from ._network import (
     SimNetwork,
     SimTransport,
 )
+from ._ticker import SimTicker
 
 CONTROLLER_HOST = "controller"
 _SECRET = b"simulated-cluster-needs-no-secret"
@@ -100,6 +101,8 @@ class SimCluster:
         faults: Faults | FaultSchedule | None = None,
         lockstep: Lockstep | None = None,
         buggify: Buggify | None = None,
+        *,
+        skip_idle: bool = True,
     ) -> None:
         self.rng = rng
         self.buggify = buggify or Buggify()
@@ -116,6 +119,8 @@ class SimCluster:
         #: Running procs by the address of the runtime that started them.
         self._children_of: dict[str, list[_SimProc]] = {}
         self.checker = InvariantChecker(self)
+        #: Heartbeats, watchdogs and the checker's scans; skips idle virtual time.
+        self.ticker = SimTicker(self, skip=skip_idle)
         self._faults = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -135,6 +140,7 @@ class SimCluster:
             self._thread = threading.get_ident()
             self._clock = trio.lowlevel.current_clock()
             self.lockstep.attach(nursery)
+            nursery.start_soon(self.ticker.run, name="sim ticker")
             _current = self
             rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")
             await nursery.start(rt.serve)
@@ -176,6 +182,7 @@ class SimCluster:
             launcher=SimLauncher(self, host),
         )
         rt.executor = LockstepExecutor(self.lockstep, rt)
+        rt.ticker = self.ticker
         rt.probe = self.checker
         self.buggify.apply_to_runtime(rt)
         # Any proc may place procs on any simulated host (an actor given the host mesh).
@@ -555,6 +562,7 @@ def simulate(
     faults: Faults | FaultSchedule | None = None,
     timeout: float | None = 24 * 3600.0,
     buggify: bool | None = False,
+    skip_idle: bool = True,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.
 
@@ -564,7 +572,9 @@ def simulate(
     other acknowledgement cadences; :mod:`regency.sim._buggify`): ``True``, ``False``, or
     ``None`` to let the seed decide. Every run is checked against the runtime's invariants
     (:mod:`regency.sim._invariants`); a violation raises :class:`InvariantViolation` with the
-    seed and how to replay the run.
+    seed and how to replay the run. ``skip_idle=False`` runs every heartbeat tick instead of
+    skipping idle stretches of virtual time (:mod:`regency.sim._ticker`; for checking that
+    the skipping changes nothing that matters).
     """
 
     if buggify not in (True, False, None):
@@ -576,6 +586,8 @@ def simulate(
         replay += f", faults={faults!r}"
     if buggify is not False:
         replay += f", buggify={buggify!r}"
+    if not skip_idle:
+        replay += ", skip_idle=False"
     replay += ")"
     checkers: list[InvariantChecker] = []
     locksteps: list[Lockstep] = []
@@ -588,7 +600,7 @@ def simulate(
             return await run(rng, bug)
 
     async def run(rng: random.Random, bug: Buggify) -> tuple[Any, float]:
-        cluster = SimCluster(rng, faults, buggify=bug)
+        cluster = SimCluster(rng, faults, buggify=bug, skip_idle=skip_idle)
         checkers.append(cluster.checker)
         locksteps.append(cluster.lockstep)
         async with cluster.running() as controller:

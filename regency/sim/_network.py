@@ -782,6 +782,8 @@ class SimNetwork:
         self._slowdowns: list[_Slowdown] = []
         self._clogs: dict[str, float] = {}
         self._crashed: set[str] = set()  # membership only: never iterated
+        #: Transports whose process runs, by name (in creation order).
+        self._live: dict[str, SimTransport] = {}
 
     # -- public ---------------------------------------------------------------------------
 
@@ -820,6 +822,7 @@ class SimNetwork:
         self._hosts.setdefault(host)
         self._transports += 1
         transport = SimTransport(self, host, self._transports, max_frame_bytes)
+        self._live[transport.name] = transport
         # start_soon copies the calling context: the sinks run with the process's context.
         nursery.start_soon(transport._run, name=transport.name)
         self._record("transport", transport.name)
@@ -961,6 +964,31 @@ class SimNetwork:
         """Let a crashed ``host`` take new transports again (its old state is gone)."""
         self._crashed.discard(host)
         self._record("restart", host)
+
+    def quiet(self, now: float) -> bool:
+        """Nothing in flight and no fault in force: no frame, FIN, accept or loss waits to
+        be delivered, no dial is pending, no process is paused, and no partition, delay or
+        clog holds. What happens next on such a network is only what is sent next."""
+        if self._cuts or any(s.until > now for s in self._slowdowns):
+            return False
+        if any(until > now for until in self._clogs.values()):
+            return False
+        for transport in self._live.values():
+            if transport._heap or transport._paused_until > now:
+                return False
+            if any(end._pending or end._parked for end in transport._ends.values()):
+                return False
+        return True
+
+    def base_latency(self, src: str, dst: str) -> float:
+        """The one-way latency between two hosts without jitter (what a frame takes at
+        least)."""
+        return self._links.get(_pair(src, dst), self._latency).base
+
+    def max_latency(self) -> float:
+        """The longest one-way latency any link may draw (base plus jitter)."""
+        links = [self._latency, *self._links.values()]
+        return max(link.base + link.jitter for link in links)
 
     def apply(self, fault: LinkFault) -> None:
         """Apply one explicit link fault now (its ``at`` is ignored)."""
@@ -1169,6 +1197,7 @@ class SimNetwork:
         sockets of a killed process.
         """
         transport._dead = True
+        self._live.pop(transport.name, None)
         self._record("transport_gone", transport.name)
         for listener in list(self._listeners.values()):
             if listener._transport is transport:
