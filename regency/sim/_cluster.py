@@ -116,6 +116,9 @@ class SimCluster:
         self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
         self._host_names: list[str] = []
+        #: The launcher of every simulated host, by HostRef worker ("sim:NAME"); shared by
+        #: every runtime of the cluster as its ``host_launchers``.
+        self._launchers: dict[str, ProcLauncher] = {}
         #: Running procs by the address of the runtime that started them.
         self._children_of: dict[str, list[_SimProc]] = {}
         self.checker = InvariantChecker(self)
@@ -185,9 +188,9 @@ class SimCluster:
         rt.ticker = self.ticker
         rt.probe = self.checker
         self.buggify.apply_to_runtime(rt)
-        # Any proc may place procs on any simulated host (an actor given the host mesh).
-        for name in dict.fromkeys([*self.network.hosts, *self._host_names]):
-            rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
+        # Any proc may place procs on any simulated host (an actor given the host mesh):
+        # every runtime shares the cluster's one table of launchers.
+        rt.host_launchers = self._launchers
         return rt
 
     def _start_proc(
@@ -244,9 +247,8 @@ class SimCluster:
         assert self.controller is not None
         names = [f"host{i}" for i in range(count)]
         self._host_names.extend(n for n in names if n not in self._host_names)
-        for rt in [self.controller, *(proc.rt for proc in self.procs.values())]:
-            for name in names:
-                rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
+        for name in names:
+            self._launchers.setdefault(f"sim:{name}", SimLauncher(self, name))
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 

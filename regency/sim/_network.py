@@ -524,6 +524,8 @@ class SimTransport(Transport):
         self._ends: dict[tuple[int, int], SimConnection] = {}
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
+        #: Addresses it listens on (so a process's end need not scan every listener).
+        self._listening: dict[str, None] = {}
 
     @property
     def paused_until(self) -> float:
@@ -552,6 +554,7 @@ class SimTransport(Transport):
             raise OSError(f"sim address already in use: {address}")
         listener = SimListener(address, self, sinks)
         net._listeners[address] = listener
+        self._listening[address] = None
         net._record("listen", address)
         await trio.lowlevel.checkpoint()
         return listener
@@ -1188,6 +1191,7 @@ class SimNetwork:
     def _unlisten(self, listener: SimListener, kind: str) -> None:
         if self._listeners.get(listener.address) is listener:
             del self._listeners[listener.address]
+            listener._transport._listening.pop(listener.address, None)
             self._record(kind, listener.address)
 
     def _transport_gone(self, transport: SimTransport) -> None:
@@ -1199,8 +1203,9 @@ class SimNetwork:
         transport._dead = True
         self._live.pop(transport.name, None)
         self._record("transport_gone", transport.name)
-        for listener in list(self._listeners.values()):
-            if listener._transport is transport:
+        for address in list(transport._listening):
+            listener = self._listeners.get(address)
+            if listener is not None and listener._transport is transport:
                 self._unlisten(listener, "unlisten")
         for end in list(transport._ends.values()):
             self._mark_closed(

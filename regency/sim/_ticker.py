@@ -21,6 +21,7 @@ test_ticker.py`` checks that against a run with skipping switched off.
 from __future__ import annotations
 
 import contextvars
+import heapq
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -58,8 +59,11 @@ class SimTicker:
         self.cluster = cluster
         self.skip = skip
         self._jobs: dict[int, _Job] = {}
+        #: (next_due, seq) of every job; entries whose job moved on or ended are stale.
+        self._heap: list[tuple[float, int]] = []
         self._seq = 0
         self._changed = trio.Event()
+        self._waiting_until = math.inf
         #: Ticks applied analytically instead of run, and how many skips there were.
         self.skipped_ticks = 0
         self.skips = 0
@@ -85,39 +89,52 @@ class SimTicker:
             trio.current_time() + interval(),
         )
         self._jobs[job.seq] = job
-        self._changed.set()
+        heapq.heappush(self._heap, (job.next_due, job.seq))
+        if job.next_due < self._waiting_until:
+            self._changed.set()
         try:
             await job.done.wait()
         finally:
-            if self._jobs.pop(job.seq, None) is not None:
-                self._changed.set()
+            self._jobs.pop(job.seq, None)  # its heap entry goes stale
         if job.error is not None:
             raise job.error
 
+    def _next_due(self) -> float:
+        heap, jobs = self._heap, self._jobs
+        while heap:
+            due, seq = heap[0]
+            job = jobs.get(seq)
+            if job is not None and job.next_due == due:
+                return due
+            heapq.heappop(heap)  # stale
+        return math.inf
+
     async def run(self) -> None:
         """The scheduler: run due ticks, or skip an idle stretch."""
-        jobs = self._jobs
+        jobs, heap = self._jobs, self._heap
         while True:
             self._changed = trio.Event()
-            due = min((job.next_due for job in jobs.values()), default=math.inf)
+            due = self._waiting_until = self._next_due()
             with trio.move_on_at(due):
                 await self._changed.wait()
-                continue  # a job came or went: look again
+                continue  # a job that is due earlier came: look again
+            self._waiting_until = math.inf
             now = trio.current_time()
             if self.skip and self._skip_idle(now):
                 continue
-            for job in sorted(
-                (j for j in jobs.values() if j.next_due <= now), key=lambda j: (j.next_due, j.seq)
-            ):
-                if job.seq not in jobs:
-                    continue  # ended by an earlier tick of this round
+            while heap and heap[0][0] <= now:
+                due, seq = heapq.heappop(heap)
+                job = jobs.get(seq)
+                if job is None or job.next_due != due:
+                    continue  # stale
                 job.next_due = now + job.interval()
+                heapq.heappush(heap, (job.next_due, seq))
                 try:
                     keep = job.context.run(job.tick, now)
                 except BaseException as exc:
                     job.error, keep = exc, False
                 if keep is False:
-                    del jobs[job.seq]
+                    del jobs[seq]
                     job.done.set()
 
     # -- skipping idle time -------------------------------------------------------------
@@ -128,15 +145,19 @@ class SimTicker:
             return False  # something else happens now
         cluster = self.cluster
         network = cluster.network
+        # Leave the ticks near the next other deadline to run for real: a heartbeat sent
+        # then, and its acknowledgement, would still be in flight at that deadline.
+        ahead = runner.deadlines.next_deadline()
+        top = self._jobs.get(self._heap[0][1]) if self._heap else None
+        if top is None or ahead - now < 2 * top.interval():
+            return False  # cheap first: too little idle time ahead to be worth a look
+        horizon = 2 * network.max_latency() + self._max_ack_delay + 0.001
+        until = ahead - horizon
         if not network.quiet(now):
             return False
         runtimes = self._runtimes()
         if not self._settled(runtimes):
             return False
-        # Leave the ticks near the next other deadline to run for real: a heartbeat sent
-        # then, and its acknowledgement, would still be in flight at that deadline.
-        horizon = 2 * network.max_latency() + max(rt.ack_delay for rt in runtimes) + 0.001
-        until = runner.deadlines.next_deadline() - horizon
         jobs = sorted(self._jobs.values(), key=lambda j: (j.next_due, j.seq))
         if not jobs or jobs[0].next_due > until:
             return False
@@ -163,11 +184,16 @@ class SimTicker:
                     self._jobs.pop(job.seq, None)
                     job.done.set()
             job.next_due = last + job.interval()
+            heapq.heappush(self._heap, (job.next_due, job.seq))
             skipped += count
         self.skipped_ticks += skipped
         self.skips += 1
         network._record("skip", f"{skipped} idle ticks, to {until:.9f}")
         return True
+
+    @property
+    def _max_ack_delay(self) -> float:
+        return max((rt.ack_delay for rt in self._runtimes()), default=0.0)
 
     def _runtimes(self) -> list[Runtime]:
         cluster = self.cluster
