@@ -1,13 +1,17 @@
 """An actor's mailbox and the executor that handles its messages one at a time.
 
-Two executors, chosen per actor class:
+One mailbox loop (``ActorCell._main`` and the generators it delegates to: ``_call``,
+``_supervise``, ``_die``, ``_stop``, ``_wind_down``), written once, and two drivers, chosen per
+actor class:
 
-* **thread** (any sync endpoint): a dedicated thread pops the mailbox and runs sync endpoints
+* **thread** (any sync endpoint): the actor's thread drives the loop and runs sync endpoints
   directly, so an endpoint may block, including on another actor's ``.get()``. Async
   endpoints of such an actor run on the proc's trio loop while the thread waits, so handling
-  stays one at a time.
-* **trio** (only async endpoints): a trio task on the proc's loop pops the mailbox; no thread
-  hop per message.
+  stays one at a time. The thread and its blocking primitives come from the runtime's
+  executor (:mod:`._executor`): a real thread in production, a lockstep thread in the
+  simulator, which thus runs this very code.
+* **trio** (only async endpoints): a trio task on the proc's loop drives the same loop; no
+  thread hop per message.
 
 Replies are written from wherever the handler ran (``Connection.send_nowait`` is
 thread-safe), without a hop back to the trio thread.
@@ -27,10 +31,11 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import queue
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -50,6 +55,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("regency.actor")
 _ABANDON = ("abandon",)
+
+#: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
+_NEXT = object()  # the next mailbox item
+
+
+class _Await(NamedTuple):
+    """Run ``fn()`` (it returns an awaitable) on the loop to completion; its result."""
+
+    fn: Callable[[], Awaitable[Any]]
+
+
+class _OnLoop(NamedTuple):
+    """Call ``fn()`` on the loop; its result."""
+
+    fn: Callable[[], Any]
+
+
+class _Wait(NamedTuple):
+    """Wait for ``fut`` for at most ``timeout`` seconds (``TimeoutError``); its result."""
+
+    fut: Future[Any]
+    timeout: float | None
+
+
+class _Bounded(NamedTuple):
+    """Run blocking ``fn()`` off the loop for at most ``timeout`` seconds; whether it
+    finished (it is abandoned otherwise)."""
+
+    fn: Callable[[], None]
+    timeout: float
 
 
 def _point(spec: tuple[int, list[str], list[int]]) -> Point:
@@ -116,58 +151,97 @@ class ActorCell:
         """The runtime is going away: stop popping the mailbox."""
         self.enqueue(_ABANDON)
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
-        """From the actor thread: run ``fn`` on the trio thread and return its result."""
-        return self._executor.to_loop_sync(fn)
+    # -- the executor: one mailbox loop, two drivers --------------------------------------
+    #
+    # What an actor does is written once, as generators (_main, _call, _supervise, _die,
+    # _stop, _wind_down) that yield what they need done: the next message (_NEXT), an
+    # awaitable run to completion (_Await), a call on the loop (_OnLoop), a future waited on
+    # (_Wait), blocking code bounded in time (_Bounded). A driver performs those: the thread
+    # driver by blocking its actor thread (through the executor: a real thread in
+    # production, a lockstep thread in the simulator), the loop driver by awaiting.
 
     def _thread_main(self) -> None:
-        from ._runtime import _runtime_var
+        """An actor thread: drive the mailbox loop, blocking."""
+        from ._current import _runtime_var
 
         _runtime_var.set(self.rt)
-        try:
-            alive = self._init()
-            get = self._queue.get
-            while alive:
-                item = get()
-                kind = item[0]
-                if kind == "call":
-                    spec = self.endpoints.get(item[1])
-                    if spec is not None and spec.is_async:
-                        alive = self._executor.to_loop(self._call_async, item)
-                        if self._pending_death is not None:
-                            self._die_sync(*self._pending_death)
-                    else:
-                        alive = self._call_sync(item, spec)
-                elif kind == "supervise":
-                    self._supervise_sync(item[1])
-                elif kind == "escalate":
-                    self._die_sync(item[1], None)
-                    return
-                elif kind == "stop":
-                    self._stop_sync(item[1])
-                    return
+        executor, gen = self._executor, self._main()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                effect = gen.send(sent) if thrown is None else gen.throw(thrown)
+            except (StopIteration, trio.RunFinishedError):
+                return  # done, or the runtime is gone
+            sent, thrown = None, None
+            try:
+                if effect is _NEXT:
+                    sent = self._queue.get()
+                elif type(effect) is _Await:
+                    sent = executor.to_loop(effect.fn)
+                elif type(effect) is _OnLoop:
+                    sent = executor.to_loop_sync(effect.fn)
+                elif type(effect) is _Wait:
+                    sent = effect.fut.get(effect.timeout)
                 else:
-                    return
-        except trio.RunFinishedError:
-            return
+                    assert type(effect) is _Bounded
+                    sent = executor.run_bounded(effect.fn, effect.timeout)
+            except BaseException as exc:
+                thrown = exc
 
     async def _task_main(self) -> None:
+        """An all-async actor: drive the same mailbox loop as a trio task."""
+        gen = self._main()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                effect = gen.send(sent) if thrown is None else gen.throw(thrown)
+            except StopIteration:
+                return
+            sent, thrown = None, None
+            try:
+                if effect is _NEXT:
+                    while not self._deque:
+                        await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                    sent = self._deque.popleft()
+                elif type(effect) is _Await:
+                    sent = await effect.fn()
+                elif type(effect) is _OnLoop:
+                    sent = effect.fn()
+                elif type(effect) is _Wait:
+                    with trio.move_on_after(
+                        math.inf if effect.timeout is None else effect.timeout
+                    ) as scope:
+                        sent = await effect.fut
+                    if scope.cancelled_caught:
+                        raise TimeoutError(f"future not resolved within {effect.timeout} s")
+                else:
+                    assert type(effect) is _Bounded
+                    with trio.move_on_after(effect.timeout):
+                        await self._executor.run(effect.fn)
+                        sent = True
+                    sent = bool(sent)
+            except BaseException as exc:
+                thrown = exc
+
+    def _main(self) -> Generator[Any, Any, None]:
+        """The mailbox loop: construct, then handle one message at a time until death or
+        stop."""
         alive = self._init()
         while alive:
-            while not self._deque:
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-            item = self._deque.popleft()
+            item = yield _NEXT
             kind = item[0]
             if kind == "call":
-                alive = await self._call_async(item)
+                alive = yield from self._call(item)
             elif kind == "supervise":
-                await self._supervise_async(item[1])
+                yield from self._supervise(item[1])
             elif kind == "escalate":
-                await self._die_async(item[1], None)
+                yield from self._die(item[1], None)
                 return
             elif kind == "stop":
-                await self._stop_async(item[1])
+                yield from self._stop(item[1])
                 return
             else:
                 return
@@ -248,48 +322,26 @@ class ActorCell:
     def _context(self, item: tuple[Any, ...]) -> Context:
         return Context(self.instance, spec=item[5])
 
-    def _call_sync(self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None) -> bool:
-        """Handle one call on the actor's thread; False when the actor died of it."""
+    def _call(self, item: tuple[Any, ...]) -> Generator[Any, Any, bool]:
+        """Handle one call; False when the actor died of it."""
+        spec = self.endpoints.get(item[1])
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
-            result = fn(self.obj, *args, **kwargs)
-            if inspect.iscoroutine(result):  # an async plain method via as_endpoint
-                coro = result
-                result = self._executor.to_loop(lambda: coro)
-        except trio.RunFinishedError:
-            raise  # the runtime is gone
+            if inspect.iscoroutinefunction(fn):
+                obj = self.obj
+                result = yield _Await(lambda: fn(obj, *args, **kwargs))
+            else:
+                result = fn(self.obj, *args, **kwargs)
+                if inspect.iscoroutine(result):  # an async plain method via as_endpoint
+                    coro = result
+                    result = yield _Await(lambda: coro)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise  # the runtime is shutting down, or gone
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
-                self._die_sync(cause, exc)
-                return False
-        else:
-            if not explicit:
-                self._succeeded(item, result)
-        finally:
-            current.reset(token)
-        return True
-
-    async def _call_async(self, item: tuple[Any, ...]) -> bool:
-        """Handle one call on the trio loop; False when the actor died of it."""
-        spec = self.endpoints.get(item[1])
-        context = self._context(item)
-        token = current.set(context)
-        try:
-            fn, args, kwargs, explicit = self._prepare(item, spec)
-            result = fn(self.obj, *args, **kwargs)
-            if inspect.iscoroutine(result):
-                result = await result
-        except trio.Cancelled:
-            raise  # the runtime is shutting down
-        except BaseException as exc:
-            cause = self._raised(item, exc)
-            if cause is not None:
-                if self.threaded:  # a mixed actor: the thread finishes dying
-                    self._pending_death = (cause, exc)
-                else:
-                    await self._die_async(cause, exc)
+                yield from self._die(cause, exc)
                 return False
         else:
             if not explicit:
@@ -349,7 +401,7 @@ class ActorCell:
             lambda: self.rt.oversight.feed(S.SuperviseDone(self.key, failure, handled, cause))
         )
 
-    def _supervise_sync(self, failure: S.MeshFailure) -> None:
+    def _supervise(self, failure: S.MeshFailure) -> Generator[Any, Any, None]:
         fn = self._supervise_fn()
         result, error = None, None
         token = current.set(Context(self.instance, self.point))
@@ -358,25 +410,8 @@ class ActorCell:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
                     coro = result
-                    result = self._executor.to_loop(lambda: coro)
-        except trio.RunFinishedError:
-            raise
-        except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
-            error = exc
-        finally:
-            current.reset(token)
-        self._supervised(failure, result, error)
-
-    async def _supervise_async(self, failure: S.MeshFailure) -> None:
-        fn = self._supervise_fn()
-        result, error = None, None
-        token = current.set(Context(self.instance, self.point))
-        try:
-            if fn is not None:
-                result = fn(failure)
-            if inspect.iscoroutine(result):
-                result = await result
-        except trio.Cancelled:
+                    result = yield _Await(lambda: coro)
+        except (trio.Cancelled, trio.RunFinishedError):
             raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
@@ -385,8 +420,6 @@ class ActorCell:
         self._supervised(failure, result, error)
 
     # -- dying and stopping --------------------------------------------------------------
-
-    _pending_death: tuple[S.FailureCause, BaseException | None] | None = None
 
     def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
         return RemoteFailure(
@@ -410,14 +443,9 @@ class ActorCell:
             log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
         return failure
 
-    def _die_sync(self, cause: S.FailureCause, exc: BaseException | None) -> None:
+    def _die(self, cause: S.FailureCause, exc: BaseException | None) -> Generator[Any, Any, None]:
         failure = self._fail(cause)
-        self._wind_down_sync(exc)
-        self._retire(failure)
-
-    async def _die_async(self, cause: S.FailureCause, exc: BaseException | None) -> None:
-        failure = self._fail(cause)
-        await self._wind_down_async(exc)
+        yield from self._wind_down(exc)
         self._retire(failure)
 
     def _stopped_failure(self) -> RemoteFailure:
@@ -425,23 +453,19 @@ class ActorCell:
             "regency.SupervisionError", f"actor {self.name} rank {self.point.rank} was stopped", ""
         )
 
-    def _stop_sync(self, port: tuple[str, int] | None) -> None:
-        self._wind_down_sync(None)
+    def _stop(self, port: tuple[str, int] | None) -> Generator[Any, Any, None]:
+        yield from self._wind_down(None)
         self._retire(self._stopped_failure())
         if port is not None:
             self._reply(port, self.point.rank, M.OK, None)
 
-    async def _stop_async(self, port: tuple[str, int] | None) -> None:
-        await self._wind_down_async(None)
-        self._retire(self._stopped_failure())
-        if port is not None:
-            self._reply(port, self.point.rank, M.OK, None)
-
-    def _wind_down_sync(self, exc: BaseException | None) -> None:
+    def _wind_down(self, exc: BaseException | None) -> Generator[Any, Any, None]:
         """Stop what this actor owns (children first), then run ``__cleanup__(exc)``."""
-        owned: Future[None] = self._on_loop(lambda: self.rt.oversight.stop_owned(self.key))
+        owned = yield _OnLoop(lambda: self.rt.oversight.stop_owned(self.key))
         try:
-            owned.get(self.rt.config.stop_timeout + 1)
+            yield _Wait(owned, self.rt.config.stop_timeout + 1)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise
         except Exception as error:
             log.warning("stopping what %s owns: %s", self.name, error)
         cleanup = getattr(self.obj, "__cleanup__", None)
@@ -450,36 +474,24 @@ class ActorCell:
         timeout = self.rt.config.cleanup_timeout
         if inspect.iscoroutinefunction(cleanup):
 
-            async def bounded() -> None:
-                with trio.move_on_after(timeout):
+            async def bounded() -> bool:
+                with trio.move_on_after(timeout) as scope:
                     await self._as_actor(cleanup, exc)
+                return not scope.cancelled_caught
 
-            self._guard(lambda: self._executor.to_loop(bounded))
-        elif not self._executor.run_bounded(
-            lambda: self._guard(lambda: self._as_actor(cleanup, exc)), timeout
-        ):
-            log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
-
-    async def _wind_down_async(self, exc: BaseException | None) -> None:
-        owned = self.rt.oversight.stop_owned(self.key)
-        with trio.move_on_after(self.rt.config.stop_timeout + 1):
             try:
-                await owned
-            except Exception as error:
-                log.warning("stopping what %s owns: %s", self.name, error)
-        cleanup = getattr(self.obj, "__cleanup__", None)
-        if cleanup is None:
-            return
-        with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
-            try:
-                if inspect.iscoroutinefunction(cleanup):
-                    await self._as_actor(cleanup, exc)
-                else:
-                    await self._executor.run(lambda: self._as_actor(cleanup, exc))
+                finished = yield _Await(bounded)
+            except (trio.Cancelled, trio.RunFinishedError):
+                raise
             except Exception:
                 log.exception("__cleanup__ of %s raised", self.name)
-        if scope.cancelled_caught:
-            log.warning("__cleanup__ of %s took too long; abandoned", self.name)
+                return
+        else:
+            finished = yield _Bounded(
+                lambda: self._guard(lambda: self._as_actor(cleanup, exc)), timeout
+            )
+        if not finished:
+            log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
 
     def _in(self, context: Context, fn: Callable[..., Any], *args: Any) -> Any:
         """Call ``fn`` on another thread as this actor: its context and runtime."""

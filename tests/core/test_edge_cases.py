@@ -95,16 +95,14 @@ def test_configuration_values_are_checked() -> None:
         regency.configure(spawn_timout=1)
 
 
-def test_oversized_message_fails_at_the_call_site_and_the_link_survives(
-    spawn_procs: SpawnProcs
-) -> None:
+def test_oversized_message_fails_at_the_call_site_and_the_link_survives() -> None:
     program = textwrap.dedent(
         """
         import regency
         from regency.actor import this_host
         from tests.core.actors import Recorder
         regency.configure(max_frame_bytes=1 << 20)
-        rec = spawn_procs(per_host={"gpus": 1}).spawn("rec", Recorder)
+        rec = this_host().spawn_procs(per_host={"gpus": 1}).spawn("rec", Recorder)
         try:
             rec.record.call_one(b"x" * (2 << 20)).get(30)
         except ValueError as e:

@@ -5,6 +5,7 @@ program in both (the real runs are in the slow tier)."""
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,8 @@ def test_death_bounces_later_calls_and_cleanup_runs_once(
         return outcomes
 
     assert run(program) == ["ok", "SupervisionError", "SupervisionError"]
-    assert log.read_text().splitlines() == ["cleanup SystemExit"]
+    # The caller hears of the death before __cleanup__ ends (a real proc's may still run).
+    assert cleaned_up(log) == ["cleanup SystemExit"]
 
 
 @pytest.mark.parametrize("cls", [Mortal, AsyncMortal], ids=["thread", "loop"])
@@ -106,7 +108,17 @@ def test_stop_runs_cleanup_and_later_calls_bounce(run: Run, cls: type, tmp_path:
         return "answered"
 
     assert "was stopped" in run(program)
-    assert log.read_text().splitlines() == ["cleanup None"]
+    assert cleaned_up(log) == ["cleanup None"]
+
+
+def cleaned_up(log: Path) -> list[str]:
+    """The cleanup log's lines, once there are any: simulated, at once; on a real proc the
+    actor's thread may still be writing it when its failure reached the caller, so this
+    polls (a real process is the point there) for up to T seconds."""
+    deadline = time.monotonic() + T
+    while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return log.read_text().splitlines() if log.exists() else []
 
 
 # -- the mailboxes themselves ---------------------------------------------------------------

@@ -210,7 +210,7 @@ UNHANDLED = textwrap.dedent(
     import sys, time
     from regency.actor import this_host
     from tests.supervision.actors import Worker
-    workers = spawn_procs(per_host={"gpus": 2}).spawn("doomed", Worker)
+    workers = this_host().spawn_procs(per_host={"gpus": 2}).spawn("doomed", Worker)
     print(" ".join(str(p) for p in workers.pid.call().get(30).values()), flush=True)
     workers.explode_if.broadcast(1)
     if sys.argv[1] == "sleep":
