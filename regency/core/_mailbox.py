@@ -330,12 +330,22 @@ class ActorCell:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             if inspect.iscoroutinefunction(fn):
                 obj = self.obj
-                result = yield _Await(lambda: fn(obj, *args, **kwargs))
+
+                async def run_and_reply() -> None:
+                    result = await fn(obj, *args, **kwargs)
+                    if not explicit:
+                        # From the loop, before an actor thread waiting on it wakes: the
+                        # reply does not wait for that hop.
+                        self._succeeded(item, result)
+
+                yield _Await(run_and_reply)
             else:
                 result = fn(self.obj, *args, **kwargs)
                 if inspect.iscoroutine(result):  # an async plain method via as_endpoint
                     coro = result
                     result = yield _Await(lambda: coro)
+                if not explicit:
+                    self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
             raise  # the runtime is shutting down, or gone
         except BaseException as exc:
@@ -343,9 +353,6 @@ class ActorCell:
             if cause is not None:
                 yield from self._die(cause, exc)
                 return False
-        else:
-            if not explicit:
-                self._succeeded(item, result)
         finally:
             current.reset(token)
         return True
