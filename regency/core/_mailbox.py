@@ -116,12 +116,17 @@ class ActorCell:
         self._init_port = init_port
         #: (address, actor key, name) of the actor that spawned this mesh.
         self.owner = owner
+        cls = payload[0] if isinstance(payload, tuple) else None
         self.instance: ActorInstance = ActorInstance(
-            name, key, self.point, runtime.proc_id, runtime.address
+            name,
+            key,
+            self.point,
+            runtime.proc_id,
+            runtime.address,
+            f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else "?",
         )
         self.obj: Any = None
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
-        cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
         # An actor with sync endpoints (or none) gets its own thread, in production and in
         # the simulator alike; only the executor's blocking primitives differ.
@@ -332,7 +337,7 @@ class ActorCell:
                 obj = self.obj
 
                 async def run_and_reply() -> None:
-                    result = await fn(obj, *args, **kwargs)
+                    result = await self.rt.run_coroutine(fn(obj, *args, **kwargs))
                     if not explicit:
                         # From the loop, before an actor thread waiting on it wakes: the
                         # reply does not wait for that hop.
@@ -343,7 +348,7 @@ class ActorCell:
                 result = fn(self.obj, *args, **kwargs)
                 if inspect.iscoroutine(result):  # an async plain method via as_endpoint
                     coro = result
-                    result = yield _Await(lambda: coro)
+                    result = yield _Await(lambda: self.rt.run_coroutine(coro))
                 if not explicit:
                     self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
@@ -417,7 +422,7 @@ class ActorCell:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
                     coro = result
-                    result = yield _Await(lambda: coro)
+                    result = yield _Await(lambda: self.rt.run_coroutine(coro))
         except (trio.Cancelled, trio.RunFinishedError):
             raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
@@ -483,7 +488,7 @@ class ActorCell:
 
             async def bounded() -> bool:
                 with trio.move_on_after(timeout) as scope:
-                    await self._as_actor(cleanup, exc)
+                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
                 return not scope.cancelled_caught
 
             try:

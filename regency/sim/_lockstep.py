@@ -97,7 +97,7 @@ class Lockstep:
     async def run(self, fn: Callable[[], Any]) -> Any:
         """Run blocking ``fn`` on a lockstep thread; its result or exception comes back here.
 
-        This is the runtime's ``sync_runner`` inside a simulation.
+        The simulator runs blocking jobs (a program, a bounded cleanup) through it.
         """
         if self._idle:
             worker = self._idle.pop()
