@@ -337,7 +337,11 @@ class ActorCell:
                 obj = self.obj
 
                 async def run_and_reply() -> None:
-                    result = await self.rt.run_coroutine(fn(obj, *args, **kwargs))
+                    coro = fn(obj, *args, **kwargs)
+                    try:
+                        result = await self.rt.run_coroutine(coro)
+                    finally:
+                        coro.close()  # cancelled before it started: no "never awaited"
                     if not explicit:
                         # From the loop, before an actor thread waiting on it wakes: the
                         # reply does not wait for that hop.
