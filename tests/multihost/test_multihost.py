@@ -49,9 +49,11 @@ def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
 
 
 
-def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHost]) -> None:
+def test_spawn_call_broadcast_across_hosts(
+    mesh: HostMesh, hosts: list[VirtualHost], spawn_procs: SpawnProcs
+) -> None:
     two = mesh.slice(hosts=slice(0, 2))
-    pm = two.spawn_procs(per_host={"gpus": 2})
+    pm = spawn_procs(per_host={"gpus": 2}, on=two)
     assert pm.sizes == {"hosts": 2, "gpus": 2}
     where = pm.spawn("where", Where)
     addresses = where.where.call().get(T)
@@ -68,9 +70,9 @@ def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHo
 
 
 def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
-    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures, spawn_procs: SpawnProcs
 ) -> None:
-    pm = mesh.slice(hosts=slice(1, 3)).spawn_procs(per_host={"gpus": 1})
+    pm = spawn_procs(per_host={"gpus": 1}, on=mesh.slice(hosts=slice(1, 3)))
     where = pm.spawn("victims", Where)
     pids = where.pid.call().get(T).values()
     busy = where.slice(hosts=1).bump.call_one()  # host index 1 of the slice: hosts[2]
@@ -91,9 +93,9 @@ def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
 
 
 def test_a_cut_link_that_heals_loses_nothing_and_duplicates_nothing(
-    mesh: HostMesh, hosts: list[VirtualHost]
+    mesh: HostMesh, hosts: list[VirtualHost], spawn_procs: SpawnProcs
 ) -> None:
-    pm = mesh.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
+    pm = spawn_procs(per_host={"gpus": 1}, on=mesh.slice(hosts=0))
     counter = pm.spawn("counter", Where)
     assert counter.bump.call_one().get(T) == 1
     hosts[0].cut()
