@@ -55,7 +55,7 @@ root_failures = RootFailures()
 
 
 #: Fixtures that start real processes: a test using one is in the slow tier, marked or not.
-_REAL_PROCESS_FIXTURES = frozenset({"spawn_procs", "peers", "victim", "procs", "mesh"})
+_REAL_PROCESS_FIXTURES = frozenset({"spawn_procs", "peers", "victim", "procs", "mesh", "workers"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
