@@ -143,6 +143,7 @@ class SimCluster:
             self._thread = threading.get_ident()
             self._clock = trio.lowlevel.current_clock()
             self.lockstep.attach(nursery)
+            self.network.start_delivery(nursery)
             nursery.start_soon(self.ticker.run, name="sim ticker")
             _current = self
             rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")

@@ -35,6 +35,7 @@ so Hypothesis shrinks failing schedules toward the fewest, shortest faults.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
@@ -517,6 +518,11 @@ class SimTransport(Transport):
         self._max_frame_bytes = max_frame_bytes
         self._heap: list[_Entry] = []
         self._wakeup = trio.Event()
+        #: Entries of this transport in the network's heap (when it delivers for all).
+        self._queued = 0
+        #: The context of the process that made it: its sinks run in it (the current
+        #: runtime, among others), whichever task delivers.
+        self._context = contextvars.copy_context()
         self._dead = False
         #: Until when the process behind this transport is paused (see SimNetwork.pause).
         self._paused_until = -math.inf
@@ -640,14 +646,24 @@ class SimTransport(Transport):
             return
         if seq is None:
             seq = next(self._net._seq)
+        net = self._net
+        if net._delivering:
+            self._queued += 1
+            heapq.heappush(net._heap, (at, seq, end, kind, payload, self))
+            if net._heap[0][1] == seq:
+                net._wakeup.set()
+            return
         heapq.heappush(self._heap, (at, seq, end, kind, payload))
         if self._heap[0][1] == seq:
             self._wakeup.set()
 
     async def _run(self) -> None:
-        """Deliver due entries forever, oldest first; on the way out, act as a dead process."""
+        """Deliver due entries forever, oldest first; on the way out, act as a dead process.
+        (With the network's one delivery task running, it only waits for the way out.)"""
         heap = self._heap
         try:
+            if self._net._delivering:
+                await trio.sleep_forever()
             while True:
                 now = trio.current_time()
                 if self._paused_until > now:
@@ -787,6 +803,10 @@ class SimNetwork:
         self._crashed: set[str] = set()  # membership only: never iterated
         #: Transports whose process runs, by name (in creation order).
         self._live: dict[str, SimTransport] = {}
+        #: Set by :meth:`deliver`: one task delivers for every transport, from one heap.
+        self._delivering = False
+        self._heap: list[tuple[float, int, SimConnection, int, Any, SimTransport]] = []
+        self._wakeup = trio.Event()
 
     # -- public ---------------------------------------------------------------------------
 
@@ -968,6 +988,45 @@ class SimNetwork:
         self._crashed.discard(host)
         self._record("restart", host)
 
+    def start_delivery(self, nursery: trio.Nursery) -> None:
+        """Deliver due entries of every transport from one task in ``nursery`` (which must
+        outlive the transports), instead of a task per transport: what a large simulation
+        spends its time on is waking tasks. Call it before the first transport is made.
+        Each transport's entries are still handed over in (time, sequence) order, and a
+        paused process's entries wait, in order, until it resumes."""
+        if self._transports:
+            raise RuntimeError("start_delivery() must come before the first transport is made")
+        self._delivering = True
+        nursery.start_soon(self._deliver_all, name="sim network delivery")
+
+    async def _deliver_all(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            batch = []
+            while heap and heap[0][0] <= now:
+                batch.append(heapq.heappop(heap))
+            if batch:
+                for at, seq, end, kind, payload, transport in batch:
+                    transport._queued -= 1
+                    if transport._dead:
+                        continue
+                    if transport._paused_until > now:
+                        # A paused process takes nothing in: it waits, keeping its order.
+                        transport._queued += 1
+                        heapq.heappush(heap, (transport._paused_until, seq, end, kind, payload,
+                                              transport))
+                        continue
+                    try:
+                        transport._context.run(transport._dispatch, (at, seq, end, kind, payload))
+                    except Exception:
+                        log.exception("%s: a sink callback failed", transport.name)
+                await trio.lowlevel.checkpoint()
+                continue
+            self._wakeup = trio.Event()
+            with trio.move_on_at(heap[0][0] if heap else math.inf):
+                await self._wakeup.wait()
+
     def quiet(self, now: float) -> bool:
         """Nothing in flight and no fault in force: no frame, FIN, accept or loss waits to
         be delivered, no dial is pending, no process is paused, and no partition, delay or
@@ -977,7 +1036,7 @@ class SimNetwork:
         if any(until > now for until in self._clogs.values()):
             return False
         for transport in self._live.values():
-            if transport._heap or transport._paused_until > now:
+            if transport._heap or transport._queued or transport._paused_until > now:
                 return False
             if any(end._pending or end._parked for end in transport._ends.values()):
                 return False
