@@ -16,9 +16,8 @@ actor class:
 Replies are written from wherever the handler ran (``Connection.send_nowait`` is
 thread-safe), without a hop back to the trio thread.
 
-Mailbox items are tuples whose first field says what they are: ``("call", method, args,
-port, rank, point)``, ``("supervise", MeshFailure)``, ``("escalate", FailureCause)``,
-``("stop", port)`` and ``("abandon",)``.
+Mailbox items are records from :mod:`._messages` (``MailboxItem``): ``Call``, ``StopActor``,
+``Supervise``, ``Escalate`` and ``Abandon``.
 
 Failure (see docs/supervision.md): an endpoint that raises with no caller waiting, a
 ``BaseException`` out of an endpoint, a failed ``__init__`` or an unhandled failure of a mesh
@@ -34,14 +33,13 @@ import logging
 import math
 import queue
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
 import trio
 
 from .. import supervision as S
 from .. import transports
-from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -54,7 +52,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 log = logging.getLogger("regency.actor")
-_ABANDON = ("abandon",)
+_ABANDON = M.Abandon()
 
 #: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
 _NEXT = object()  # the next mailbox item
@@ -87,7 +85,7 @@ class _Bounded(NamedTuple):
     timeout: float
 
 
-def _point(spec: tuple[int, list[str], list[int]]) -> Point:
+def _point(spec: tuple[int, Sequence[str], Sequence[int]]) -> Point:
     rank, labels, sizes = spec
     return Point(rank, Extent(labels, sizes))
 
@@ -103,7 +101,7 @@ class ActorCell:
         runtime: Runtime,
         key: str,
         name: str,
-        point: tuple[int, list[str], list[int]],
+        point: tuple[int, Sequence[str], Sequence[int]],
         payload: Any,
         init_port: tuple[str, int] | None,
         owner: tuple[str, str, str],
@@ -133,7 +131,7 @@ class ActorCell:
         self.threaded = not table or any(not e.is_async for e in table.values())
         self._executor = runtime.executor
         self._queue: Mailbox = self._executor.mailbox()
-        self._deque: deque[tuple[Any, ...]] = deque()
+        self._deque: deque[M.MailboxItem] = deque()
         self._wakeup = trio.Event()
 
     # -- mailbox -------------------------------------------------------------------------
@@ -144,7 +142,7 @@ class ActorCell:
         else:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
 
-    def enqueue(self, item: tuple[Any, ...]) -> None:
+    def enqueue(self, item: M.MailboxItem) -> None:
         """Called on the runtime's trio thread."""
         if self.threaded:
             self._queue.put(item)
@@ -236,20 +234,22 @@ class ActorCell:
         stop."""
         alive = self._init()
         while alive:
-            item = yield _NEXT
-            kind = item[0]
-            if kind == "call":
-                alive = yield from self._call(item)
-            elif kind == "supervise":
-                yield from self._supervise(item[1])
-            elif kind == "escalate":
-                yield from self._die(item[1], None)
-                return
-            elif kind == "stop":
-                yield from self._stop(item[1])
-                return
-            else:
-                return
+            item: M.MailboxItem = yield _NEXT
+            match item:
+                case M.Call():
+                    alive = yield from self._call(item)
+                case M.Supervise():
+                    yield from self._supervise(item.failure)
+                case M.Escalate():
+                    yield from self._die(item.cause, None)
+                    return
+                case M.StopActor():
+                    yield from self._stop(item.port)
+                    return
+                case M.Abandon():
+                    return
+                case _:
+                    assert_never(item)
 
     def _retire(self, failure: RemoteFailure) -> None:
         """Leave the runtime's actor table; bounce whatever is still queued with ``failure``.
@@ -302,12 +302,12 @@ class ActorCell:
     # -- calls ---------------------------------------------------------------------------
 
     def _prepare(
-        self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None
+        self, item: M.Call, spec: EndpointSpec[..., Any] | None
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any], bool]:
         """Return (function, args, kwargs, explicit_port) or raise what the caller should see."""
-        _, method, payload, port, index, _msg_point = item
-        if isinstance(payload, BaseException):
-            raise payload
+        method, payload, port, index = item.method, item.payload, item.port, item.rank
+        if type(payload) is M.Undecodable:
+            raise payload.error
         args, kwargs = payload
         if spec is None:
             # A plain method called through as_endpoint().
@@ -324,12 +324,12 @@ class ActorCell:
             args = (Port(port, index), *args)
         return spec.fn, args, kwargs, spec.explicit_response_port
 
-    def _context(self, item: tuple[Any, ...]) -> Context:
-        return Context(self.instance, spec=item[5])
+    def _context(self, item: M.Call) -> Context:
+        return Context(self.instance, spec=(item.rank, item.labels, item.sizes))
 
-    def _call(self, item: tuple[Any, ...]) -> Generator[Any, Any, bool]:
+    def _call(self, item: M.Call) -> Generator[Any, Any, bool]:
         """Handle one call; False when the actor died of it."""
-        spec = self.endpoints.get(item[1])
+        spec = self.endpoints.get(item.method)
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
@@ -366,10 +366,10 @@ class ActorCell:
             current.reset(token)
         return True
 
-    def _raised(self, item: tuple[Any, ...], exc: BaseException) -> S.FailureCause | None:
+    def _raised(self, item: M.Call, exc: BaseException) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just
         gets the error (an ``Exception`` with a caller waiting)."""
-        port, index, method = item[3], item[4], item[1]
+        port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
         if isinstance(exc, Exception) and port is not None:
             self._reply(port, index, M.ERROR, RemoteFailure.capture(exc))
@@ -381,8 +381,8 @@ class ActorCell:
             self._reply(port, index, M.DEAD, self._dead_failure(cause))
         return cause
 
-    def _succeeded(self, item: tuple[Any, ...], result: Any) -> None:
-        port, index = item[3], item[4]
+    def _succeeded(self, item: M.Call, result: Any) -> None:
+        port, index = item.port, item.rank
         if port is None:
             return
         try:
@@ -393,7 +393,7 @@ class ActorCell:
             log.info("could not reply to %s: %s", port, exc)  # the caller's proc is gone
         except Exception as exc:
             error = TypeError(
-                f"endpoint {self.name}.{item[1]} returned a value that cannot be sent: {exc}"
+                f"endpoint {self.name}.{item.method} returned a value that cannot be sent: {exc}"
             )
             self._reply(port, index, M.ERROR, RemoteFailure.capture(error))
 
@@ -452,9 +452,7 @@ class ActorCell:
         rt.call_soon(lambda: rt.poison(failure))
         address, _owner_key, _ = self.owner
         try:
-            rt.send(
-                address, _codec.pack((M.FAILED, self.key, self.point.rank), _codec.dumps(cause))
-            )
+            rt.post(address, M.Failed(self.key, self.point.rank, cause))
         except Exception as exc:
             log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
         return failure

@@ -22,6 +22,7 @@ import trio.testing
 
 from ..core import _codec, _config
 from ..core._config import current_config
+from ..core._environment import Environment
 from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from . import _targets
@@ -174,7 +175,18 @@ class SimCluster:
                 yield network.transport(host, nursery, max_frame_bytes=rt.config.max_frame_bytes)
                 nursery.cancel_scope.cancel()
 
-        rt = Runtime(
+        env = Environment(
+            transport=transport,
+            launcher=lambda nursery: SimLauncher(self, host),
+            host_launcher=self._host_launcher,
+            executor=lambda rt: LockstepExecutor(self.lockstep, rt),
+            ticker=self.ticker,
+            clock=self.now,
+            probe=self.checker,
+            simulated_host=host,
+            data_listen_address=f"sim://{host}/",
+        )
+        return Runtime(
             proc_id,
             secret=_SECRET,
             jobdir="/simulated",
@@ -182,17 +194,18 @@ class SimCluster:
             address=address,
             parent_address=parent,
             seed=self.rng.getrandbits(64),
-            transport=transport,
-            launcher=SimLauncher(self, host),
+            env=self.buggify.apply_to_environment(env),
         )
-        rt.executor = LockstepExecutor(self.lockstep, rt)
-        rt.ticker = self.ticker
-        rt.probe = self.checker
-        self.buggify.apply_to_runtime(rt)
-        # Any proc may place procs on any simulated host (an actor given the host mesh):
-        # every runtime shares the cluster's one table of launchers.
-        rt.host_launchers = self._launchers
-        return rt
+
+    def _host_launcher(self, worker: str) -> ProcLauncher | None:
+        """Any proc may place procs on any simulated host (an actor given the host mesh):
+        one launcher per host, shared by every runtime of the cluster."""
+        launcher = self._launchers.get(worker)
+        if launcher is None and worker.startswith("sim:"):
+            name = worker[len("sim:") :]
+            if name in self.network._hosts or name in self._host_names:
+                launcher = self._launchers[worker] = SimLauncher(self, name)
+        return launcher
 
     def _start_proc(
         self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
@@ -248,8 +261,6 @@ class SimCluster:
         assert self.controller is not None
         names = [f"host{i}" for i in range(count)]
         self._host_names.extend(n for n in names if n not in self._host_names)
-        for name in names:
-            self._launchers.setdefault(f"sim:{name}", SimLauncher(self, name))
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 

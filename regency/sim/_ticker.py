@@ -214,7 +214,7 @@ class SimTicker:
             if getattr(rt, "_ack_scheduled", False):
                 return False
             for box in list(rt._outboxes.values()):
-                if box._unacked or box._pending:
+                if box._machine.unacked or box._machine.pending:
                     return False
             for address, child in rt.children.items():
                 if child.returncode is not None or child.last_seen is None:

@@ -198,9 +198,9 @@ def test_planted_duplicate_delivery_is_caught(monkeypatch: pytest.MonkeyPatch) -
     # 1. The receiver forgets which frames of a session it handled: resends run twice.
     original = _runtime.Runtime.session_opened
 
-    def forgets(self: Any, session: str, first: int) -> list[int]:
-        original(self, session, first)
-        return [0]
+    def forgets(self: Any, session: str, first: int) -> Any:
+        state = original(self, session, first)
+        return type(state)()  # a fresh record: nothing handled
 
     monkeypatch.setattr(_runtime.Runtime, "session_opened", forgets)
     report = planted(chatter, seed=2, hosts=1, timeout=600)
@@ -211,12 +211,12 @@ def test_planted_skipped_frame_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     # 2. The receiver believes one frame more was handled than was: a frame is lost.
     original = _runtime.Runtime.session_opened
 
-    def skips(self: Any, session: str, first: int) -> list[int]:
+    def skips(self: Any, session: str, first: int) -> Any:
         resumed = session in self.delivered
-        handled = original(self, session, first)
+        state = original(self, session, first)
         if resumed:
-            handled[0] += 1
-        return handled
+            state.handled += 1
+        return state
 
     monkeypatch.setattr(_runtime.Runtime, "session_opened", skips)
     report = planted(chatter, seed=2, hosts=1, timeout=600)
