@@ -169,28 +169,35 @@ class ActorCell:
 
         _runtime_var.set(self.rt)
         executor, gen = self._executor, self._main()
-        sent: Any = None
-        thrown: BaseException | None = None
-        while True:
-            try:
-                effect = gen.send(sent) if thrown is None else gen.throw(thrown)
-            except (StopIteration, trio.RunFinishedError):
-                return  # done, or the runtime is gone
-            sent, thrown = None, None
-            try:
-                if effect is _NEXT:
-                    sent = self._queue.get()
-                elif type(effect) is _Await:
-                    sent = executor.to_loop(effect.fn)
-                elif type(effect) is _OnLoop:
-                    sent = executor.to_loop_sync(effect.fn)
-                elif type(effect) is _Wait:
-                    sent = effect.fut.get(effect.timeout)
+        send, throw, get = gen.send, gen.throw, self._queue.get
+        value: Any
+        try:
+            effect = send(None)
+            while True:
+                if effect is _NEXT:  # the common case first: the next message
+                    try:
+                        value = get()
+                    except BaseException as exc:
+                        effect = throw(exc)
+                    else:
+                        effect = send(value)
+                    continue
+                try:
+                    if type(effect) is _Await:
+                        value = executor.to_loop(effect.fn)
+                    elif type(effect) is _OnLoop:
+                        value = executor.to_loop_sync(effect.fn)
+                    elif type(effect) is _Wait:
+                        value = effect.fut.get(effect.timeout)
+                    else:
+                        assert type(effect) is _Bounded
+                        value = executor.run_bounded(effect.fn, effect.timeout)
+                except BaseException as exc:
+                    effect = throw(exc)
                 else:
-                    assert type(effect) is _Bounded
-                    sent = executor.run_bounded(effect.fn, effect.timeout)
-            except BaseException as exc:
-                thrown = exc
+                    effect = send(value)
+        except (StopIteration, trio.RunFinishedError):
+            return  # done, or the runtime is gone
 
     async def _task_main(self) -> None:
         """An all-async actor: drive the same mailbox loop as a trio task."""
