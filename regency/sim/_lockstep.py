@@ -50,6 +50,8 @@ class _Worker:
         self.frozen = False
         #: Set by :meth:`Lockstep.close`: every wait raises ``trio.RunFinishedError``.
         self.abandoned = False
+        #: Waiting for its actor's next message (no user code on its stack).
+        self.in_mailbox = False
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         lockstep._workers.append(self)
 
@@ -121,8 +123,12 @@ class Lockstep:
     def close(self) -> None:
         """After the run (its loop is gone): let every thread still inside a job unwind, one
         at a time (each wait raises ``trio.RunFinishedError``, as blocking on a finished
-        trio run does), then end every thread."""
+        trio run does), then end every thread. A thread of a proc that was killed while it
+        ran user code stays blocked for good: a killed process's threads run no ``finally``
+        (it is a daemon thread, and holds little)."""
         for worker in self._workers:
+            if worker.frozen and not worker.in_mailbox:
+                continue
             if worker.job is not None and worker.thread.is_alive() and worker is not getattr(
                 self, "_main_worker", None
             ):
@@ -204,10 +210,15 @@ class _LockstepMailbox:
             self._waiter = None
             waiter.set_result(None)
 
-    def get(self) -> tuple[Any, ...]:  # on the actor's lockstep thread
+    def get(self) -> Any:  # on the actor's lockstep thread
         while not self._items:
+            worker: _Worker = blocking.worker
             waiter = self._waiter = Future()
-            waiter.get()
+            worker.in_mailbox = True
+            try:
+                waiter.get()
+            finally:
+                worker.in_mailbox = False
         return self._items.popleft()
 
     def get_nowait(self) -> tuple[Any, ...]:

@@ -18,7 +18,7 @@ import trio
 
 from regency.actor import Actor, endpoint
 from regency.core import _mailbox
-from regency.sim import simulate
+from regency.sim import current, simulate
 
 #: The mailbox loop, written once: both drivers run these generators.
 MAILBOX_LOOP = {"_main", "_call", "_supervise", "_die", "_stop", "_wind_down"}
@@ -142,3 +142,42 @@ def test_sync_actors_run_on_their_own_lockstep_thread() -> None:
     # Two actors, two threads, neither of them the simulation's loop thread.
     assert len(set(result.value)) == 2
     assert threading.current_thread().name not in result.value
+
+
+AFTER_CRASH: list[str] = []
+
+
+class Waiter(Actor):
+    """Sync: blocks its actor thread on another actor's reply."""
+
+    @endpoint
+    def wait_on(self, napper: Any, seconds: float) -> str:
+        try:
+            napper.nap.call_one(seconds).get()
+        finally:
+            # However the wait ends (an answer, or its port failing as the dead proc's
+            # runtime is torn down), a killed process's thread never gets here.
+            AFTER_CRASH.append("the dead proc's thread ran on")
+        return "woke"
+
+
+def test_a_crashed_procs_actor_thread_never_runs_again() -> None:
+    AFTER_CRASH.clear()
+
+    def program(hosts: Any) -> tuple[str, float]:
+        napper = hosts.slice(hosts=0).spawn_procs().spawn("napper", Napper)
+        waiter_procs = hosts.slice(hosts=1).spawn_procs()
+        waiter = waiter_procs.spawn("waiter", Waiter)
+        waiting = waiter.wait_on.call_one(napper, 5.0)
+        napper.nap.call_one(1.0).get()  # the waiter's thread is blocked by now
+        current().crash_proc(waiter_procs)
+        try:
+            waiting.get()
+            return "answered", current().now()
+        except Exception as exc:
+            napper.nap.call_one(10.0).get()  # the napper's reply to the dead proc comes and goes
+            return type(exc).__name__, round(current().now())
+
+    result = simulate(program, seed=2, hosts=2)
+    assert result.value[0] == "SupervisionError"
+    assert AFTER_CRASH == []
