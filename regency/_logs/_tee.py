@@ -373,6 +373,9 @@ def install_tee(rt: Runtime) -> ProcLogs:
         reconfigure: Callable[..., None] | None = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)  # a print is a write(2), as on a terminal
+    # `level` is the user's: Regency's own loggers keep REGENCY_LOG_LEVEL (a root logger at
+    # INFO must not make the runtime chatty).
+    logging.getLogger("regency").setLevel(os.environ.get("REGENCY_LOG_LEVEL", "WARNING"))
     logs = ProcLogs(rt, streams)
     rt.ports[CONTROL_PORT] = logs
     hand_over(rt.jobdir, rt.proc_id, [s.read_fd for s in streams])
