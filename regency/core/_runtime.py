@@ -964,7 +964,11 @@ def _bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
 # -- this process's runtime ----------------------------------------------------------------
 
 def _open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.MultiTransport]:
-    return transports.open_transport(rt.secret, max_frame_bytes=rt.config.max_frame_bytes)
+    return transports.open_transport(
+        rt.secret,
+        max_frame_bytes=rt.config.max_frame_bytes,
+        protect_tcp=rt.config.tcp_protection != "off",
+    )
 
 
 TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import socket
 import stat
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from . import _auth
+from . import _auth, _protect
 from ._base import (
     AuthenticationError,
     Connection,
@@ -49,6 +50,11 @@ _GATHER_THRESHOLD = 16 * 1024
 _BURST_WINDOW = 60e-6
 _MAX_IOV = 512
 _KERNEL_BUFFER = 4 << 20
+# A frame bigger than the receive buffer is received into a buffer of its own. Up to this
+# size that buffer is kept for the next big frame (a fresh megabyte per frame costs more in
+# page faults than the copy); bigger ones get fresh anonymous memory, committed by the kernel
+# page by page as the bytes arrive (never as the header claims) and released after use.
+_REUSED_BIG = 2 << 20
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -100,8 +106,15 @@ class SocketConnection(Connection):
         peer: str,
         token: trio.lowlevel.TrioToken,
         max_frame: int,
+        protection: tuple[_protect.Sealer, _protect.Opener] | None = None,
     ) -> None:
         self.peer = peer
+        #: Records sealed with per-connection keys (TCP); None: frames go as they are (unix
+        #: sockets in the job's 0700 directory).
+        self._sealer: _protect.Sealer | None = None
+        self._opener: _protect.Opener | None = None
+        if protection is not None:
+            self._sealer, self._opener = protection
         self._sock = sock
         self._token = token
         self._trio_thread = threading.get_ident()
@@ -125,6 +138,9 @@ class SocketConnection(Connection):
         return self._closed
 
     def send_nowait(self, frame: Frame) -> None:
+        if self._sealer is not None:
+            self._send_sealed(frame)
+            return
         if isinstance(frame, list):
             size = frame_size(frame)
             if size < _GATHER_THRESHOLD:
@@ -171,6 +187,38 @@ class SocketConnection(Connection):
                 self._kicked = True
         self._kick_writer()
 
+    def _send_sealed(self, frame: Frame) -> None:
+        """``send_nowait`` on a protected connection: seal under the lock, so records reach
+        the wire in the order of their sequence numbers."""
+        assert self._sealer is not None
+        now = time.perf_counter()
+        with self._lock:
+            if self._closed:
+                if self._error is not None:
+                    raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
+                raise ConnectionClosed(f"connection to {self.peer} is closed")
+            wire = self._sealer.seal(frame)
+            burst = now - self._last_send < _BURST_WINDOW
+            self._last_send = now
+            if self._pending or self._writing or burst:
+                self._pending.append(memoryview(wire))
+                if self._kicked:
+                    return
+                self._kicked = True
+            else:
+                try:
+                    sent = self._sock.send(wire)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    self._fail_locked(exc)
+                    raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
+                if sent == len(wire):
+                    return
+                self._pending.append(memoryview(wire)[sent:])
+                self._kicked = True
+        self._kick_writer()
+
     def _kick_writer(self) -> None:
         if threading.get_ident() == self._trio_thread:
             self._writer_wakeup.set()
@@ -211,6 +259,9 @@ class SocketConnection(Connection):
                     self._writing = False
                     if blocked:
                         self._pending.extendleft(reversed(_unsent(batch, sent)))
+                    # The kernel has what it took: keep no reference to the batch while
+                    # idle (it may hold the last frames, hundreds of megabytes).
+                    batch = []
                     if not self._pending:
                         break
                     self._kicked = True
@@ -225,56 +276,11 @@ class SocketConnection(Connection):
     async def reader(self) -> None:
         """Receive frames and hand each to the sink, in order."""
         assert self.sink is not None
-        sock = self._sock
-        buf = bytearray(_RECV_BUFFER)
-        view = memoryview(buf)
-        big: bytearray | None = None
-        start = end = 0
         try:
-            while True:
-                try:
-                    n = sock.recv_into(view[end:])
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
-                    continue
-                except OSError as exc:
-                    raise ConnectionBroken(str(exc)) from exc
-                if n == 0:
-                    raise ConnectionBroken("peer closed the connection")
-                end += n
-                while end - start >= _HEADER:
-                    size = int.from_bytes(view[start : start + _HEADER], "little")
-                    if size > self._max_frame:
-                        raise ConnectionBroken(
-                            f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}"
-                        )
-                    if end - start - _HEADER < size:
-                        if _HEADER + size > len(buf):
-                            # A frame bigger than the buffer: receive it into its own buffer.
-                            # Reused across frames (the sink may not keep the view): a
-                            # fresh megabyte per frame costs more in page faults than the copy.
-                            if big is None or len(big) < size:
-                                big = bytearray(size)
-                            frame = memoryview(big)[:size]
-                            have = end - start - _HEADER
-                            frame[:have] = view[start + _HEADER : end]
-                            await self._recv_into_exactly(frame[have:])
-                            start = end = 0
-                            self.sink.frame_received(self, frame)
-                            frame.release()
-                        break
-                    self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
-                    start += _HEADER + size
-                    if self._closed:
-                        return
-                if start == end:
-                    start = end = 0
-                elif start:
-                    # Keep the partial frame at the front so it can always complete in place.
-                    view[: end - start] = view[start:end]
-                    end -= start
-                    start = 0
-                await trio.lowlevel.checkpoint_if_cancelled()
+            if self._opener is not None:
+                await self._read_records(self._opener)
+            else:
+                await self._read_frames()
         except trio.ClosedResourceError:
             pass  # closed locally: close() already told the sink
         except ConnectionBroken as exc:
@@ -283,11 +289,119 @@ class SocketConnection(Connection):
             with self._lock:
                 self._fail_locked(exc)
             self._notify_lost()
+        except _protect.ProtectionError as exc:
+            log.error("closing connection to %s: %s", self.peer, exc)
+            with self._lock:
+                self._fail_locked(exc)
+            self._notify_lost()
         except Exception as exc:
             log.error("closing connection to %s after bad frame: %r", self.peer, exc)
             with self._lock:
                 self._fail_locked(exc)
             self._notify_lost()
+
+    async def _read_frames(self) -> None:
+        """Unprotected connections: ``u32 length + payload`` frames."""
+        assert self.sink is not None
+        sock = self._sock
+        buf = bytearray(_RECV_BUFFER)
+        view = memoryview(buf)
+        big: bytearray | None = None
+        start = end = 0
+        while True:
+            try:
+                n = sock.recv_into(view[end:])
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as exc:
+                raise ConnectionBroken(str(exc)) from exc
+            if n == 0:
+                raise ConnectionBroken("peer closed the connection")
+            end += n
+            while end - start >= _HEADER:
+                size = int.from_bytes(view[start : start + _HEADER], "little")
+                if size > self._max_frame:
+                    raise ConnectionBroken(
+                        f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}"
+                    )
+                if end - start - _HEADER < size:
+                    if _HEADER + size > len(buf):
+                        # A frame bigger than the buffer: receive it into a buffer of its
+                        # own (see _REUSED_BIG; the sink may not keep the view).
+                        store: bytearray | mmap.mmap
+                        if size <= _REUSED_BIG:
+                            if big is None:
+                                big = bytearray(_REUSED_BIG)
+                            store = big
+                        else:
+                            store = mmap.mmap(-1, size)
+                        frame = memoryview(store)[:size]
+                        have = end - start - _HEADER
+                        frame[:have] = view[start + _HEADER : end]
+                        await self._recv_into_exactly(frame[have:])
+                        start = end = 0
+                        self.sink.frame_received(self, frame)
+                        frame.release()
+                        del store
+                    break
+                self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
+                start += _HEADER + size
+                if self._closed:
+                    return
+            if start == end:
+                start = end = 0
+            elif start:
+                # Keep the partial frame at the front so it can always complete in place.
+                view[: end - start] = view[start:end]
+                end -= start
+                start = 0
+            await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _read_records(self, opener: _protect.Opener) -> None:
+        """Protected connections: sealed records (see :mod:`._protect`). A record always
+        fits the receive buffer; a frame of many records is assembled by the opener as they
+        arrive, and nothing is handed to the sink before its record checked out."""
+        assert self.sink is not None
+        sock = self._sock
+        buf = bytearray(_RECV_BUFFER)
+        view = memoryview(buf)
+        header_bytes = _protect.HEADER_BYTES
+        start = end = 0
+        while True:
+            try:
+                n = sock.recv_into(view[end:])
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError as exc:
+                raise ConnectionBroken(str(exc)) from exc
+            if n == 0:
+                if opener.mid_frame or end > start:
+                    raise ConnectionBroken(
+                        "peer closed the connection in the middle of a frame (truncated)"
+                    )
+                raise ConnectionBroken("peer closed the connection")
+            end += n
+            while end - start >= header_bytes:
+                header = view[start : start + header_bytes]
+                body = opener.body_length(header)
+                if end - start - header_bytes < body:
+                    break
+                frame = opener.open(header, view[start + header_bytes : start + header_bytes + body])
+                start += header_bytes + body
+                if frame is not None:
+                    self.sink.frame_received(self, memoryview(frame))
+                    del frame  # a frame of many records is not kept past its delivery
+                    if self._closed:
+                        return
+            if start == end:
+                start = end = 0
+            elif start:
+                view[: end - start] = view[start:end]
+                end -= start
+                start = 0
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _recv_into_exactly(self, target: memoryview) -> None:
         while target:
@@ -344,10 +458,21 @@ class SocketListener(Listener):
 class SocketTransport(Transport):
     schemes = ("tcp", "unix")
 
-    def __init__(self, nursery: trio.Nursery, secret: bytes, max_frame: int) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, secret: bytes, max_frame: int, *, protect_tcp: bool = True
+    ) -> None:
         self._nursery = nursery
         self._secret = secret
         self._max_frame = max_frame
+        #: Seal every frame on TCP links (see :mod:`._protect`). Both ends must agree.
+        self._protect_tcp = protect_tcp
+
+    def _protection(
+        self, scheme: str, role: str, nonce_s: bytes, nonce_c: bytes
+    ) -> tuple[_protect.Sealer, _protect.Opener] | None:
+        if scheme != "tcp" or not self._protect_tcp:
+            return None
+        return _protect.keys_for(role, self._secret, nonce_s, nonce_c, self._max_frame)
 
     async def listen(self, address: str, sinks: SinkFactory) -> Listener:
         scheme, where = parse_address(address)
@@ -387,10 +512,12 @@ class SocketTransport(Transport):
                         continue
                     raise
                 peer = f"{scheme}://{addr[0]}:{addr[1]}" if scheme == "tcp" else "unix peer"
-                self._nursery.start_soon(self._serve_one, conn, peer, sinks)
+                self._nursery.start_soon(self._serve_one, conn, scheme, peer, sinks)
         trio.lowlevel.notify_closing(sock)
 
-    async def _serve_one(self, sock: socket.socket, peer: str, sinks: SinkFactory) -> None:
+    async def _serve_one(
+        self, sock: socket.socket, scheme: str, peer: str, sinks: SinkFactory
+    ) -> None:
         _tune(sock)
         try:
             with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
@@ -403,7 +530,10 @@ class SocketTransport(Transport):
             log.warning("refused connection from %s: %s", peer, exc or "handshake timed out")
             sock.close()
             return
-        conn = SocketConnection(sock, peer, trio.lowlevel.current_trio_token(), self._max_frame)
+        protection = self._protection(scheme, "server", nonce_s, _auth.client_nonce_of(proof))
+        conn = SocketConnection(
+            sock, peer, trio.lowlevel.current_trio_token(), self._max_frame, protection
+        )
         try:
             conn.sink = sinks(conn)
         except Exception:
@@ -456,7 +586,10 @@ class SocketTransport(Transport):
             refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             kind = ConnectionRefused if refused else ConnectionBroken
             raise kind(f"cannot connect to {address}: {exc or 'timed out'}") from None
-        conn = SocketConnection(sock, address, trio.lowlevel.current_trio_token(), self._max_frame)
+        protection = self._protection(scheme, "client", hello[len(_auth.MAGIC) :], nonce_c)
+        conn = SocketConnection(
+            sock, address, trio.lowlevel.current_trio_token(), self._max_frame, protection
+        )
         conn.sink = sink
         self._nursery.start_soon(self._run, conn)
         return conn
