@@ -1,0 +1,73 @@
+"""Actors for the hardening tests (importable by child procs)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from regency.actor import Actor, endpoint
+
+
+def _environ_of(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
+class EnvProbe(Actor):
+    @endpoint
+    def secret_seen(self) -> dict[str, Any]:
+        """Where this proc (and the process that forked it) could find REGENCY_SECRET."""
+        return {
+            "os.environ": "REGENCY_SECRET" in os.environ,
+            "/proc/self/environ": b"REGENCY_SECRET=" in _environ_of(os.getpid()),
+            "parent": os.getppid(),
+            "/proc/parent/environ": b"REGENCY_SECRET=" in _environ_of(os.getppid()),
+        }
+
+
+class ExitOnUnpickle:
+    """Unpickling this raises ``exc`` (what a buggy or hostile value's __reduce__ can do)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self) -> Any:
+        return (_raise, (self.exc,))
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+class Returner(Actor):
+    @endpoint
+    def give(self, what: str) -> Any:
+        if what == "systemexit":
+            return ExitOnUnpickle(SystemExit(3))
+        if what == "valueerror":
+            return ExitOnUnpickle(ValueError("bad state in __setstate__"))
+        if what == "baseexception":
+            return ExitOnUnpickle(GeneratorExit())
+        return what
+
+    @endpoint
+    def take(self, value: Any) -> str:
+        return f"took {value!r}"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Busy(Actor):
+    @endpoint
+    def crunch(self, n: int) -> int:
+        """Hold the GIL in one C call for a while (sum over a range object)."""
+        started = time.monotonic()
+        total = sum(range(n))
+        return int(time.monotonic() - started) if total >= 0 else -1
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
