@@ -113,6 +113,22 @@ def loads(parts: Sequence[bytes | memoryview]) -> Any:
     return pickle.loads(parts[0], buffers=parts[1:])
 
 
+def loads_for(parts: Sequence[bytes | memoryview], what: str) -> Any:
+    """:func:`loads`, where anything unpickling raises (``SystemExit`` and other
+    ``BaseException`` included: a value's ``__reduce__`` runs arbitrary code) becomes a
+    ``DecodeError`` naming ``what`` was being decoded. ``KeyboardInterrupt`` passes."""
+    try:
+        return loads(parts)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        from ._errors import DecodeError
+
+        raise DecodeError(
+            f"cannot unpickle {what}: unpickling raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def pack(
     envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()
 ) -> bytes | list[bytes | memoryview]:

@@ -37,7 +37,11 @@ class _Reply:
         self.dests = frozenset((worker,))
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        value = _codec.loads(parts)
+        try:
+            value = _codec.loads_for(parts, f"the answer to {self.what}")
+        except ValueError as exc:
+            self.fut.set_exception(exc)
+            return True
         if status == M.OK:
             self.fut.set_result(value)
         else:

@@ -18,7 +18,6 @@ from typing import Any
 
 import trio
 
-
 #: Environment variables never handed to a proc or the zygote: the job secret reaches procs
 #: only through their bootstrap record (a pipe), never the environment, where any process of
 #: the same user (and ``ps e`` for some) could read it.

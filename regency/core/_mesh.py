@@ -39,7 +39,7 @@ ProcRef = tuple[str, str]  # (proc_id, address)
 
 def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> Any:
     """Unpickle a reply; raise what the caller should see for an error reply."""
-    value = _codec.loads(parts)
+    value = _codec.loads_for(parts, f"the reply of {endpoint} from rank {index}")
     if status == M.OK:
         return value
     if status == M.ERROR:
@@ -177,7 +177,7 @@ class _Acks:
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
         if status != M.OK:
-            self.failures.append(_codec.loads(parts))
+            self.failures.append(_codec.loads_for(parts, f"a failure report for {self.what}"))
         return self.skip(1)
 
     def skip(self, count: int) -> bool:
@@ -884,7 +884,7 @@ class _Inbox:
         self.done = False
 
     def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        item = (index, status, _codec.loads(parts))
+        item = (index, status, _codec.loads_for(parts, f"a value sent to a channel by rank {index}"))
         if self.waiters:
             self._settle(self.waiters.popleft(), item)
         else:

@@ -38,7 +38,7 @@ from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec
 from . import _messages as M
 from ._config import Config, current_config
-from ._errors import RemoteFailure, UndeliverableError
+from ._errors import RemoteFailure, SupervisionError, UndeliverableError
 from ._future import runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
@@ -476,6 +476,8 @@ class Runtime:
         self._idle_sessions: dict[str, float] = {}
         self._to_ack: dict[int, _InboundSink] = {}  # insertion-ordered: deterministic
         self._ack_scheduled = False
+        #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
+        self.died: SupervisionError | None = None
 
     def _default_address(self, proc_id: str) -> str:
         decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
@@ -496,6 +498,7 @@ class Runtime:
         """Run until :meth:`stop`. Signals readiness once listening."""
         self.thread_id = threading.get_ident()
         runtime_threads.add(self.thread_id)
+        clean = False
         self.token = trio.lowlevel.current_trio_token()
         self._stop_event = trio.Event()
         try:
@@ -530,13 +533,45 @@ class Runtime:
                 await self._stop_event.wait()
                 self._shutdown_children()
                 nursery.cancel_scope.cancel()
+            clean = True
         finally:
             runtime_threads.discard(self.thread_id)
             for cell in list(self.actors.values()):
                 cell.abandon()
-            for handler in list(self.ports.values()):
-                handler.fail(UndeliverableError("the runtime stopped"))
-            self.ports.clear()
+            if clean:  # otherwise runtime_died() fails them, saying why
+                for handler in list(self.ports.values()):
+                    handler.fail(UndeliverableError("the runtime stopped"))
+                self.ports.clear()
+
+    def runtime_died(self, exc: BaseException) -> None:
+        """The trio loop of this runtime ended with ``exc`` (called on its thread once
+        ``trio.run`` has returned): say so on stderr, fail every pending call with an error
+        naming the cause, and refuse new ones at once instead of letting them hang."""
+        cause = exc
+        while True:  # the one exception behind trio's wrappers
+            if isinstance(cause, trio.TrioInternalError) and cause.__cause__ is not None:
+                cause = cause.__cause__
+            elif isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+                cause = cause.exceptions[0]
+            else:
+                break
+        self.died = SupervisionError(
+            f"the Regency runtime thread died: {type(cause).__name__}: {cause}"
+        )
+        import traceback
+
+        print(
+            f"regency: {self.died}; failing {len(self.ports)} pending call(s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        traceback.print_exception(cause, file=sys.stderr)
+        for handler in list(self.ports.values()):
+            try:
+                handler.fail(self.died)
+            except Exception:
+                log.exception("failing a pending call")
+        self.ports.clear()
 
     async def listen_also(self, address: str) -> str:
         """Listen on another address too, and make it this runtime's identity from now on
@@ -632,6 +667,8 @@ class Runtime:
     # -- reply ports ---------------------------------------------------------------------
 
     def open_port(self, handler: PortHandler) -> tuple[str, int]:
+        if self.died is not None:
+            raise self.died
         port_id = next(self._port_ids)
         self.ports[port_id] = handler
         return (self.address, port_id)
@@ -688,7 +725,18 @@ class Runtime:
     # -- receiving -----------------------------------------------------------------------
 
     def on_frame(self, frame: memoryview) -> None:
-        """Dispatch one frame. A malformed frame raises, closing that one connection."""
+        """Dispatch one frame. A malformed frame raises ``ValueError``, closing that one
+        connection; what cannot be decoded within a well-formed frame (arguments, a reply)
+        fails only the call it belongs to. Nothing a peer sends can stop this runtime: a
+        ``BaseException`` out of decoding becomes a ``ValueError`` here."""
+        try:
+            self._dispatch(frame)
+        except (Exception, KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:
+            raise ValueError(f"decoding a frame raised {type(exc).__name__}: {exc}") from exc
+
+    def _dispatch(self, frame: memoryview) -> None:
         if frame[:4] == _codec.PORT_MARK_BYTES:
             self._to_port(*_codec.unpack_port(frame))
             return
@@ -697,9 +745,9 @@ class Runtime:
         if kind == M.CALL:
             _, key, method, port, rank, labels, sizes = envelope
             try:
-                args = _codec.loads(parts)
-            except Exception as exc:
-                args = exc
+                args = _codec.loads_for(parts, f"the arguments of {key}.{method} on rank {rank}")
+            except ValueError as exc:
+                args = exc  # the caller gets it as this call's error
             self._to_actor(key, ("call", method, args, port, rank, (rank, labels, sizes)))
         elif kind == M.PORT:
             _, port_id, index, status = envelope
@@ -707,8 +755,8 @@ class Runtime:
         elif kind == M.SPAWN:
             _, key, name, rank, labels, sizes, port, owner = envelope
             try:
-                payload = _codec.loads(parts)
-            except Exception as exc:
+                payload = _codec.loads_for(parts, f"the constructor arguments of {key} on rank {rank}")
+            except ValueError as exc:
                 payload = exc
             self._spawn(key, name, (rank, labels, sizes), payload, port, owner)
         elif kind == M.FAILED:
@@ -747,7 +795,9 @@ class Runtime:
             return  # a late reply to a port that finished or timed out
         try:
             finished = handler.deliver(index, status, parts)
-        except Exception as exc:
+        except (KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:  # a handler's unpickling may raise anything
             log.exception("reply port %s failed", port_id)
             handler.fail(exc)
             finished = True
@@ -1056,6 +1106,8 @@ def _start_controller() -> None:
         try:
             trio.run(rt.serve)
         except BaseException as exc:  # surfaced to the thread that started us
+            if rt.started.is_set():
+                rt.runtime_died(exc)
             errors.append(exc)
             rt.started.set()
 
@@ -1074,6 +1126,12 @@ def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> 
     from ._hosts import detach_all
     from ._mesh import stop_owned_procs
 
+    if rt.died is not None:  # its loop is gone (and its procs with its thread)
+        _runtime = None
+        import shutil
+
+        shutil.rmtree(jobdir, ignore_errors=True)
+        return
     try:
         stop_owned_procs(rt, timeout=1.0)
         rt.call_soon(lambda: detach_all(rt))

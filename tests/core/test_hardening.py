@@ -5,10 +5,17 @@ and large frames leave no memory behind."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
 
-from regency.actor import this_host
+import pytest
 
-from .hardening_actors import EnvProbe
+from regency.actor import ActorError, ActorMesh, this_host
+from regency.core._errors import DecodeError
+
+from .hardening_actors import EnvProbe, ExitOnUnpickle, Returner
 
 T = 30
 
@@ -41,3 +48,94 @@ def test_the_secret_never_reaches_a_fresh_interpreter() -> None:
         pm.stop().get(T)
     finally:
         rt.launcher = saved
+
+
+# -- decode failures fail one call ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def returner() -> Iterator[ActorMesh[Returner]]:
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    yield pm.spawn("ret", Returner)
+    pm.stop().get(T)
+
+
+@pytest.mark.parametrize(
+    ("what", "raised"),
+    [
+        ("systemexit", "SystemExit: 3"),
+        ("valueerror", "ValueError: bad state in __setstate__"),
+        ("baseexception", "GeneratorExit: "),
+    ],
+)
+def test_a_reply_that_fails_to_unpickle_fails_that_call_only(
+    returner: ActorMesh[Returner], what: str, raised: str
+) -> None:
+    pid = returner.pid.call_one().get(T)
+    with pytest.raises(
+        DecodeError,
+        match=rf"cannot unpickle the reply of ret\.give from rank 0: unpickling raised {raised}",
+    ):
+        returner.give.call_one(what).get(T)
+    # The same through call(): the mesh call fails, naming the rank.
+    with pytest.raises(ValueError, match=r"the reply of ret\.give from rank 0"):
+        returner.give.call(what).get(T)
+    # The controller's runtime and the proc go on.
+    assert returner.give.call_one("fine").get(T) == "fine"
+    assert returner.pid.call_one().get(T) == pid
+
+
+def test_arguments_that_fail_to_unpickle_fail_that_call_and_not_the_proc(
+    returner: ActorMesh[Returner],
+) -> None:
+    pid = returner.pid.call_one().get(T)
+    for exc, shown in ((SystemExit(3), "SystemExit: 3"), (GeneratorExit(), "GeneratorExit")):
+        with pytest.raises(ActorError, match=rf"cannot unpickle the arguments of \S*ret\S*\.take on rank 0: unpickling raised {shown}"):
+            returner.take.call_one(ExitOnUnpickle(exc)).get(T)
+    assert returner.take.call_one(5).get(T) == "took 5"
+    assert returner.pid.call_one().get(T) == pid
+
+
+RUNTIME_DIES = textwrap.dedent(
+    """
+    import sys, time
+    from regency.actor import this_host
+    from regency.core import current_runtime
+    from tests.core.actors import Mixed
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    slow = pm.spawn("slow", Mixed)
+    slow.slow_sync.call_one(0).get(30)
+    pending = slow.slow_sync.call_one(20)
+    def boom():
+        raise RuntimeError("boom for the test")
+    current_runtime().call_soon(boom)
+    started = time.monotonic()
+    try:
+        pending.get(15)
+    except Exception as exc:
+        print("PENDING", type(exc).__name__, exc, flush=True)
+    try:
+        slow.slow_sync.call_one(0).get(15)
+    except Exception as exc:
+        print("LATER", type(exc).__name__, exc, flush=True)
+    print("WAITED", round(time.monotonic() - started), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_runtime_thread_that_dies_fails_pending_and_later_calls_saying_why() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", RUNTIME_DIES], capture_output=True, text=True, cwd=root, timeout=60
+    )
+    out = done.stdout
+    why = "the Regency runtime thread died: RuntimeError: boom for the test"
+    assert f"PENDING SupervisionError Endpoint call slow.slow_sync failed on rank 0: {why}" in out, (
+        out,
+        done.stderr[-2000:],
+    )
+    assert f"LATER SupervisionError {why}" in out, out
+    assert "WAITED 0" in out, out
+    assert f"regency: {why}; failing 1 pending call(s)" in done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
