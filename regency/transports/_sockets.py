@@ -457,6 +457,8 @@ class SocketListener(Listener):
 
 class SocketTransport(Transport):
     schemes = ("tcp", "unix")
+    #: Connections that may be in their handshake at once; beyond it the oldest is shed.
+    max_handshakes = 64
 
     def __init__(
         self, nursery: trio.Nursery, secret: bytes, max_frame: int, *, protect_tcp: bool = True
@@ -466,6 +468,13 @@ class SocketTransport(Transport):
         self._max_frame = max_frame
         #: Seal every frame on TCP links (see :mod:`._protect`). Both ends must agree.
         self._protect_tcp = protect_tcp
+        #: Accepted connections still in their handshake (oldest first), and how many of
+        #: them were shed to make room.
+        self._handshakes: dict[socket.socket, trio.CancelScope] = {}
+        self._shed = 0
+        self._refusals_since = 0.0
+        self._refusals_logged = 0
+        self._refusals_quiet = 0
 
     def _protection(
         self, scheme: str, role: str, nonce_s: bytes, nonce_c: bytes
@@ -498,6 +507,11 @@ class SocketTransport(Transport):
     async def _accept_loop(
         self, sock: socket.socket, scheme: str, sinks: SinkFactory, cancel: trio.CancelScope
     ) -> None:
+        """Accept connections. Unauthenticated ones are bounded: at most
+        ``max_handshakes`` at a time, the oldest shed first; when the descriptor table is
+        full, the oldest handshake in progress makes room, else accepting backs off (up to a
+        second between tries) with one log line per episode, not one per try."""
+        backoff = 0.0
         with sock, cancel:
             while True:
                 try:
@@ -506,28 +520,58 @@ class SocketTransport(Transport):
                     await trio.lowlevel.wait_readable(sock)
                     continue
                 except OSError as exc:
-                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                        log.error("accept failed (%s); retrying in 0.1 s", exc)
-                        await trio.sleep(0.1)
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        raise
+                    if self._shed_oldest_handshake():
+                        await trio.sleep(0)  # let the shed task close its descriptor
                         continue
-                    raise
+                    if backoff == 0.0:
+                        log.warning(
+                            "cannot accept connections on %s (%s); retrying quietly with "
+                            "back-off until descriptors free up", sock.getsockname(), exc
+                        )
+                    backoff = min(max(backoff * 2, 0.01), 1.0)
+                    await trio.sleep(backoff)
+                    continue
+                if backoff:
+                    log.info("accepting connections again")
+                    backoff = 0.0
+                if len(self._handshakes) >= self.max_handshakes:
+                    self._shed_oldest_handshake()
                 peer = f"{scheme}://{addr[0]}:{addr[1]}" if scheme == "tcp" else "unix peer"
                 self._nursery.start_soon(self._serve_one, conn, scheme, peer, sinks)
         trio.lowlevel.notify_closing(sock)
+
+    def _shed_oldest_handshake(self) -> bool:
+        """Drop the oldest connection still in its handshake; False when there is none."""
+        for scope in self._handshakes.values():
+            if not scope.cancel_called:
+                scope.cancel()
+                self._shed += 1
+                return True
+        return False
 
     async def _serve_one(
         self, sock: socket.socket, scheme: str, peer: str, sinks: SinkFactory
     ) -> None:
         _tune(sock)
+        scope = trio.CancelScope()
+        self._handshakes[sock] = scope  # insertion order: oldest first
         try:
-            with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
+            with scope, trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
                 hello, nonce_s = _auth.server_hello()
                 await _send_all(sock, hello)
                 proof = await _recv_exactly(sock, _auth.CLIENT_PROOF_BYTES)
                 answer = _auth.check_client_proof(self._secret, nonce_s, proof)
                 await _send_all(sock, answer)
         except (ValueError, OSError, ConnectionBroken, trio.TooSlowError) as exc:
-            log.warning("refused connection from %s: %s", peer, exc or "handshake timed out")
+            self._refused(peer, str(exc) or "handshake timed out")
+            sock.close()
+            return
+        finally:
+            del self._handshakes[sock]
+        if scope.cancelled_caught:
+            log.debug("shed unauthenticated connection from %s", peer)
             sock.close()
             return
         protection = self._protection(scheme, "server", nonce_s, _auth.client_nonce_of(proof))
@@ -541,6 +585,24 @@ class SocketTransport(Transport):
             sock.close()
             return
         await self._run(conn)
+
+    def _refused(self, peer: str, why: str) -> None:
+        """Log a failed handshake: each of the first few per 10 s, then one summary, so
+        that a flood of bad connections cannot flood the log."""
+        now = time.monotonic()
+        if now - self._refusals_since > 10.0:
+            if self._refusals_quiet:
+                log.warning(
+                    "refused %d more connection(s) in the last %.0f s (not logged one by one)",
+                    self._refusals_quiet,
+                    now - self._refusals_since,
+                )
+            self._refusals_since, self._refusals_logged, self._refusals_quiet = now, 0, 0
+        if self._refusals_logged < 5:
+            self._refusals_logged += 1
+            log.warning("refused connection from %s: %s", peer, why)
+        else:
+            self._refusals_quiet += 1
 
     async def _run(self, conn: SocketConnection) -> None:
         async with trio.open_nursery() as nursery:
