@@ -5,6 +5,7 @@ See :mod:`regency.core._worker` for the worker daemon and the protocol.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections import deque
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._launcher import ProcHandle
 from ._runtime import Child, Runtime, current_runtime, derive_secret
+
+log = logging.getLogger("regency.hosts")
 
 
 class HostRef(NamedTuple):
@@ -61,7 +64,27 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
+        #: Workers that dropped us (our lease ran out there), with their word for why.
+        self.lapsed: dict[str, str] = {}
         rt.extensions[M.EXITED] = self._exited
+        rt.extensions[M.REFUSED] = self._refused
+        rt.extensions[M.LAPSED] = self._lapsed
+
+    def _refused(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
+        """A worker did not launch one of our procs: fail it now, saying why, instead of
+        letting it time out as "did not start"."""
+        _, address, why = envelope
+        child = self.rt.children.get(address)
+        if child is not None and child.returncode is None:
+            child.killed_for = f"was refused by its worker: {why}"
+            log.error("proc %s %s", child.proc_id, child.killed_for)
+            self.rt._child_exited(child, 1)
+
+    def _lapsed(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
+        _, worker, why = envelope
+        if worker in self.workers and worker not in self.lapsed:
+            log.error("%s", why)
+            self.lapsed[worker] = why
 
     def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
         _, address, code = envelope
@@ -86,6 +109,9 @@ class _Hosts:
         return fut.get(timeout)
 
     def take_ports(self, worker: str, count: int) -> list[int]:
+        lapsed = self.lapsed.get(worker)
+        if lapsed is not None:
+            raise ConnectionError(lapsed)
         pool = self.ports[worker]
         if len(pool) < count:
             if self.rt.on_runtime_thread():
@@ -166,6 +192,8 @@ def attach_to_workers(
             )
     rt = current_runtime()
     hosts = getattr(rt, "hosts", None)
+    if hosts is not None:
+        hosts.lease = min(hosts.lease, lease)  # renew often enough for the shortest lease
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
         # Our procs on other hosts must be able to reach us: listen on the interface that
@@ -187,6 +215,7 @@ def attach_to_workers(
             raise ConnectionError(f"the worker at {address} did not answer") from None
         except SupervisionError as exc:
             raise ConnectionError(f"cannot reach the worker at {address}: {exc}") from None
+        hosts.lapsed.pop(address, None)
         hosts.workers[address] = HostRef(address, hostname, ip)
         hosts.ports[address] = deque(ports)
         refs.append(HostRef(address, hostname, ip))

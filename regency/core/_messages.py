@@ -38,6 +38,8 @@ EXITED = 23  # address, code (worker -> controller)
 KILL = 24  # address
 LEASE = 25  # (controller -> worker, renews the lease)
 DETACH = 26  # (controller -> worker, on a clean exit)
+REFUSED = 27  # address, reason (worker -> controller: that proc was not launched)
+LAPSED = 28  # worker_address, reason (worker -> controller: it no longer serves it)
 
 # PORT statuses
 OK = 0

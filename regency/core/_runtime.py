@@ -41,6 +41,7 @@ from ._config import Config, current_config
 from ._errors import RemoteFailure, SupervisionError, UndeliverableError
 from ._future import runtime_threads
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
+from ._liveness import BusyWatch
 from ._mailbox import ActorCell
 from ._oversight import Oversight, install_interrupt_handler
 from ._probe import Probe
@@ -102,6 +103,8 @@ class Outbox:
         #: and how many were acknowledged then (see ``check_stalled``).
         self._stalled_since: float | None = None
         self._stalled_at = 0
+        #: When the runtime's watchdog first saw this outbox broken (it is forgotten later).
+        self.broken_at: float | None = None
 
     def send(self, frame: transports.Frame) -> None:
         size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
@@ -266,7 +269,9 @@ class Outbox:
         with self._lock:
             if self._error is not None:
                 return
-            self._error = exc
+            # Kept for later senders' errors; its traceback would keep the frames (and
+            # receive buffers) of the reader that raised it alive.
+            self._error = exc.with_traceback(None)
             self._pending.clear()
             self._unacked.clear()
             conn, self._conn = self._conn, None
@@ -379,6 +384,8 @@ class Child:
         self.heartbeat_timeout = 10.0
         #: Who starts it, when not the runtime's own launcher.
         self.launcher: ProcLauncher | None = None
+        #: Whether "silent but busy" was logged for it already (once is enough).
+        self.busy_logged = False
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -478,6 +485,7 @@ class Runtime:
         self._ack_scheduled = False
         #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
         self.died: SupervisionError | None = None
+        self._busy = BusyWatch()
 
     def _default_address(self, proc_id: str) -> str:
         decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
@@ -601,10 +609,30 @@ class Runtime:
                 box.check_stalled(now)
             if self._idle_sessions:
                 self._forget_idle_sessions(now)
+            self._forget_broken_outboxes(now)
             for child in list(self.children.values()):
                 if child.last_seen is None or child.returncode is not None:
                     continue
                 silent = now - child.last_seen
+                handle = child.handle
+                # Silent but computing (a long C call holding the GIL) is not stuck; a
+                # stopped proc, or one using no CPU, is (see _liveness).
+                if (
+                    handle is not None
+                    and handle.pid
+                    and not handle.remote
+                    and silent > 2 * self.config.heartbeat_interval
+                    and self._busy.busy(handle.pid)
+                ):
+                    if silent > child.heartbeat_timeout and not child.busy_logged:
+                        child.busy_logged = True
+                        log.warning(
+                            "proc %s has sent no heartbeat for %.1f s but its CPU time "
+                            "advances: busy (a long call holding the GIL), not stuck",
+                            child.proc_id,
+                            silent,
+                        )
+                    continue
                 if silent > child.heartbeat_timeout and child.handle is not None:
                     child.killed_for = f"sent no heartbeat for {silent:.1f} s (stuck)"
                     log.error("proc %s %s; killing it", child.proc_id, child.killed_for)
@@ -613,6 +641,21 @@ class Runtime:
                     if child.handle.remote:
                         # Its host may be unreachable: the kill cannot be confirmed.
                         self._child_exited(child, -signal.SIGKILL)
+
+    def _forget_broken_outboxes(self, now: float) -> None:
+        """Drop outboxes to peers that are gone for good (broken, nothing to deliver), once
+        no resend or late report can concern them any more, so a long-lived process (a
+        worker serving controller after controller) does not keep one per peer it ever had.
+        Procs this runtime launched keep theirs: their failure is part of their record."""
+        horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
+        for address, box in list(self._outboxes.items()):
+            if box._error is None or address in self.children:
+                continue
+            if box.broken_at is None:
+                box.broken_at = now
+            elif now - box.broken_at > horizon:
+                del self._outboxes[address]
+                self._lost.discard(address)
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
@@ -767,6 +810,7 @@ class Runtime:
             child = self.children.get(address)
             if child is not None and child.last_seen is not None:
                 child.last_seen = trio.current_time()
+                child.busy_logged = False
         elif kind == M.STOP_ACTOR:
             _, key, port = envelope
             self._to_actor(key, ("stop", port))

@@ -418,7 +418,8 @@ class SocketConnection(Connection):
         if self._closed:
             return
         self._closed = True
-        self._error = exc
+        # Without its traceback: that would keep the reader's frame and buffers alive.
+        self._error = exc.with_traceback(None) if exc is not None else None
         self._pending.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -435,6 +436,16 @@ class SocketConnection(Connection):
         self._sock.close()
         if self.sink is not None:
             self.sink.connection_lost(self, self._error)
+
+    def abort(self) -> None:
+        """Close the socket without telling the sink (the transport is going away)."""
+        with self._lock:
+            self._fail_locked(None)
+            if self._lost_notified:
+                return
+            self._lost_notified = True
+        trio.lowlevel.notify_closing(self._sock)
+        self._sock.close()
 
     def close(self) -> None:
         with self._lock:
@@ -605,10 +616,15 @@ class SocketTransport(Transport):
             self._refusals_quiet += 1
 
     async def _run(self, conn: SocketConnection) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn.writer)
-            await conn.reader()
-            conn._writer_wakeup.set()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.writer)
+                await conn.reader()
+                conn._writer_wakeup.set()
+        finally:
+            # Cancelled (the transport is closing): the socket goes now, not when the
+            # garbage collector finds it, so the peer sees the connection end.
+            conn.abort()
 
     async def connect(self, address: str, sink: FrameSink) -> Connection:
         scheme, where = parse_address(address)

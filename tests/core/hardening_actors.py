@@ -62,11 +62,11 @@ class Returner(Actor):
 
 class Busy(Actor):
     @endpoint
-    def crunch(self, n: int) -> int:
+    def crunch(self, n: int) -> float:
         """Hold the GIL in one C call for a while (sum over a range object)."""
         started = time.monotonic()
         total = sum(range(n))
-        return int(time.monotonic() - started) if total >= 0 else -1
+        return round(time.monotonic() - started, 1) if total >= 0 else -1.0
 
     @endpoint
     def pid(self) -> int:

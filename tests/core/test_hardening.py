@@ -139,3 +139,60 @@ def test_a_runtime_thread_that_dies_fails_pending_and_later_calls_saying_why() -
     assert "WAITED 0" in out, out
     assert f"regency: {why}; failing 1 pending call(s)" in done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+# -- a long C call is not a hang; a stopped proc is --------------------------------------------
+
+BUSY_OR_STUCK = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import regency
+    import regency.actor
+    regency.actor.unhandled_fault_hook = lambda failure: print("FAULT", failure.mesh_name, flush=True)
+    regency.configure(heartbeat_interval=0.1, heartbeat_timeout=0.5)
+    from regency.actor import this_host
+    from tests.core.hardening_actors import Busy
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    busy = pm.spawn("busy", Busy)
+    pids = busy.pid.call().get(30).values()
+    # About 2 s of one C call holding the GIL (more under load): four heartbeat timeouts.
+    seconds = busy.slice(gpus=0).crunch.call_one(int(sys.argv[1])).get(120)
+    print("CRUNCHED", seconds, flush=True)
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        busy.slice(gpus=1).pid.call_one().get(30)
+    except Exception as exc:
+        print("STOPPED", round(time.monotonic() - started), type(exc).__name__, exc, flush=True)
+    os.kill(pids[1], signal.SIGCONT)
+    """
+)
+
+
+def _calibrated_range(seconds: float) -> int:
+    """A range length whose ``sum`` takes about ``seconds`` here."""
+    import time
+
+    n = 2_000_000
+    started = time.perf_counter()
+    sum(range(n))
+    return int(n * seconds / max(time.perf_counter() - started, 1e-6))
+
+
+@pytest.mark.slow
+def test_a_long_gil_holding_call_is_busy_not_stuck_and_a_stopped_proc_is_stuck() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", BUSY_OR_STUCK, str(_calibrated_range(2.0))],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=180,
+    )
+    out = done.stdout
+    assert "CRUNCHED" in out, (out, done.stderr[-3000:])
+    assert float(out.split("CRUNCHED ")[1].split()[0]) >= 1.0, out  # held the GIL 2 timeouts
+    assert "but its CPU time advances: busy" in done.stderr
+    stopped = out.split("STOPPED ")[1]
+    assert "sent no heartbeat" in stopped and "(stuck)" in stopped, out
+    assert int(stopped.split()[0]) < 10, out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -191,3 +192,303 @@ def test_unauthenticated_connections_cannot_starve_a_worker_of_descriptors(
     assert log.count("accept failed") == 0
     assert log.count("cannot accept connections") <= 2, log
     assert log.count("refused connection from") <= 5, log
+
+
+def _controller(script: str, *args: str) -> subprocess.Popen[str]:
+    """A controller program in this namespace; it talks on stdout and waits on stdin."""
+    prelude = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        import regency, regency.actor
+        from regency.actor import attach_to_workers
+        from tests.core.hardening_actors import Busy, Returner
+        import threading
+        _lock = threading.Lock()
+        def say(*what):  # one write per line: the fault hook runs on another thread
+            with _lock:
+                sys.stdout.write(" ".join(map(str, what)) + "\\n")
+                sys.stdout.flush()
+        regency.actor.unhandled_fault_hook = lambda f: say("FAULT", f.mesh_name)
+        def wait_go():
+            assert sys.stdin.readline().strip() == "GO"
+        """
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + textwrap.dedent(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "REGENCY_SECRET": TEST_SECRET},
+    )
+
+
+def _expect(controller: subprocess.Popen[str], word: str) -> str:
+    assert controller.stdout is not None
+    line = controller.stdout.readline()
+    while line.startswith("FAULT"):  # supervision reports of meshes the test let fail
+        line = controller.stdout.readline()
+    if not line.startswith(word):
+        controller.kill()
+        rest, err = controller.communicate()
+        raise AssertionError(f"expected {word}, got {line!r} {rest!r}; stderr:\n{err[-3000:]}")
+    return line[len(word) :].strip()
+
+
+def _go(controller: subprocess.Popen[str]) -> None:
+    assert controller.stdin is not None
+    controller.stdin.write("GO\n")
+    controller.stdin.flush()
+
+
+def test_a_paused_worker_keeps_the_procs_of_a_controller_that_kept_renewing(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    worker = _start(worker_factory, hosts[0])
+    controller = _controller(
+        """
+        hosts = attach_to_workers([sys.argv[1]], lease=1.0)
+        r = hosts.spawn_procs(per_host={"gpus": 1}).spawn("r", Returner)
+        say("PID", r.pid.call_one().get(30))
+        wait_go()
+        try:
+            say("AFTER", r.pid.call_one().get(10))
+        except Exception as exc:
+            say("AFTER", type(exc).__name__, exc)
+        """,
+        worker.address,
+    )
+    try:
+        pid = _expect(controller, "PID")
+        worker.proc.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # the fault: a pause of 2.5 leases
+        worker.proc.send_signal(signal.SIGCONT)
+        _go(controller)
+        assert _expect(controller, "AFTER") == pid, worker.log()
+        assert "this worker was paused for" in worker.log()
+        assert "killing" not in worker.log()
+    finally:
+        controller.kill()
+        controller.wait()
+
+
+def test_a_controller_whose_lease_lapsed_is_told_at_once_and_can_attach_again(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    worker = _start(worker_factory, hosts[1])
+    controller = _controller(
+        """
+        hosts = attach_to_workers([sys.argv[1]], lease=1.0)
+        r = hosts.spawn_procs(per_host={"gpus": 1}).spawn("r", Returner)
+        say("READY", r.pid.call_one().get(30))
+        wait_go()
+        started = time.monotonic()
+        try:
+            hosts.spawn_procs(per_host={"gpus": 1}).spawn("r2", Returner).pid.call_one().get(60)
+            say("SPAWNED")
+        except Exception as exc:
+            say("REFUSED", round(time.monotonic() - started), type(exc).__name__, exc)
+        hosts = attach_to_workers([sys.argv[1]], lease=1.0)
+        r3 = hosts.spawn_procs(per_host={"gpus": 1}).spawn("r3", Returner)
+        say("AGAIN", r3.give.call_one("fine").get(30))
+        """,
+        worker.address,
+    )
+    try:
+        _expect(controller, "READY")
+        controller.send_signal(signal.SIGSTOP)  # the controller goes silent for 2.5 leases
+        time.sleep(2.5)
+        controller.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + T
+        while "lease ran out" not in worker.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _go(controller)
+        refused = _expect(controller, "REFUSED")
+        assert "dropped this controller" in refused and "lease of 1.0 s" in refused, refused
+        assert int(refused.split()[0]) < 5, refused  # not spawn_timeout (60 s)
+        assert _expect(controller, "AGAIN") == "fine"
+    finally:
+        controller.kill()
+        controller.wait()
+
+
+SQUAT = textwrap.dedent(
+    """
+    import socket, sys
+    s = socket.socket()
+    if sys.argv[3] == "reuse":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((sys.argv[1], int(sys.argv[2])))
+        s.listen()
+        print("BOUND", flush=True)
+    except OSError as exc:
+        print("INUSE", exc.strerror, flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _squat(host: VirtualHost, port: int, mode: str) -> tuple[subprocess.Popen[str], str]:
+    squatter = subprocess.Popen(
+        ["ip", "netns", "exec", host.name, sys.executable, "-c", SQUAT, host.ip, str(port), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert squatter.stdout is not None
+    return squatter, squatter.stdout.readline().strip()
+
+
+def test_reserved_ports_stay_reserved_and_a_stolen_one_is_named(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    worker = _start(worker_factory, hosts[0])
+    controller = _controller(
+        """
+        from regency.core import current_runtime
+        hosts = attach_to_workers([sys.argv[1]], lease=5.0)
+        pool = current_runtime().hosts.ports[sys.argv[1]]
+        say("PORTS", pool[0], pool[1])
+        for name in ("first", "second"):
+            wait_go()
+            try:
+                r = hosts.spawn_procs(per_host={"gpus": 1}).spawn(name, Returner)
+                say("RESULT", r.give.call_one("fine").get(30))
+            except Exception as exc:
+                say("RESULT", type(exc).__name__, exc)
+        """,
+        worker.address,
+    )
+    squatters = []
+    try:
+        first, second = map(int, _expect(controller, "PORTS").split())
+        # A process that binds plainly cannot take a port the worker reserved.
+        squatter, said = _squat(hosts[0], first, "plain")
+        squatters.append(squatter)
+        assert said.startswith("INUSE"), said
+        _go(controller)
+        assert _expect(controller, "RESULT") == "fine"
+        # One that shares the port (SO_REUSEADDR) and listens first does take it: the spawn
+        # fails at once, naming the port and what happened.
+        squatter, said = _squat(hosts[0], second, "reuse")
+        squatters.append(squatter)
+        assert said == "BOUND", said
+        _go(controller)
+        result = _expect(controller, "RESULT")
+        assert f"port {second} on" in result and "was taken by another process" in result, result
+    finally:
+        for s in squatters:
+            s.kill()
+        controller.kill()
+        controller.wait()
+
+
+def test_a_busy_remote_proc_is_vouched_for_and_a_stopped_one_is_found(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    from ..core.test_hardening import _calibrated_range
+
+    worker = _start(worker_factory, hosts[1], REGENCY_HEARTBEAT_INTERVAL="0.1")
+    controller = _controller(
+        """
+        regency.configure(heartbeat_interval=0.1, heartbeat_timeout=0.5)
+        hosts = attach_to_workers([sys.argv[1]], lease=5.0)
+        busy = hosts.spawn_procs(per_host={"gpus": 2}).spawn("busy", Busy)
+        pids = busy.pid.call().get(30).values()
+        say("CRUNCHED", busy.slice(gpus=0).crunch.call_one(int(sys.argv[2])).get(120))
+        os.kill(pids[1], signal.SIGSTOP)  # same machine: the pid namespace is shared
+        started = time.monotonic()
+        try:
+            busy.slice(gpus=1).pid.call_one().get(30)
+        except Exception as exc:
+            say("STOPPED", round(time.monotonic() - started), type(exc).__name__, exc)
+        os.kill(pids[1], signal.SIGCONT)
+        """,
+        worker.address,
+        str(_calibrated_range(2.0)),
+    )
+    try:
+        assert float(_expect(controller, "CRUNCHED")) >= 1.0  # two heartbeat timeouts
+        stopped = _expect(controller, "STOPPED")
+        assert "sent no heartbeat" in stopped and "(stuck)" in stopped, stopped
+        assert int(stopped.split()[0]) < 10, stopped
+    finally:
+        controller.kill()
+        controller.wait()
+
+
+def _rss_and_fds(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return rss * 1024, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_sigterm(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    from regency.core import _codec
+    from regency.core import _messages as M
+    from regency.core._config import Config
+    from regency.core._future import Future
+    from regency.core._hosts import _Reply
+    from regency.core._runtime import Runtime
+
+    worker = _start(
+        worker_factory, hosts[0], REGENCY_DELIVERY_TIMEOUT="0.3", REGENCY_HEARTBEAT_INTERVAL="0.1"
+    )
+    here = hosts[0].ip.rsplit(".", 1)[0] + ".1"  # this namespace's address on the bridge
+    jobdir = tempfile.mkdtemp(prefix="regency-test-")
+    os.chmod(jobdir, 0o700)
+
+    async def request(rt: Runtime, envelope: tuple[object, ...]) -> object:
+        fut: Future[object] = Future()
+        port = rt.open_port(_Reply(fut, "a request", worker.address))
+        rt.send(worker.address, _codec.pack((*envelope, port)))
+        try:
+            return await fut
+        except ConnectionError as exc:
+            return exc
+
+    async def one_controller(i: int) -> None:
+        """A whole controller's life against the worker: attach, detach, go away."""
+        rt = Runtime(
+            f"c{i}x{os.getpid()}",
+            secret=SECRET,
+            jobdir=jobdir,
+            config=Config(default_transport="tcp", tcp_host=here),
+            address=f"tcp://{here}:0",
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rt.serve)
+            hostname, _, ports = await request(rt, (M.ATTACH, rt.address, 30.0))  # type: ignore[misc]
+            assert hostname
+            assert len(ports) == 32
+            rt.send(worker.address, _codec.pack((M.DETACH, rt.address)))
+            refused = await request(rt, (M.RESERVE, rt.address, 1))  # after DETACH: refused
+            assert "is not attached to this controller" in str(refused), refused
+            rt.stop()
+
+    def serve(count: int, first: int, fds_idle: int) -> tuple[int, int]:
+        for i in range(first, first + count):
+            trio.run(one_controller, i)
+        # Flat means: once the worker may forget them (3 x delivery_timeout + 2 heartbeats,
+        # 1.1 s here), nothing of these controllers is left. Poll for it, bounded.
+        deadline = time.monotonic() + 5
+        while _rss_and_fds(worker.proc.pid)[1] > fds_idle and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.2)  # the forgetting horizon, so that what is left is what stays
+        return _rss_and_fds(worker.proc.pid)
+
+    idle_fds = _rss_and_fds(worker.proc.pid)[1]
+    rss0, fds0 = serve(5, 0, idle_fds)  # warm up: imports, caches, the allocator's arenas
+    rss1, fds1 = serve(20, 5, fds0)
+    assert fds1 <= fds0 + 1, (fds0, fds1)
+    assert rss1 - rss0 < 2 << 20, f"the worker grew {(rss1 - rss0) >> 10} KiB over 20 controllers"
+    assert "killing" not in worker.log()
+    # SIGTERM: the worker's job directory goes with it.
+    assert [d for d in os.listdir(worker.tmp) if d.startswith("regency-worker-")]
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.proc.wait(T)
+    assert not [d for d in os.listdir(worker.tmp) if d.startswith("regency-worker-")]
