@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 
 from regency.actor import ActorError, ActorMesh, this_host
-from regency.core._errors import DecodeError
 
 from .hardening_actors import EnvProbe, ExitOnUnpickle, Returner
 
@@ -71,6 +70,8 @@ def returner() -> Iterator[ActorMesh[Returner]]:
 def test_a_reply_that_fails_to_unpickle_fails_that_call_only(
     returner: ActorMesh[Returner], what: str, raised: str
 ) -> None:
+    from regency.core._errors import DecodeError
+
     pid = returner.pid.call_one().get(T)
     with pytest.raises(
         DecodeError,

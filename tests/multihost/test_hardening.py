@@ -24,7 +24,7 @@ from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 from regency.transports import open_transport
 
 from ..conftest import TEST_SECRET
-from ..transports.test_protect import Relay
+from ..transports.relay import Relay
 
 pytestmark = [
     pytest.mark.skipif(virtual_hosts_available() is not None, reason=str(virtual_hosts_available())),
