@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -213,7 +215,7 @@ def _controller(script: str, *args: str) -> subprocess.Popen[str]:
             assert sys.stdin.readline().strip() == "GO"
         """
     )
-    return subprocess.Popen(
+    controller = subprocess.Popen(
         [sys.executable, "-c", prelude + textwrap.dedent(script), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -222,16 +224,41 @@ def _controller(script: str, *args: str) -> subprocess.Popen[str]:
         cwd=ROOT,
         env={**os.environ, "REGENCY_SECRET": TEST_SECRET},
     )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert controller.stdout is not None
+        for line in controller.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    _lines[controller.pid] = lines
+    return controller
+
+
+_lines: dict[int, queue.Queue[str]] = {}
+
+
+def _next_line(controller: subprocess.Popen[str]) -> str:
+    try:
+        return _lines[controller.pid].get(timeout=90)
+    except queue.Empty:
+        return "(nothing within 90 s)"
 
 
 def _expect(controller: subprocess.Popen[str], word: str) -> str:
-    assert controller.stdout is not None
-    line = controller.stdout.readline()
+    line = _next_line(controller)
     while line.startswith("FAULT"):  # supervision reports of meshes the test let fail
-        line = controller.stdout.readline()
+        line = _next_line(controller)
     if not line.startswith(word):
         controller.kill()
-        rest, err = controller.communicate()
+        controller.wait()
+        assert controller.stderr is not None
+        err = controller.stderr.read()
+        rest = ""
+        while not _lines[controller.pid].empty():
+            rest += _lines[controller.pid].get()
         raise AssertionError(f"expected {word}, got {line!r} {rest!r}; stderr:\n{err[-3000:]}")
     return line[len(word) :].strip()
 
