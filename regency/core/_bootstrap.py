@@ -70,7 +70,8 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
     import trio
 
     from . import _codec, _config
-    from ._runtime import Runtime, set_current_runtime
+    from ._current import set_current_runtime
+    from ._runtime import Runtime
 
     _config._current = None  # the environment may have changed since a zygote imported us
     rt = Runtime(
@@ -82,6 +83,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
         parent_address=record["parent_address"],
     )
     set_current_runtime(rt)
+    from .._actor_config import install_log_prefix
+
+    install_log_prefix()
     code = 0
     try:
         if record.get("boot"):

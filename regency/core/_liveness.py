@@ -33,22 +33,29 @@ _HALTED = frozenset("TtZXx")
 
 
 class BusyWatch:
-    """Remembers each pid's CPU time between looks."""
+    """Remembers each pid's CPU time, and when it last advanced, between looks."""
 
     def __init__(self) -> None:
-        self._last: dict[int, int] = {}
+        self._last: dict[int, tuple[int, float | None]] = {}
 
-    def busy(self, pid: int) -> bool:
-        """True when ``pid`` used CPU since the previous look and is not stopped. The first
-        look only takes a sample."""
+    def busy(self, pid: int, now: float, window: float) -> bool:
+        """True when ``pid`` is not stopped and its CPU time advanced within the last
+        ``window`` seconds (as seen by these looks; ``now`` is the caller's clock). A window
+        rather than one interval: on a loaded machine a computing proc may get no CPU tick
+        in a tenth of a second, but it does within a second."""
         sample = cpu_sample(pid)
         if sample is None:
             self._last.pop(pid, None)
             return False
         state, cpu = sample
         previous = self._last.get(pid)
-        self._last[pid] = cpu
-        return state not in _HALTED and previous is not None and cpu > previous
+        advanced_at = previous[1] if previous is not None else None
+        if previous is not None and cpu > previous[0]:
+            advanced_at = now
+        self._last[pid] = (cpu, advanced_at)
+        if state in _HALTED or advanced_at is None:
+            return False
+        return now - advanced_at <= window
 
     def forget(self, pid: int) -> None:
         self._last.pop(pid, None)

@@ -28,10 +28,11 @@ import trio
 
 from . import _codec
 from . import _messages as M
+from ._current import set_current_runtime
 from ._errors import RemoteFailure
 from ._launcher import ProcHandle
 from ._liveness import BusyWatch
-from ._runtime import Runtime, set_current_runtime
+from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
 
@@ -44,6 +45,8 @@ MAX_HELD_PORTS = 1024
 #: silence.
 _LEASE_TICK = 0.1
 _PAUSE = 0.5
+#: A proc whose CPU time advanced within this many seconds counts as busy (vouched for).
+_BUSY_WINDOW = 1.0
 
 
 class WorkerService:
@@ -265,7 +268,7 @@ class WorkerService:
         if self.controller is None:
             return
         for address, handle in list(self.procs.items()):
-            if handle.pid and self._busy.busy(handle.pid):
+            if handle.pid and self._busy.busy(handle.pid, trio.current_time(), _BUSY_WINDOW):
                 try:
                     self.rt.send(self.controller, _codec.pack((M.HEARTBEAT, address)))
                 except Exception:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Any
+from typing import Any, cast
 
 from ..core import Actor, ActorMesh, endpoint, this_proc
 from . import _link
@@ -62,13 +62,15 @@ def local_manager() -> ActorMesh[RDMAManager]:
         if state.manager is None:
             # A fresh contextvars.Context: no current actor, so the proc's root owns it. The
             # runtime is passed explicitly: in a simulation it lives in a context variable.
-            from ..core._runtime import current_runtime, use_runtime
+            from ..core._controller import current_runtime
+            from ..core._current import use_runtime
 
             rt = current_runtime()
 
             def spawn() -> ActorMesh[RDMAManager]:
                 use_runtime(rt)
-                return this_proc().spawn("rdma_manager", RDMAManager)
+                mesh = this_proc().spawn("rdma_manager", RDMAManager)
+                return cast("ActorMesh[RDMAManager]", mesh)
 
             state.manager = contextvars.Context().run(spawn)
         manager: ActorMesh[RDMAManager] = state.manager

@@ -62,8 +62,13 @@ class Returner(Actor):
 
 class Busy(Actor):
     @endpoint
-    def crunch(self, n: int) -> float:
-        """Hold the GIL in one C call for a while (sum over a range object)."""
+    def crunch(self, seconds: float) -> float:
+        """Hold the GIL in one C call (a sum over a range object) for about ``seconds``,
+        calibrated here, now; return how long it took."""
+        n = 2_000_000
+        started = time.perf_counter()
+        sum(range(n))
+        n = int(n * seconds / max(time.perf_counter() - started, 1e-6))
         started = time.monotonic()
         total = sum(range(n))
         return round(time.monotonic() - started, 1) if total >= 0 else -1.0

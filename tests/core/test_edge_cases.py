@@ -78,7 +78,9 @@ def test_shadowed_endpoint_warns_and_stays_reachable(procs: ProcMesh) -> None:
 def test_configuration_values_are_checked() -> None:
     with pytest.raises(ValueError, match=r"spawn_timeout must be positive \(got 0\)"):
         regency.configure(spawn_timeout=0)
-    with pytest.raises(TypeError, match=r"unknown configuration keys \['spawn_timout'\]"):
+    with pytest.raises(
+        TypeError, match=r"unknown configuration key 'spawn_timout' \(did you mean 'spawn_timeout'\?\)"
+    ):
         regency.configure(spawn_timout=1)
 
 
