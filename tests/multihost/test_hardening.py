@@ -275,8 +275,11 @@ def test_a_paused_worker_keeps_the_procs_of_a_controller_that_kept_renewing(
     worker = _start(worker_factory, hosts[0])
     controller = _controller(
         """
+        from tests.core.hardening_actors import EnvProbe
         hosts = attach_to_workers([sys.argv[1]], lease=1.0)
-        r = hosts.spawn_procs(per_host={"gpus": 1}).spawn("r", Returner)
+        pm = hosts.spawn_procs(per_host={"gpus": 1})
+        r = pm.spawn("r", Returner)
+        say("ENV", pm.spawn("env", EnvProbe).secret_seen.call_one().get(30))
         say("PID", r.pid.call_one().get(30))
         wait_go()
         try:
@@ -287,6 +290,9 @@ def test_a_paused_worker_keeps_the_procs_of_a_controller_that_kept_renewing(
         worker.address,
     )
     try:
+        # The worker has REGENCY_SECRET in its environment; its procs and zygote must not.
+        env = _expect(controller, "ENV")
+        assert "True" not in env, env
         pid = _expect(controller, "PID")
         worker.proc.send_signal(signal.SIGSTOP)
         time.sleep(2.5)  # the fault: a pause of 2.5 leases
