@@ -206,20 +206,21 @@ class ChildProcs:
     def _check_heartbeats(self, now: float) -> None:
         """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
         for child in list(self.children.values()):
+            handle = child.handle
+            local_pid = handle.pid if handle is not None and not handle.remote else 0
             if child.last_seen is None or child.returncode is not None:
+                if local_pid and child.returncode is not None:
+                    self._busy.forget(local_pid)
                 continue
             silent = now - child.last_seen
-            handle = child.handle
-            # Silent but computing (a long C call holding the GIL) is not stuck; a stopped
-            # proc, or one using no CPU, is (see _liveness).
-            if (
-                handle is not None
-                and handle.pid
-                and not handle.remote
-                and silent > 2 * self.config.heartbeat_interval
-                and self._busy.busy(handle.pid, now, max(child.heartbeat_timeout, 1.0))
-            ):
-                if silent > child.heartbeat_timeout and not child.busy_logged:
+            # Every look samples the child's CPU time, so that when it falls silent we know
+            # whether it has been computing. Silent but computing (a long C call holding the
+            # GIL) is not stuck; a stopped proc, or one using no CPU, is (see _liveness).
+            busy = bool(local_pid) and self._busy.busy(
+                local_pid, now, max(child.heartbeat_timeout, 1.0)
+            )
+            if busy and silent > child.heartbeat_timeout:
+                if not child.busy_logged:
                     child.busy_logged = True
                     log.warning(
                         "proc %s has sent no heartbeat for %.1f s but its CPU time advances: "

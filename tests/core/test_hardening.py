@@ -146,10 +146,15 @@ def test_a_runtime_thread_that_dies_fails_pending_and_later_calls_saying_why() -
 
 BUSY_OR_STUCK = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import os, signal, sys, threading, time
     import regency
     import regency.actor
-    regency.actor.unhandled_fault_hook = lambda failure: print("FAULT", failure.mesh_name, flush=True)
+    _lock = threading.Lock()
+    def say(*what):  # one write per line: the fault hook runs on another thread
+        with _lock:
+            sys.stdout.write(" ".join(map(str, what)) + "\\n")
+            sys.stdout.flush()
+    regency.actor.unhandled_fault_hook = lambda failure: say("FAULT", failure.mesh_name)
     regency.configure(heartbeat_interval=0.1, heartbeat_timeout=0.5)
     from regency.actor import this_host
     from tests.core.hardening_actors import Busy
@@ -158,13 +163,15 @@ BUSY_OR_STUCK = textwrap.dedent(
     pids = busy.pid.call().get(30).values()
     # About 2 s of one C call holding the GIL (more under load): four heartbeat timeouts.
     seconds = busy.slice(gpus=0).crunch.call_one(2.0).get(120)
-    print("CRUNCHED", seconds, flush=True)
+    say("CRUNCHED", seconds)
     os.kill(pids[1], signal.SIGSTOP)
     started = time.monotonic()
     try:
         busy.slice(gpus=1).pid.call_one().get(30)
     except Exception as exc:
-        print("STOPPED", round(time.monotonic() - started), type(exc).__name__, exc, flush=True)
+        say("STOPPED", round(time.monotonic() - started), type(exc).__name__, exc)
+    else:
+        say("ANSWERED (not stopped?)")
     os.kill(pids[1], signal.SIGCONT)
     """
 )
@@ -184,6 +191,7 @@ def test_a_long_gil_holding_call_is_busy_not_stuck_and_a_stopped_proc_is_stuck()
     assert "CRUNCHED" in out, (out, done.stderr[-3000:])
     assert float(out.split("CRUNCHED ")[1].split()[0]) >= 1.0, out  # held the GIL 2 timeouts
     assert "but its CPU time advances: busy" in done.stderr
+    assert "STOPPED " in out, (out, done.stderr[-3000:])
     stopped = out.split("STOPPED ")[1]
     assert "sent no heartbeat" in stopped and "(stuck)" in stopped, out
     assert int(stopped.split()[0]) < 10, out
