@@ -71,10 +71,10 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         return route
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
-        return ActorMesh(self._key, self._name, self._cls, self._procs, shape, self._init)
+        return type(self)(self._key, self._name, self._cls, self._procs, shape, self._init)
 
     def __reduce__(self) -> Any:
-        return (ActorMesh, (self._key, self._name, self._cls, self._procs, self._shape))
+        return (type(self), (self._key, self._name, self._cls, self._procs, self._shape))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -153,3 +153,15 @@ def _owner(rt: Runtime) -> tuple[str, str, str]:
 _MESH_ATTRIBUTES = frozenset(
     name for name in dir(ActorMesh) if not name.startswith("_")
 )
+
+
+class _StopEndpointActorMesh(ActorMesh[A]):
+    """The mesh of an actor class with an endpoint named ``stop`` (Monarch's GRPO example has
+    one): ``mesh.stop`` is that endpoint, as the program means; the mesh itself stops with
+    ``ActorMesh.stop(mesh)`` or with its procs."""
+
+    __slots__ = ()
+
+    @property
+    def stop(self) -> Endpoint[..., Any]:
+        return self.endpoint("stop")

@@ -142,3 +142,36 @@ class Named(Actor):
         import os
 
         return os.getpid()
+
+
+class Finalized(Actor):
+    """Leaves a module-level object whose ``__del__`` writes a file when the proc exits."""
+
+    @endpoint
+    def arm(self, path: str) -> int:
+        import os
+
+        global _witness
+        _witness = _Witness(path)
+        return os.getpid()
+
+
+class _Witness:
+    def __init__(self, path: str) -> None:
+        # Opened now: ``open`` itself is gone by the time finalization reaches __del__.
+        self.file = open(path, "w")  # noqa: SIM115
+
+    def __del__(self) -> None:
+        self.file.write("finalized")
+        self.file.close()
+
+
+_witness: _Witness | None = None
+
+
+class Interpreter(Actor):
+    @endpoint
+    def executable(self) -> str:
+        import sys
+
+        return sys.executable

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,41 @@ def test_identity_log_prefix_and_shutdown_context() -> None:
         done.stderr
     )
     assert "SHUTDOWN OK" in done.stdout
+
+
+@pytest.mark.slow
+def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
+    """Monarch's test_del_runs_on_proc_mesh_stop: procs stop by letting Python finalize."""
+    from regency.actor import this_host
+
+    from .actors import Finalized
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        witnesses = [tmp_path / f"w{i}" for i in range(2)]
+        mesh = procs.spawn("fin", Finalized)
+        for i, path in enumerate(witnesses):
+            mesh.slice(gpus=i).arm.call_one(str(path)).get(30)
+    finally:
+        procs.stop().get(30)
+    assert [p.read_text() for p in witnesses] == ["finalized", "finalized"]
+
+
+@pytest.mark.slow
+def test_with_python_executable(tmp_path: Path) -> None:
+    from regency.actor import this_host
+
+    from .actors import Interpreter
+
+    python = tmp_path / "python-for-procs"
+    python.symlink_to(sys.executable)
+    hosts = this_host().with_python_executable(str(python))
+    assert hosts.is_fake_in_process is False
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    try:
+        got = procs.spawn("interp", Interpreter).executable.call().get(30).values()
+    finally:
+        procs.stop().get(30)
+    assert got == [str(python), str(python)]
+    with pytest.raises(FileNotFoundError, match="is not an executable file"):
+        this_host().with_python_executable(str(tmp_path / "missing"))
