@@ -76,3 +76,25 @@ class Busy(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Big(Actor):
+    @endpoint
+    def take(self, data: bytes) -> int:
+        return len(data)
+
+    @endpoint
+    def give(self, n: int) -> bytes:
+        return bytes(n)
+
+    @endpoint
+    def rss(self) -> int:
+        import gc
+
+        gc.collect()
+        return rss()

@@ -195,3 +195,33 @@ def test_a_long_gil_holding_call_is_busy_not_stuck_and_a_stopped_proc_is_stuck()
     stopped = out.split("STOPPED ")[1]
     assert "sent no heartbeat" in stopped and "(stuck)" in stopped, out
     assert int(stopped.split()[0]) < 10, out
+
+
+# -- large frames leave nothing behind, on the real path ------------------------------------
+
+
+def test_large_arguments_and_results_leave_no_memory_behind() -> None:
+    import gc
+
+    from .hardening_actors import Big, rss
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        big = pm.spawn("big", Big)
+        big.take.call_one(b"x").get(T)
+        big.give.call_one(1).get(T)
+        gc.collect()
+        here, there = rss(), big.rss.call_one().get(T)
+        for _ in range(2):
+            data = bytes(64 << 20)
+            assert big.take.call_one(data).get(T) == len(data)
+            del data
+            assert len(big.give.call_one(64 << 20).get(T)) == 64 << 20
+        gc.collect()
+        kept_here = (rss() - here) >> 20
+        kept_there = (big.rss.call_one().get(T) - there) >> 20
+        # Before: the writer kept its last batch and the reader its largest buffer (64 MiB
+        # each side, for the life of the connection).
+        assert kept_here < 32 and kept_there < 32, (kept_here, kept_there)
+    finally:
+        pm.stop().get(T)
