@@ -70,7 +70,7 @@ def returner() -> Iterator[ActorMesh[Returner]]:
 def test_a_reply_that_fails_to_unpickle_fails_that_call_only(
     returner: ActorMesh[Returner], what: str, raised: str
 ) -> None:
-    from regency.core._errors import DecodeError
+    from regency.core import DecodeError
 
     pid = returner.pid.call_one().get(T)
     with pytest.raises(

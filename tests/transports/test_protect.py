@@ -195,3 +195,10 @@ async def test_protection_off_sends_frames_in_the_clear() -> None:
         await server.accepted.wait()
         await server.sinks[0].wait_for(lambda: server.sinks[0].frames == [b"x"])
 
+
+
+def test_tcp_protection_setting_is_checked() -> None:
+    import regency
+
+    with pytest.raises(ValueError, match=r"tcp_protection must be one of \('aead', 'off'\) \(got 'tls'\)"):
+        regency.configure(tcp_protection="tls")
