@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import mmap
 import struct
 from collections.abc import Sequence
 
@@ -180,8 +181,10 @@ class Opener:
         self._aead = AESGCM(key)
         self._seq = 0
         self._max_frame = max_frame
-        # The frame being assembled from records with the "more" flag, or None.
-        self._partial: bytearray | None = None
+        #: Where frames of several records are assembled (reused from frame to frame until
+        #: ``release_buffer``), and how much of the current one it holds (-1: none begun).
+        self._store: mmap.mmap | None = None
+        self._filled = -1
 
     @property
     def records_opened(self) -> int:
@@ -191,7 +194,7 @@ class Opener:
     def mid_frame(self) -> bool:
         """True when records of an unfinished frame were received (a connection that ends
         now was truncated)."""
-        return self._partial is not None
+        return self._filled >= 0
 
     def body_length(self, header: bytes | bytearray | memoryview) -> int:
         """How many body bytes follow this record header (checked against the largest
@@ -208,9 +211,11 @@ class Opener:
 
     def open(
         self, header: bytes | bytearray | memoryview, body: bytes | bytearray | memoryview
-    ) -> bytes | bytearray | None:
+    ) -> bytes | memoryview | None:
         """Check one record; return the frame it completes, or None when more records of
-        the same frame are to come. Raises :class:`ProtectionError`."""
+        the same frame are to come. A frame of several records is a view of a buffer that
+        the next such frame reuses: use it before asking for the next. Raises
+        :class:`ProtectionError`."""
         header = bytes(header)
         word, seq = _HEADER.unpack(header)
         expected = self._seq
@@ -221,31 +226,57 @@ class Opener:
             raise ProtectionError(
                 f"record {seq} arrived where record {expected} was expected ({what} on the way)"
             )
-        try:
-            plain = self._aead.decrypt(_NONCE_PAD + header[4:], body, header)
-        except InvalidTag:
-            raise ProtectionError(
-                f"record {seq} failed authentication: forged or altered on the way (or the "
-                "peer does not hold this connection's keys)"
-            ) from None
-        self._seq = expected + 1
-        partial = self._partial
-        if word & _MORE:
-            if partial is None:
-                self._partial = partial = bytearray()
-            partial += plain
-            if len(partial) > self._max_frame:
-                raise ProtectionError(
-                    f"frame exceeds max_frame_bytes={self._max_frame} "
-                    f"({len(partial)} bytes received so far)"
-                )
-            return None
-        if partial is None:
+        nonce = _NONCE_PAD + header[4:]
+        more = word & _MORE
+        if not more and self._filled < 0:  # a frame of one record: the common case
+            try:
+                plain = self._aead.decrypt(nonce, body, header)
+            except InvalidTag:
+                raise _forged(seq) from None
+            self._seq = expected + 1
             return plain
-        self._partial = None
-        partial += plain
-        if len(partial) > self._max_frame:
+        # A record of a frame of several: open it straight into the assembly buffer.
+        start = max(self._filled, 0)
+        end = start + len(body) - TAG_BYTES
+        if end > self._max_frame:
             raise ProtectionError(
-                f"frame of {len(partial)} bytes exceeds max_frame_bytes={self._max_frame}"
+                f"frame exceeds max_frame_bytes={self._max_frame} ({end} bytes received so far)"
             )
-        return partial
+        store = self._reserve(start, end)
+        with memoryview(store) as view:
+            try:
+                self._aead.decrypt_into(nonce, body, header, view[start:end])
+            except InvalidTag:
+                raise _forged(seq) from None
+        self._seq = expected + 1
+        if more:
+            self._filled = end
+            return None
+        self._filled = -1
+        return memoryview(store)[:end]
+
+    def _reserve(self, filled: int, needed: int) -> mmap.mmap:
+        """The assembly buffer, at least ``needed`` bytes, keeping its first ``filled``.
+        Anonymous memory: the kernel commits it as records are written into it; it at most
+        doubles per growth, so it never runs far ahead of the bytes received."""
+        store = self._store
+        if store is None or len(store) < needed:
+            grown = mmap.mmap(-1, max(needed, 2 * len(store) if store is not None else 0, 1 << 20))
+            if store is not None and filled:
+                with memoryview(grown) as to, memoryview(store) as old:
+                    to[:filled] = old[:filled]
+            self._store = store = grown
+        return store
+
+    def release_buffer(self) -> None:
+        """Give the assembly buffer back (between frames; the transport calls this once big
+        frames stop coming). The next frame of several records allocates a fresh one."""
+        if self._filled < 0:
+            self._store = None
+
+
+def _forged(seq: int) -> ProtectionError:
+    return ProtectionError(
+        f"record {seq} failed authentication: forged or altered on the way (or the peer "
+        "does not hold this connection's keys)"
+    )

@@ -371,12 +371,20 @@ class SocketConnection(Connection):
         buf = bytearray(_RECV_BUFFER)
         view = memoryview(buf)
         header_bytes = _protect.HEADER_BYTES
+        big_used: float | None = None  # trio time a frame of several records last arrived
         start = end = 0
         while True:
             try:
                 n = sock.recv_into(view[end:])
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                if big_used is not None and trio.current_time() - big_used > _KEEP_BIG:
+                    opener.release_buffer()  # no big frame for a while (see _KEEP_BIG)
+                    big_used = None
+                if big_used is None:
+                    await trio.lowlevel.wait_readable(sock)
+                else:
+                    with trio.move_on_at(big_used + _KEEP_BIG):
+                        await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
                 raise ConnectionBroken(str(exc)) from exc
@@ -396,7 +404,10 @@ class SocketConnection(Connection):
                 start += header_bytes + body
                 if frame is not None:
                     self.sink.frame_received(self, memoryview(frame))
-                    del frame  # a frame of many records is not kept past its delivery
+                    if isinstance(frame, memoryview):  # assembled in the opener's buffer
+                        frame.release()
+                        big_used = trio.current_time()
+                    del frame
                     if self._closed:
                         return
             if start == end:
