@@ -11,7 +11,8 @@ import trio
 
 from .. import transports
 from . import _codec
-from . import _messages as M
+from ._errors import DecodeError
+from ._messages import Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
 
@@ -22,8 +23,9 @@ class PortHandler(Protocol):
     #: Addresses of the procs this port waits on; a lost link to one fails the port.
     dests: frozenset[str]
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        """Handle one message; return True when the port is finished and can be closed."""
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        """Handle one reply (``status`` from :mod:`._messages`: ``OK`` with the value, else a
+        RemoteFailure); return True when the port is finished and can be closed."""
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         """The port can no longer complete (``address``, a destination, is unreachable)."""
@@ -55,18 +57,33 @@ class PortTable:
     def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
-        payload = _codec.dumps(_codec.out_of_band(value))
-        frame = _codec.pack_port(port_id, index, status, payload)
-        if frame is None:
-            frame = _codec.pack((M.PORT, port_id, index, status), payload)
-        self.send(address, frame)
+        self.send(address, _codec.encode_reply(port_id, index, status, value))
 
-    def _to_port(self, port_id: int, index: int, status: int, parts: list[memoryview]) -> None:
+    def _to_port(self, reply: Reply) -> None:
+        port_id = reply.port_id
         handler = self.ports.get(port_id)
         if handler is None:
             return  # a late reply to a port that finished or timed out
         try:
-            finished = handler.deliver(index, status, parts)
+            value = reply.payload
+            if type(value) is Undecodable:
+                endpoint = getattr(handler, "endpoint", None)
+                if endpoint is None:
+                    raise value.error
+                # A reply that cannot be unpickled fails that call, naming it.
+                error = value.error
+                detail = (
+                    str(error)
+                    if isinstance(error, DecodeError)
+                    else f"unpickling raised {type(error).__name__}: {error}"
+                )
+                value = Undecodable(
+                    DecodeError(
+                        f"cannot unpickle the reply of {endpoint} from rank {reply.index}: "
+                        f"{detail}"
+                    )
+                )
+            finished = handler.deliver(reply.index, reply.status, value)
         except (KeyboardInterrupt, trio.Cancelled):
             raise
         except BaseException as exc:  # a handler's unpickling may raise anything

@@ -21,12 +21,10 @@ import socket
 import sys
 import tempfile
 from collections import OrderedDict
-from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
-from . import _codec
 from . import _messages as M
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
@@ -67,20 +65,17 @@ class WorkerService:
         #: late request from one gets a clear answer.
         self.lapsed: OrderedDict[str, str] = OrderedDict()
         self._busy = BusyWatch()
-        for kind, handler in (
-            (M.ATTACH, self._attach),
-            (M.RESERVE, self._reserve),
-            (M.LAUNCH, self._launch),
-            (M.KILL, self._kill),
-            (M.LEASE, self._renew),
-            (M.DETACH, self._detach),
-        ):
-            rt.extensions[kind] = handler
+        rt.extensions[M.Attach] = self._attach
+        rt.extensions[M.Reserve] = self._reserve
+        rt.extensions[M.Launch] = self._launch
+        rt.extensions[M.Kill] = self._kill
+        rt.extensions[M.Lease] = self._renew
+        rt.extensions[M.Detach] = self._detach
 
     # -- protocol ----------------------------------------------------------------------
 
-    def _attach(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, lease, port = envelope
+    def _attach(self, msg: M.Attach) -> None:
+        controller, lease, port = msg.controller, msg.lease, msg.port
         now = trio.current_time()
         if self.controller not in (None, controller) and now < self.deadline:
             message = f"worker {self.rt.address} already serves the controller at {self.controller}"
@@ -110,8 +105,8 @@ class WorkerService:
             return f"the worker at {self.rt.address} is not attached to this controller"
         return f"the worker at {self.rt.address} serves another controller ({self.controller})"
 
-    def _reserve(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, count, port = envelope
+    def _reserve(self, msg: M.Reserve) -> None:
+        controller, count, port = msg.controller, msg.count, msg.port
         if controller != self.controller:
             why = self._not_ours(controller)
             self.rt.send_port(port, 0, M.ERROR, RemoteFailure("regency.NotAttached", why, ""))
@@ -121,9 +116,11 @@ class WorkerService:
         except OSError as exc:
             self.rt.send_port(port, 0, M.ERROR, RemoteFailure("regency.WorkerBusy", str(exc), ""))
 
-    def _launch(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
-        requests = _codec.loads(parts)
+    def _launch(self, msg: M.Launch) -> None:
+        controller = msg.controller
+        if type(msg.payload) is M.Undecodable:
+            raise msg.payload.error
+        requests = msg.payload
         if controller != self.controller:
             why = self._not_ours(controller)
             log.warning("refused a launch from %s: %s", controller, why)
@@ -153,7 +150,7 @@ class WorkerService:
 
     def _refuse(self, controller: str, address: str, why: str) -> None:
         try:
-            self.rt.send(controller, _codec.pack((M.REFUSED, address, why)))
+            self.rt.post(controller, M.Refused(address, why))
         except Exception as exc:
             log.warning("could not tell %s that %s was refused: %s", controller, address, exc)
 
@@ -188,18 +185,18 @@ class WorkerService:
             held.close()
         if self.controller is not None:
             try:
-                self.rt.send(self.controller, _codec.pack((M.EXITED, address, code)))
+                self.rt.post(self.controller, M.Exited(address, code))
             except Exception as exc:
                 log.warning("could not report the exit of %s: %s", address, exc)
 
-    def _kill(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, address = envelope
+    def _kill(self, msg: M.Kill) -> None:
+        controller, address = msg.controller, msg.address
         handle = self.procs.get(address)
         if controller == self.controller and handle is not None:
             handle.kill()
 
-    def _renew(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
+    def _renew(self, msg: M.Lease) -> None:
+        controller = msg.controller
         if controller == self.controller:
             self.deadline = trio.current_time() + self.lease
         elif controller in self.lapsed:
@@ -207,12 +204,12 @@ class WorkerService:
 
     def _tell_lapsed(self, controller: str) -> None:
         try:
-            self.rt.send(controller, _codec.pack((M.LAPSED, self.rt.address, self.lapsed[controller])))
+            self.rt.post(controller, M.Lapsed(self.rt.address, self.lapsed[controller]))
         except Exception as exc:
             log.info("could not tell %s its lease lapsed: %s", controller, exc)
 
-    def _detach(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
+    def _detach(self, msg: M.Detach) -> None:
+        controller = msg.controller
         if controller == self.controller:
             self._release("the controller detached")
 
@@ -270,7 +267,7 @@ class WorkerService:
         for address, handle in list(self.procs.items()):
             if handle.pid and self._busy.busy(handle.pid, trio.current_time(), _BUSY_WINDOW):
                 try:
-                    self.rt.send(self.controller, _codec.pack((M.HEARTBEAT, address)))
+                    self.rt.post(self.controller, M.Heartbeat(address))
                 except Exception:
                     return
 

@@ -91,7 +91,10 @@ def test_arguments_that_fail_to_unpickle_fail_that_call_and_not_the_proc(
 ) -> None:
     pid = returner.pid.call_one().get(T)
     for exc, shown in ((SystemExit(3), "SystemExit: 3"), (GeneratorExit(), "GeneratorExit")):
-        with pytest.raises(ActorError, match=rf"cannot unpickle the arguments of \S*ret\S*\.take on rank 0: unpickling raised {shown}"):
+        with pytest.raises(
+            ActorError,
+            match=rf"Actor call ret\.take failed on rank 0: \S*DecodeError: unpickling raised {shown}",
+        ):
             returner.take.call_one(ExitOnUnpickle(exc)).get(T)
     assert returner.take.call_one(5).get(T) == "took 5"
     assert returner.pid.call_one().get(T) == pid
