@@ -458,7 +458,6 @@ def _rss_and_fds(pid: int) -> tuple[int, int]:
 def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_sigterm(
     hosts: list[VirtualHost], worker_factory: list[Worker]
 ) -> None:
-    from regency.core import _codec
     from regency.core import _messages as M
     from regency.core._config import Config
     from regency.core._future import Future
@@ -472,10 +471,10 @@ def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_
     jobdir = tempfile.mkdtemp(prefix="regency-test-")
     os.chmod(jobdir, 0o700)
 
-    async def request(rt: Runtime, envelope: tuple[object, ...]) -> object:
+    async def attach(rt: Runtime) -> object:
         fut: Future[object] = Future()
         port = rt.open_port(_Reply(fut, "a request", worker.address))
-        rt.send(worker.address, _codec.pack((*envelope, port)))
+        rt.post(worker.address, M.Attach(rt.address, 30.0, port))
         try:
             with trio.fail_after(T):
                 return await fut
@@ -493,10 +492,10 @@ def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(rt.serve)
-            hostname, _, ports = await request(rt, (M.ATTACH, rt.address, 30.0))  # type: ignore[misc]
+            hostname, _, ports = await attach(rt)  # type: ignore[misc]
             assert hostname
             assert len(ports) == 32
-            rt.send(worker.address, _codec.pack((M.DETACH, rt.address)))
+            rt.post(worker.address, M.Detach(rt.address))
             with trio.fail_after(T):  # until the worker acknowledged (handled) the DETACH
                 while rt.outbox(worker.address)._unacked:
                     await trio.sleep(0.005)
