@@ -20,6 +20,7 @@ from ._controller import current_runtime
 from ._endpoint import Actor, EndpointSpec, concurrent_endpoint, endpoint
 from ._errors import (
     ActorError,
+    DecodeError,
     RemoteException,
     RemoteFailure,
     SupervisionError,
@@ -41,6 +42,7 @@ __all__ = [
     "Channel",
     "Config",
     "Context",
+    "DecodeError",
     "Endpoint",
     "EndpointSpec",
     "Extent",
