@@ -87,6 +87,7 @@ class ChildProcs:
     on_child_exit: list[Callable[[Child], None]]
     _child_ids: itertools.count[int]
 
+    # Provided by Runtime, which this class is a part of.
     def on_runtime_thread(self) -> bool:
         raise NotImplementedError
 

@@ -28,7 +28,6 @@ class PortHandler(Protocol):
         """The port can no longer complete (``address``, a destination, is unreachable)."""
 
 
-
 class PortTable:
     """This runtime's open reply ports (a part of :class:`Runtime`)."""
 
@@ -36,7 +35,7 @@ class PortTable:
     ports: dict[int, PortHandler]
     _port_ids: itertools.count[int]
 
-    def send(self, address: str, frame: transports.Frame) -> None:
+    def send(self, address: str, frame: transports.Frame) -> None:  # provided by Runtime
         raise NotImplementedError
 
     def open_port(self, handler: PortHandler) -> tuple[str, int]:
