@@ -98,7 +98,7 @@ class _WhereAmI(Actor):
         rt = current_runtime()
         return (
             rt.env.simulated_host,
-            rt.sync_runner is not None,
+            not isinstance(rt.executor, ThreadExecutor),
             rt.probe is not None,
             state_of(rt).registry._clock(),
         )
@@ -108,7 +108,7 @@ def test_simulated_runtimes_get_the_simulators_environment() -> None:
     def program(hosts: Any) -> tuple[Any, Any, float]:
         controller = current().controller
         assert controller is not None
-        here = (controller.env.simulated_host, controller.sync_runner is not None)
+        here = (controller.env.simulated_host, not isinstance(controller.executor, ThreadExecutor))
         procs = hosts.slice(hosts=1).spawn_procs()
         there = procs.spawn("where", _WhereAmI).world.call_one().get()
         return here, there, current().now()
