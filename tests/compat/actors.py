@@ -209,3 +209,22 @@ class WaitingOwner(Actor):
         child.die.broadcast()
         await asyncio.wait_for(self.heard.wait(), 30)
         return self.failures
+
+
+class Finisher(Actor):
+    """Stops itself when its work is done (Monarch's actor_instance.stop())."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    @endpoint
+    def work(self) -> int:
+        self.done += 1
+        return self.done
+
+    @endpoint
+    def finish(self) -> str:
+        from regency.actor import context
+
+        context().actor_instance.stop("work done")
+        return "stopping"
