@@ -93,6 +93,7 @@ class ChildProcs:
     #: CPU time of silent children between looks (busy or stuck, see _liveness).
     _busy: BusyWatch
 
+    # Provided by Runtime, which this class is a part of.
     def on_runtime_thread(self) -> bool:
         raise NotImplementedError
 

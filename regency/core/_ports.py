@@ -31,7 +31,6 @@ class PortHandler(Protocol):
         """The port can no longer complete (``address``, a destination, is unreachable)."""
 
 
-
 class PortTable:
     """This runtime's open reply ports (a part of :class:`Runtime`)."""
 
@@ -41,7 +40,7 @@ class PortTable:
     #: Set when the runtime's loop died: new calls fail with it at once.
     died: Exception | None
 
-    def send(self, address: str, frame: transports.Frame) -> None:
+    def send(self, address: str, frame: transports.Frame) -> None:  # provided by Runtime
         raise NotImplementedError
 
     def open_port(self, handler: PortHandler) -> tuple[str, int]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 
 import regency
+from regency.actor import Actor, endpoint
+from regency.core import current_runtime
 from regency.core._config import Config
 from regency.core._environment import PRODUCTION, Environment, production
 from regency.core._executor import ThreadExecutor
@@ -16,6 +19,7 @@ from regency.core._probe import Probe
 from regency.core._runtime import Runtime
 from regency.core._ticker import TrioTicker
 from regency.rdma._state import state_of
+from regency.sim import current, simulate
 
 ROOT = Path(regency.__file__).parent
 
@@ -86,3 +90,30 @@ def test_rdma_does_not_sniff_simulated_addresses_or_read_the_wall_clock() -> Non
             assert "registry = Registry(time.monotonic)" in text
         else:
             assert "time.monotonic" not in text, path
+
+
+class _WhereAmI(Actor):
+    @endpoint
+    def world(self) -> tuple[str | None, bool, bool, float]:
+        rt = current_runtime()
+        return (
+            rt.env.simulated_host,
+            not isinstance(rt.executor, ThreadExecutor),
+            rt.probe is not None,
+            state_of(rt).registry._clock(),
+        )
+
+
+def test_simulated_runtimes_get_the_simulators_environment() -> None:
+    def program(hosts: Any) -> tuple[Any, Any, float]:
+        controller = current().controller
+        assert controller is not None
+        here = (controller.env.simulated_host, not isinstance(controller.executor, ThreadExecutor))
+        procs = hosts.slice(hosts=1).spawn_procs()
+        there = procs.spawn("where", _WhereAmI).world.call_one().get()
+        return here, there, current().now()
+
+    here, (host, runner, probe, leases_at), now = simulate(program, seed=3, hosts=2).value
+    assert here == ("controller", True)
+    assert (host, runner, probe) == ("host1", True, True)
+    assert 0 < leases_at <= now  # the lease clock is the simulation's virtual clock
