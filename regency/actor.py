@@ -32,6 +32,7 @@ from .core import (
 )
 from .core._hosts import attach_to_workers
 from .core._oversight import UnhandledFault, default_unhandled_fault_hook
+from .core._worker_loop import run_worker_loop_forever
 from .supervision import MeshFailure
 
 #: Called with a :class:`MeshFailure` that no owner handled. The default prints the report
@@ -64,6 +65,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "proc_mesh",
+    "run_worker_loop_forever",
     "send",
     "this_host",
     "this_proc",

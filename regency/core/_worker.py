@@ -39,9 +39,14 @@ PORT_BATCH = 32
 class WorkerService:
     """The worker's side of the multi-host protocol, installed on a runtime."""
 
-    def __init__(self, rt: Runtime, host_ip: str) -> None:
+    def __init__(self, rt: Runtime, host_ip: str, *, exit_on_shutdown: bool = False) -> None:
         self.rt = rt
         self.host_ip = host_ip
+        #: ``run_worker_loop_forever`` workers exit when their controller shuts the host
+        #: mesh down (``HostMesh.shutdown()``); ``regency worker`` daemons serve on.
+        self.exit_on_shutdown = exit_on_shutdown
+        #: Set when the worker should stop serving (a signal, or a shutdown as above).
+        self.finished = trio.Event()
         self.controller: str | None = None
         self.lease = 0.0
         self.deadline = 0.0
@@ -121,9 +126,15 @@ class WorkerService:
             self.deadline = trio.current_time() + self.lease
 
     def _detach(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
+        # (DETACH, controller[, shutdown]): shutdown is true for HostMesh.shutdown(), false
+        # for a controller that merely exits.
+        controller = envelope[1]
+        shutdown = len(envelope) > 2 and bool(envelope[2])
         if controller == self.controller:
-            self._release("the controller detached")
+            self._release("the controller shut the host mesh down" if shutdown else "the controller detached")
+            if shutdown and self.exit_on_shutdown:
+                log.info("exiting: the controller shut the host mesh down")
+                self.finished.set()
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -154,21 +165,28 @@ class WorkerService:
                 s.close()
 
 
+async def _watch_signals(service: WorkerService) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            service._release("the worker was asked to stop")
+            service.finished.set()
+            return
+
+
 async def _serve(rt: Runtime, service: WorkerService) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(rt.serve)
         print(f"regency worker listening on {rt.address}", flush=True)
         nursery.start_soon(service.watch_lease)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                service._release("the worker was asked to stop")
-                rt.stop()
-                break
+        nursery.start_soon(_watch_signals, service)
+        await service.finished.wait()
+        rt.stop()
         nursery.cancel_scope.cancel()
 
 
-def serve_worker(listen: str, secret: bytes) -> None:
-    """Run a worker until SIGTERM or SIGINT."""
+def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) -> None:
+    """Run a worker until SIGTERM or SIGINT (or, with ``exit_on_shutdown``, until its
+    controller calls ``HostMesh.shutdown()``)."""
     from ._config import configure, current_config
 
     parts = urlsplit(listen)
@@ -186,5 +204,5 @@ def serve_worker(listen: str, secret: bytes) -> None:
         address=listen,
     )
     set_current_runtime(rt)
-    service = WorkerService(rt, host_ip)
+    service = WorkerService(rt, host_ip, exit_on_shutdown=exit_on_shutdown)
     trio.run(_serve, rt, service)
