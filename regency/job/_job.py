@@ -150,12 +150,19 @@ class JobTrait(ABC):
         return self._attached
 
     def kill(self) -> None:
-        """Release the job's resources (scancel, kill the workers, ...)."""
+        """Release the job's resources (scancel, kill the workers, ...). Procs this process
+        started on the job's hosts are stopped first (not reported as failures)."""
+        attached, self._attached = self._attached, None
+        if attached is not None:
+            for name, hosts in attached.meshes.items():
+                try:
+                    hosts.shutdown().get(30)
+                except Exception as exc:
+                    log.warning("could not shut mesh %r down before the kill: %s", name, exc)
         running = self._running
         if running is not None:
             running._kill()
         self._status = "not_running"
-        self._attached = None
 
     def dump(self, filename: str = DEFAULT_STATE_PATH) -> None:
         """Write this job to ``filename`` (mode 0600: it holds the job secret), atomically;

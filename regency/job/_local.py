@@ -119,9 +119,15 @@ class ProcessJob(JobTrait):
     a later controller can reuse them through the state file); ``kill()`` ends them.
     """
 
-    def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, meshes: dict[str, int], env: dict[str, str] | None = None, *, lease: float = 10.0
+    ) -> None:
         super().__init__()
         self._meshes = check_meshes(meshes, "ProcessJob")
+        if not isinstance(lease, int | float) or isinstance(lease, bool) or lease <= 0:
+            raise ValueError(f"ProcessJob: lease must be positive seconds (got {lease!r})")
+        #: Seconds a worker keeps our procs without hearing from us.
+        self._lease = float(lease)
         if env is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
@@ -189,6 +195,7 @@ class ProcessJob(JobTrait):
                     [self._workers[f"{mesh}_{i}"][1] for i in range(count)],
                     self._secret,
                     name=mesh,
+                    lease=self._lease,
                 )
                 for mesh, count in self._meshes.items()
             }

@@ -149,6 +149,7 @@ class SlurmJob(JobTrait):
         qos: str | None = None,
         *,
         monarch_port: int | None = None,
+        lease: float = 10.0,
     ) -> None:
         super().__init__()
         self._meshes = check_meshes(meshes, "SlurmJob")
@@ -191,6 +192,11 @@ class SlurmJob(JobTrait):
         self._job_start_timeout = job_start_timeout
         self._account = _opt_str(account, "account")
         self._qos = _opt_str(qos, "qos")
+        if not isinstance(lease, int | float) or isinstance(lease, bool) or lease <= 0:
+            raise ValueError(f"SlurmJob: lease must be positive seconds (got {lease!r})")
+        #: Seconds a worker keeps our procs without hearing from us (a dead controller's
+        #: procs die after this); not part of the spec.
+        self._lease = float(lease)
         self._secret = ""
         self._job_id: str | None = None
         self._nodes: tuple[str, ...] = ()
@@ -206,7 +212,13 @@ class SlurmJob(JobTrait):
 
     @property
     def job_id(self) -> str | None:
-        """The Slurm job id (in batch mode inside the allocation: ``$SLURM_JOB_ID``)."""
+        """The Slurm job id (of the cached job this spec reuses, if so; in batch mode inside
+        the allocation: ``$SLURM_JOB_ID``)."""
+        running = self._running
+        if running is not None and running is not self:
+            inner = running.job if isinstance(running, BatchJob) else running
+            if isinstance(inner, SlurmJob) and inner is not self:
+                return inner.job_id
         if self._job_id is not None:
             return self._job_id
         return os.environ.get("SLURM_JOB_ID") if in_batch_job() else None
@@ -331,7 +343,10 @@ class SlurmJob(JobTrait):
             names = self._nodes[at : at + count]
             at += count
             meshes[mesh] = attach_to_workers(
-                [f"tcp://{node}:{self._port}" for node in names], self._secret, name=mesh
+                [f"tcp://{node}:{self._port}" for node in names],
+                self._secret,
+                name=mesh,
+                lease=self._lease,
             )
         return JobState(meshes)
 
