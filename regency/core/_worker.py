@@ -195,7 +195,7 @@ def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) 
     # Procs here get addresses by IP: a proc announces the address it bound, which must be
     # the one the controller planned (a name that resolves only to 127.0.0.1 works too).
     try:
-        host_ip = socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)[0][4][0]
+        host_ip = str(socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve the host in {listen!r}: {exc}") from None
     configure(default_transport="tcp", tcp_host=host_ip)

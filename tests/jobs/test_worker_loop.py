@@ -7,12 +7,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from regency.actor import attach_to_workers, run_worker_loop_forever
 
-from ..conftest import TEST_SECRET
+from ..conftest import TEST_SECRET, pid_alive
 from .actors import Probe
 
 T = 30
@@ -71,8 +72,10 @@ def test_keyword_forms_on_a_loopback_only_host_name_and_shutdown_ends_the_worker
         pids = [pid for pid, _ in probes.where.call().get(T).values()]
         hosts.shutdown().get(T)
         assert worker.wait(T) == 0, worker.stderr.read() if worker.stderr else ""
-        for pid in pids:
-            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+        deadline = time.monotonic() + T
+        while any(pid_alive(pid) for pid in pids):  # they die with their worker
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         if worker.poll() is None:
             worker.kill()
