@@ -99,13 +99,14 @@ def _load_state(path: str) -> JobTrait:
 
 def _apply(args: argparse.Namespace) -> int:
     job = load_spec(args.spec)
+    job.apply(client_script=args.batch)
+    job_id = getattr(job, "job_id", None)
+    where = f" (job id {job_id})" if job_id is not None else ""
     if args.batch:
-        job.apply(client_script=args.batch)
-        print(f"applied {args.spec} in batch mode: {args.batch!r} runs inside the allocation")
+        print(f"applied {args.spec}{where} in batch mode: {args.batch!r} runs in the allocation")
         return 0
-    job.apply()
     job.dump(args.state)
-    print(f"applied {args.spec}; its state is in {args.state}")
+    print(f"applied {args.spec}{where}; its state is in {args.state}")
     return 0
 
 
@@ -133,7 +134,7 @@ def _exec(args: argparse.Namespace) -> int:
     else:
         targets = list(meshes.values())
     if args.one:
-        targets = [targets[0].slice(hosts=0)]
+        targets = [targets[0].slice(hosts=slice(0, 1))]
     worst = 0
     for hosts in targets:
         worst = max(worst, exec_command(hosts, cmd, env, args.workdir))

@@ -12,8 +12,9 @@ class Probe(Actor):
         self.count = 0
 
     @endpoint
-    def where(self) -> tuple[int, str | None]:
-        return os.getpid(), os.environ.get("SLURM_JOB_ID")
+    def where(self) -> tuple[int, str | None, int]:
+        """(our pid, the Slurm job we run in, our worker's pid)"""
+        return os.getpid(), os.environ.get("SLURM_JOB_ID"), os.getppid()
 
     @endpoint
     def bump(self) -> int:

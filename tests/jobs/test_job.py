@@ -79,7 +79,7 @@ def test_process_job_state_reuse_across_controllers_and_kill(tmp_path: Path) -> 
     workers = [pid for pid, _ in cached._workers.values()]
     assert len(workers) == 3 and all(pid_alive(p) for p in workers)
     # The first controller's procs died with its clean exit; its workers wait for the next.
-    proc_pids = [p for m in meshes.values() for p, _ in m["where"]]  # type: ignore[misc]
+    proc_pids = [p for m in meshes.values() for p, *_ in m["where"]]  # type: ignore[misc]
     wait_gone(proc_pids, 10)
 
     # A second controller with an equal spec reuses the same workers.
@@ -109,7 +109,7 @@ def test_a_killed_controller_leaves_no_procs_and_the_workers_serve_the_next(tmp_
     state = str(tmp_path / "state.pkl")
     spec = "ProcessJob({'hosts': 2}, lease=1.0)"
     held = controller(spec, state, "hold")
-    procs = [p for p, _ in report_of(held)["hosts"]["where"]]  # type: ignore[misc]
+    procs = [p for p, *_ in report_of(held)["hosts"]["where"]]  # type: ignore[misc]
     assert all(pid_alive(p) for p in procs)
     held.send_signal(signal.SIGKILL)
     held.wait(T)
