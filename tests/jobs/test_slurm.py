@@ -66,11 +66,11 @@ def _workers_of_port(port: int) -> list[int]:
         except OSError:
             continue
         argv = cmdline.split(b"\0")
-        if argv[:2] == [sys.executable.encode(), b"-c"] and (
+        ours = argv[:2] == [sys.executable.encode(), b"-c"] and (
             b"run_worker_loop_forever" in argv[2] and f":{port}'".encode() in argv[2]
-        ):
-            if pid_alive(int(entry)):
-                found.append(int(entry))
+        )
+        if ours and pid_alive(int(entry)):
+            found.append(int(entry))
     return found
 
 
@@ -92,7 +92,7 @@ def test_apply_state_calls_reuse_and_kill(slurm: SlurmCluster, tmp_path: Path) -
     job = job_load(state)
     assert isinstance(job, SlurmJob) and job.job_id is not None
     job_id = job.job_id
-    [(proc, in_job, parent)] = meshes["hosts"]["where"]  # type: ignore[misc]
+    [(_, in_job, parent)] = meshes["hosts"]["where"]  # type: ignore[misc]
     assert in_job == job_id  # the proc runs inside the allocation
     assert meshes["hosts"]["secret_in_env"] == [False]
     [worker] = _workers_of_port(port)
