@@ -1,4 +1,4 @@
-"""A real single-node SLURM cluster for tests: private munged, slurmctld and slurmd.
+"""A real SLURM cluster for tests: private munged, slurmctld and slurmd(s).
 
 ``slurm_cluster()`` installs Debian's ``slurmctld slurmd slurm-client munge`` when they are
 missing and we are root (else it raises :class:`SlurmUnavailable` with the reason, which
@@ -18,10 +18,12 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import attrs
+
+from ._netns import VirtualHost
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 _BINARIES = {
@@ -90,10 +92,10 @@ def _hardware() -> dict[str, str]:
 
 @attrs.define
 class SlurmCluster:
-    """A running single-node cluster."""
+    """A running cluster."""
 
     directory: str
-    node: str
+    nodes: list[str]  #: node names, in slurm.conf order
     conf: str
     _daemons: dict[str, subprocess.Popen[bytes]] = attrs.field(factory=dict)
 
@@ -129,7 +131,7 @@ class SlurmCluster:
                 deadline = time.monotonic() + 10
                 while self.job_ids() and time.monotonic() < deadline:
                     time.sleep(0.1)
-        for group in (("slurmd", "slurmctld"), ("munged",)):
+        for group in (tuple(n for n in self._daemons if n.startswith("slurm")), ("munged",)):
             procs = [self._daemons.pop(n) for n in group if n in self._daemons]
             for proc in procs:
                 if proc.poll() is None:
@@ -157,7 +159,10 @@ class SlurmCluster:
                 continue
 
 
-def _write_conf(directory: str, node: str, ctld_port: int, slurmd_port: int) -> str:
+def _write_conf(
+    directory: str, ctld: str, ctld_addr: str, nodes: list[tuple[str, str]], ctld_port: int,
+    slurmd_port: int,
+) -> str:  # fmt: skip
     hw = _hardware()
     cpus = hw.get("CPUs", str(os.cpu_count() or 1))
     topology = " ".join(
@@ -170,7 +175,7 @@ def _write_conf(directory: str, node: str, ctld_port: int, slurmd_port: int) -> 
     with open(conf, "w") as f:
         f.write(
             f"""ClusterName=regencytest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={ctld}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -198,14 +203,21 @@ InactiveLimit=0
 KillWait=2
 MinJobAge=300
 StateSaveLocation={directory}/state
-SlurmdSpoolDir={directory}/spool
+SlurmdSpoolDir={directory}/spool/%n
 SlurmctldPidFile={directory}/slurmctld.pid
-SlurmdPidFile={directory}/slurmd.pid
+SlurmdPidFile={directory}/slurmd-%n.pid
 SlurmctldLogFile={directory}/log/slurmctld.log
-SlurmdLogFile={directory}/log/slurmd.log
-NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs={cpus} {topology} RealMemory={memory} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+SlurmdLogFile={directory}/log/slurmd-%n.log
 """
+        )
+        for name, addr in nodes:
+            f.write(
+                f"NodeName={name} NodeAddr={addr} CPUs={cpus} {topology} "
+                f"RealMemory={memory} State=UNKNOWN\n"
+            )
+        f.write(
+            f"PartitionName=debug Nodes={','.join(n for n, _ in nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP OverSubscribe=NO\n"
         )
     return conf
 
@@ -232,14 +244,22 @@ def _wait(what: str, cluster: SlurmCluster, ready: Callable[[], bool], timeout: 
         if time.monotonic() > deadline:
             raise SlurmUnavailable(
                 f"{what} did not happen within {timeout} s; slurmctld log: "
-                f"{cluster.log('slurmctld')[-1500:]} slurmd log: {cluster.log('slurmd')[-1500:]}"
+                f"{cluster.log('slurmctld')[-1500:]}"
             )
         time.sleep(0.02)
 
 
 @contextmanager
-def slurm_cluster(timeout: float = 60) -> Iterator[SlurmCluster]:
-    """Install (when needed), start, yield, stop. Raises :class:`SlurmUnavailable`."""
+def slurm_cluster(
+    hosts: Sequence[VirtualHost] | None = None, timeout: float = 60
+) -> Iterator[SlurmCluster]:
+    """Install (when needed), start, yield, stop. Raises :class:`SlurmUnavailable`.
+
+    Without ``hosts``: one node, this machine, named by its host name (here a name that may
+    resolve only to 127.0.0.1). With ``hosts`` (from ``virtual_hosts``): one node per
+    network namespace, each with its own slurmd, named by its IP (so that its name resolves
+    everywhere without touching /etc/hosts); slurmctld listens on the bridge.
+    """
     if not os.path.isdir("/proc") or os.uname().sysname != "Linux":
         raise SlurmUnavailable("the SLURM test cluster needs Linux")
     if os.geteuid() != 0:
@@ -250,10 +270,18 @@ def slurm_cluster(timeout: float = 60) -> Iterator[SlurmCluster]:
     for sub in ("spool", "state", "log", "munge"):
         os.makedirs(os.path.join(directory, sub))
     os.chmod(os.path.join(directory, "munge"), 0o711)  # munged wants o+x on its socket dir
-    node = socket.gethostname().split(".")[0]
+    here = socket.gethostname().split(".")[0]
+    if hosts:
+        nodes = [(host.ip, host.ip) for host in hosts]
+        ctld_addr = hosts[0].ip.rsplit(".", 1)[0] + ".1"  # this namespace, on the bridge
+        namespaces = {host.ip: host.name for host in hosts}
+    else:
+        nodes = [(here, "127.0.0.1")]
+        ctld_addr = "127.0.0.1"
+        namespaces = {}
     ctld_port, slurmd_port = _free_port(), _free_port()
-    conf = _write_conf(directory, node, ctld_port, slurmd_port)
-    cluster = SlurmCluster(directory, node, conf)
+    conf = _write_conf(directory, here, ctld_addr, nodes, ctld_port, slurmd_port)
+    cluster = SlurmCluster(directory, [name for name, _ in nodes], conf)
     try:
         key = os.path.join(directory, "munge", "munge.key")
         with open(key, "wb") as f:
@@ -270,11 +298,20 @@ def slurm_cluster(timeout: float = 60) -> Iterator[SlurmCluster]:
         _start(cluster, "slurmctld", [_BINARIES["slurmctld"], "-D", "-i", "-f", conf])
         # slurmd (and clients) that find slurmctld's port closed back off for a second.
         _wait("slurmctld's port", cluster, lambda: _listening(ctld_port), timeout)
-        _start(cluster, "slurmd", [_BINARIES["slurmd"], "-D", "-N", node, "-f", conf])
+        for name, _ in nodes:
+            os.makedirs(os.path.join(directory, "spool", name))
+            # nsenter, not `ip netns exec`: that remounts /sys, where slurmd wants the cgroup fs.
+            prefix = (
+                ["nsenter", f"--net=/run/netns/{namespaces[name]}"] if name in namespaces else []
+            )
+            _start(
+                cluster, f"slurmd-{name}",
+                [*prefix, _BINARIES["slurmd"], "-D", "-N", name, "-f", conf],
+            )  # fmt: skip
 
         def idle() -> bool:
-            out = cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
-            return out == "idle"
+            out = cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+            return out == ["idle"] * len(nodes)
 
         _wait("the node to be idle", cluster, idle, timeout)
         warm = cluster.run("sbatch", "--parsable", "-J", "warmup", "-o", "/dev/null", "--wrap", "true")

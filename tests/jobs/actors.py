@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from regency.actor import Actor, endpoint
+from regency.actor import Actor, context, endpoint
 
 
 class Probe(Actor):
@@ -15,6 +15,11 @@ class Probe(Actor):
     def where(self) -> tuple[int, str | None, int]:
         """(our pid, the Slurm job we run in, our worker's pid)"""
         return os.getpid(), os.environ.get("SLURM_JOB_ID"), os.getppid()
+
+    @endpoint
+    def address(self) -> str:
+        address: str = context().actor_instance._proc_address
+        return address
 
     @endpoint
     def bump(self) -> int:

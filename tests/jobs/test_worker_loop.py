@@ -69,7 +69,7 @@ def test_keyword_forms_on_a_loopback_only_host_name_and_shutdown_ends_the_worker
         assert probes.bump.call().get(T).values() == [1, 1]
         # The worker took the secret out of its environment: its procs never see it.
         assert probes.secret_in_env.call().get(T).values() == [False, False]
-        pids = [pid for pid, _ in probes.where.call().get(T).values()]
+        pids = [pid for pid, *_ in probes.where.call().get(T).values()]
         hosts.shutdown().get(T)
         assert worker.wait(T) == 0, worker.stderr.read() if worker.stderr else ""
         deadline = time.monotonic() + T
