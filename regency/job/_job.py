@@ -237,6 +237,10 @@ def _load_cached(cached_path: str | None, spec: JobTrait) -> JobTrait | None:
     running = job._running
     if running is None:
         return None
+    if isinstance(running, BatchJob) and not in_batch_job():
+        # A batch job's own state: its client (inside the allocation) reads it. Leave it be.
+        log.info("%s belongs to a batch job; not reusing it outside that job", cached_path)
+        return None
     if not running.can_run(spec):
         log.info("the job cached in %s cannot run this spec: releasing it", cached_path)
         try:

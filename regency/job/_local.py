@@ -98,11 +98,16 @@ def _logs_dir() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (all held while drawing, so none repeats)."""
+    held = [socket.socket() for _ in range(count)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 _WORKER = (
@@ -147,11 +152,12 @@ class ProcessJob(JobTrait):
         self._secret = secrets.token_hex(24)
         self._log_dir = tempfile.mkdtemp(prefix="regency-process-job-")
         started: list[tuple[str, subprocess.Popen[bytes], str]] = []
+        ports = iter(_free_ports(sum(self._meshes.values())))
         try:
             for mesh, count in self._meshes.items():
                 for i in range(count):
                     key = f"{mesh}_{i}"
-                    address = f"tcp://127.0.0.1:{_free_port()}"
+                    address = f"tcp://127.0.0.1:{next(ports)}"
                     with open(os.path.join(self._log_dir, f"{key}.log"), "wb") as out:
                         proc = subprocess.Popen(
                             [sys.executable, "-c", _WORKER.format(address=address)],

@@ -289,6 +289,10 @@ class SlurmJob(JobTrait):
         if done.returncode != 0:
             raise RuntimeError(f"sbatch refused the job (exit {done.returncode}): {done.stderr.strip()}")
         self._job_id = parse_sbatch_output(done.stdout)
+        if client_script is not None:
+            # Again, with the job id, so that `regency kill` here can cancel it (atomic: the
+            # client may be reading it already; either version leads it to this job).
+            BatchJob(self).dump(DEFAULT_STATE_PATH)
         log.info(
             "submitted Slurm job %s (%d nodes); logs: %s",
             self._job_id, self.nodes, os.path.join(self._log_dir, f"slurm_{self._job_id}_*"),

@@ -69,11 +69,11 @@ def ensure_installed(timeout: float = 600) -> None:
             )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _two_free_ports() -> tuple[int, int]:
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("", 0))
+        b.bind(("", 0))
+        return int(a.getsockname()[1]), int(b.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -279,7 +279,7 @@ def slurm_cluster(
         nodes = [(here, "127.0.0.1")]
         ctld_addr = "127.0.0.1"
         namespaces = {}
-    ctld_port, slurmd_port = _free_port(), _free_port()
+    ctld_port, slurmd_port = _two_free_ports()
     conf = _write_conf(directory, here, ctld_addr, nodes, ctld_port, slurmd_port)
     cluster = SlurmCluster(directory, [name for name, _ in nodes], conf)
     try:

@@ -229,3 +229,14 @@ def test_batch_mode_a_killed_client_leaves_no_workers(slurm: SlurmCluster, tmp_p
     where = result["where"]
     assert isinstance(where, list)
     wait_gone([w[0] for w in where], 10)
+
+
+def test_regency_kill_cancels_a_batch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    job_id, port = _batch(slurm, tmp_path, hold=True)
+    _result(tmp_path, slurm, job_id)
+    workers = _workers_of_port(port)
+    assert len(workers) == 1
+    killed = _regency(tmp_path, "kill")
+    assert killed.returncode == 0, killed.stderr
+    assert _wait_job_state(slurm, job_id, ENDED) == "CANCELLED"
+    wait_gone(workers, T)
