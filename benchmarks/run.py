@@ -12,6 +12,7 @@ os.environ.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
 import regency.actor
 from benchmarks import (
     bench_actors,
+    bench_jobs,
     bench_multihost,
     bench_sim,
     bench_supervision,
@@ -51,6 +52,7 @@ def main() -> None:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
     _table("Simulator (issue #4)", bench_sim.run())
+    _table("Jobs on a real single-node SLURM (issue #16)", bench_jobs.run())
 
 
 if __name__ == "__main__":

@@ -169,6 +169,14 @@ class SlurmJob(JobTrait):
                 "SlurmJob: slurm_args must be a list of sbatch options, each starting with "
                 f"'-', e.g. ['--constraint=a100'] (got {slurm_args!r})"
             )
+        for arg in slurm_args:
+            if arg.startswith("--export=") and not any(
+                v in ("ALL", "REGENCY_SECRET") for v in arg.split("=", 1)[1].split(",")
+            ):
+                raise ValueError(
+                    "SlurmJob: an --export in slurm_args must pass the job secret to the "
+                    f"workers: include ALL or REGENCY_SECRET (got {arg!r})"
+                )
         if not isinstance(exclusive, bool):
             raise TypeError(f"SlurmJob: exclusive must be a bool (got {exclusive!r})")
         if job_start_timeout is not None and (

@@ -152,6 +152,7 @@ def test_local_job_gives_this_host_per_mesh_and_pickles() -> None:
         (lambda: SlurmJob({"a": 1}, slurm_args="--exclusive"), "slurm_args must be a list"),
         (lambda: SlurmJob({"a": 1}, slurm_args=["exclusive"]), "each starting with '-'"),
         (lambda: SlurmJob({"a": 1}, gpus_per_node=0), "gpus_per_node must be a positive int"),
+        (lambda: SlurmJob({"a": 1}, slurm_args=["--export=NONE"]), "include ALL or REGENCY_SECRET"),
         (lambda: SlurmJob({"a": 1}, mem="1G\n#SBATCH --x"), "mem must be a one-line"),
         (lambda: SlurmJob({"a": 1}, job_start_timeout=-1), "job_start_timeout must be positive"),
         (lambda: LocalJob(hosts="hosts"), "hosts must be a sequence"),
