@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from ._controller import derive_secret
 from ._hosts import check_tls_arguments, missing_secret_message
-from ._runtime import derive_secret
 from ._worker import serve_worker
 
 _WILDCARDS = ("*", "0.0.0.0", "::", "")

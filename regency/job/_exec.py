@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..core._endpoint import Actor, endpoint
-from ..core._mesh import HostMesh
+from ..core._proc_mesh import HostMesh
 
 
 class Shell(Actor):

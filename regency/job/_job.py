@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..core._mesh import HostMesh
+from ..core._proc_mesh import HostMesh
 
 log = logging.getLogger("regency.job")
 

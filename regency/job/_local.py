@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from ..core._hosts import attach_to_workers
-from ..core._mesh import this_host
+from ..core._proc_mesh import this_host
 from ._job import BATCH_ENV, DEFAULT_STATE_PATH, BatchJob, JobState, JobTrait, log
 
 
