@@ -258,22 +258,33 @@ def test_kubernetes_manifests_and_addresses() -> None:
         kubernetes_manifests({"a": 1}, "")
 
 
-def test_cli_kubernetes_and_errors(tmp_path: Path) -> None:
-    def regency(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "regency", *args], cwd=tmp_path, capture_output=True,
-            text=True, timeout=T, env={**os.environ, "PYTHONPATH": ROOT},
-        )  # fmt: skip
+def test_cli_kubernetes_and_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regency.__main__ import main
 
-    out = regency("kubernetes", "--image", "img:1", "--mesh", "trainers=2")
-    assert out.returncode == 0 and "kind: StatefulSet" in out.stdout
-    bad = regency("kubernetes", "--image", "img:1", "--mesh", "trainers")
-    assert bad.returncode == 2 and "--mesh takes NAME=HOSTS" in bad.stderr
-    missing = regency("kill")
-    assert missing.returncode == 2
-    assert "no applied job in .regency/job_state.pkl: run `regency apply module:attr` first" in missing.stderr
-    nomod = regency("apply", "nosuchmodule:job")
-    assert nomod.returncode == 2 and "cannot import 'nosuchmodule'" in nomod.stderr
+    monkeypatch.chdir(tmp_path)
+
+    def regency(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = regency("kubernetes", "--image", "img:1", "--mesh", "trainers=2")
+    assert code == 0 and "kind: StatefulSet" in out
+    code, _, err = regency("kubernetes", "--image", "img:1", "--mesh", "trainers")
+    assert code == 2 and "--mesh takes NAME=HOSTS" in err
+    code, _, err = regency("kill")
+    assert code == 2
+    assert "no applied job in .regency/job_state.pkl: run `regency apply module:attr` first" in err
+    code, _, err = regency("exec", "--", "true")
+    assert code == 2 and "no applied job" in err
+    code, _, err = regency("exec")
+    assert code == 2 and "give the command to run" in err
+    code, _, err = regency("apply", "nosuchmodule:job")
+    assert code == 2 and "cannot import 'nosuchmodule'" in err
     (tmp_path / "notajob.py").write_text("job = 3\n")
-    wrong = regency("apply", "notajob:job")
-    assert wrong.returncode == 2 and "must be a regency.job.JobTrait" in wrong.stderr
+    code, _, err = regency("apply", "notajob:job")
+    assert code == 2 and "must be a regency.job.JobTrait" in err
+    code, _, err = regency("apply", "notajob")
+    assert code == 2 and "module:attr" in err
