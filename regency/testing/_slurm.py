@@ -53,8 +53,11 @@ def ensure_installed(timeout: float = 600) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     deadline = time.monotonic() + timeout
     for cmd in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+        ["apt-get", "-o", "DPkg::Lock::Timeout=120", "update", "-qq"],
+        [
+            "apt-get", "-o", "DPkg::Lock::Timeout=120", "install", "-y", "-qq",
+            "--no-install-recommends", *PACKAGES,
+        ],  # fmt: skip
     ):
         try:
             done = subprocess.run(
