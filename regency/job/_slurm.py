@@ -46,6 +46,16 @@ WORKER_BOOTSTRAP = (
 )
 
 
+#: Pending reasons that no amount of waiting resolves (the request does not fit the partition,
+#: the account or the QOS): waiting for these would wait forever.
+HOPELESS_REASONS = frozenset(
+    {
+        "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+        "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    }
+)  # fmt: skip
+
+
 @attrs.frozen
 class SlurmJobInfo:
     """What ``squeue --json`` says about one job."""
@@ -53,6 +63,7 @@ class SlurmJobInfo:
     job_id: str
     states: tuple[str, ...]
     nodes: tuple[str, ...]  # allocated node names, in allocation order; () while pending
+    reason: str = ""  # why it is pending ("Resources", "Priority", ...), "" or "None" else
 
     @property
     def running(self) -> bool:
@@ -86,7 +97,7 @@ def parse_squeue_json(text: str, job_id: str) -> SlurmJobInfo | None:
             node_info = resources.get("nodes")
             if isinstance(node_info, dict):
                 nodes = tuple(str(n["name"]) for n in node_info.get("allocation", ()))
-        return SlurmJobInfo(job_id, states, nodes)
+        return SlurmJobInfo(job_id, states, nodes, str(job.get("state_reason") or ""))
     return None
 
 
@@ -331,6 +342,12 @@ class SlurmJob(JobTrait):
                 raise RuntimeError(f"Slurm job {job_id} is not in the queue any more (it ended)")
             if info.finished:
                 raise RuntimeError(f"Slurm job {job_id} ended ({'+'.join(info.states)}) before it ran")
+            if "PENDING" in info.states and info.reason in HOPELESS_REASONS:
+                self._kill()
+                raise RuntimeError(
+                    f"Slurm job {job_id} can never start ({info.reason}: the request does not "
+                    "fit the partition, account or QOS); it was cancelled"
+                )
             if info.running and info.nodes:
                 if len(info.nodes) != self.nodes:
                     raise RuntimeError(

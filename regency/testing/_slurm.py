@@ -225,11 +225,22 @@ SlurmdLogFile={directory}/log/slurmd-%n.log
     return conf
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (even by SIGKILL), so a
+    killed test run leaves no daemons behind."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _start(cluster: SlurmCluster, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
     with open(os.path.join(cluster.directory, "log", f"{name}.out"), "ab") as out:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, **cluster.env},
+            env={**os.environ, **cluster.env}, preexec_fn=_die_with_parent,
         )  # fmt: skip
     cluster._daemons[name] = proc
     return proc

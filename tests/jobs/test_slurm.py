@@ -240,3 +240,26 @@ def test_regency_kill_cancels_a_batch_job(slurm: SlurmCluster, tmp_path: Path) -
     assert killed.returncode == 0, killed.stderr
     assert _wait_job_state(slurm, job_id, ENDED) == "CANCELLED"
     wait_gone(workers, T)
+
+
+def test_sbatch_refusal_and_job_start_timeout_are_clear(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    too_big = SlurmJob({"hosts": 5}, python_exe=sys.executable, log_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"can never start \(PartitionConfig: the request"):
+        too_big.state(cached_path=None)
+    assert slurm.job_ids() == []  # cancelled
+    with pytest.raises(RuntimeError, match=r"sbatch refused the job \(exit 1\): .*Memory specification"):
+        SlurmJob({"hosts": 1}, mem="100000000G", log_dir=str(tmp_path)).apply()
+    # The node is busy: our job stays pending until job_start_timeout, then is cancelled.
+    busy = slurm.run("sbatch", "--parsable", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 60")
+    assert busy.returncode == 0, busy.stderr
+    try:
+        waiting = SlurmJob(
+            {"hosts": 1}, python_exe=sys.executable, log_dir=str(tmp_path), job_start_timeout=1
+        )
+        with pytest.raises(TimeoutError, match=r"did not start within job_start_timeout=1 s \(PENDING\); it was cancelled"):
+            waiting.state(cached_path=None)
+        assert slurm.job_ids() == [busy.stdout.strip()]  # ours was cancelled
+    finally:
+        slurm.run("scancel", busy.stdout.strip().split(";")[0])
