@@ -57,7 +57,7 @@ def ensure_installed(timeout: float = 600) -> None:
         [
             "apt-get", "-o", "DPkg::Lock::Timeout=120", "install", "-y", "-qq",
             "--no-install-recommends", *PACKAGES,
-        ],  # fmt: skip
+        ],
     ):
         try:
             done = subprocess.run(
