@@ -146,7 +146,16 @@ class JobTrait(ABC):
                 running = self
                 if cached_path is not None:
                     self.dump(cached_path)
-        self._attached = running._state()
+        try:
+            self._attached = running._state()
+        except RuntimeError as exc:
+            if "must come before anything else starts Regency" not in str(exc):
+                raise
+            raise RuntimeError(
+                f"{type(self).__name__}.state() must come before anything else starts Regency "
+                "in this process: the job's secret becomes this process's job secret (the job "
+                "stays applied; kill() releases it)"
+            ) from exc
         return self._attached
 
     def kill(self) -> None:

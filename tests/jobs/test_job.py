@@ -118,6 +118,22 @@ def test_a_killed_controller_leaves_no_procs_and_the_workers_serve_the_next(tmp_
 # -- the model, in process ------------------------------------------------------------------
 
 
+@pytest.mark.slow
+def test_state_after_regency_started_here_says_so(tmp_path: Path) -> None:
+    from regency.core._controller import current_runtime
+
+    current_runtime()  # Regency runs in this process now, with the test suite's secret
+    job = ProcessJob({"a": 1})
+    try:
+        with pytest.raises(RuntimeError, match=r"ProcessJob.state\(\) must come before anything"):
+            job.state(cached_path=None)
+        assert job.active
+    finally:
+        workers = [pid for pid, _ in job._workers.values()]
+        job.kill()
+    wait_gone(workers, 10)
+
+
 def test_local_job_gives_this_host_per_mesh_and_pickles() -> None:
     job = LocalJob(hosts=("trainers", "data"))
     state = job.state(cached_path=None)
