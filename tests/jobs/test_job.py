@@ -134,6 +134,32 @@ def test_state_after_regency_started_here_says_so(tmp_path: Path) -> None:
     wait_gone(workers, 10)
 
 
+LOCAL_CLIENT = """
+import json, os
+from regency.job import LocalJob, job_load
+from tests.jobs.actors import Probe
+cached = type(job_load()).__name__
+state = LocalJob(hosts=("trainers",)).state()
+value = state.trainers.spawn_procs().spawn("p", Probe).bump.call_one().get(60)
+with open("out.json", "w") as f:
+    json.dump({"batch": os.environ.get("REGENCY_BATCH_JOB"), "cached": cached, "value": value}, f)
+"""
+
+
+@pytest.mark.slow
+def test_local_job_batch_mode_runs_the_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    (tmp_path / "client.py").write_text(LOCAL_CLIENT)
+    job = LocalJob(hosts=("trainers",))
+    job.apply(client_script=f"{sys.executable} client.py")
+    assert job.process.wait(T) == 0, list((tmp_path / ".regency" / "logs").glob("*/*"))
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out == {"batch": "1", "cached": "BatchJob", "value": 1}
+    with pytest.raises(ValueError, match="runs no batch client"):
+        _ = LocalJob().process
+
+
 def test_local_job_gives_this_host_per_mesh_and_pickles() -> None:
     job = LocalJob(hosts=("trainers", "data"))
     state = job.state(cached_path=None)
