@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -232,6 +233,9 @@ class ProcessJob(JobTrait):
                 except ProcessLookupError:
                     pass
         self._workers.clear()
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+            self._log_dir = None
 
 
 def _alive(pid: int) -> bool:
