@@ -145,11 +145,11 @@ def test_a_killed_controller_leaves_no_procs_then_exec_and_kill_from_the_cli(
     assert pid_alive(worker) and _job_state(slurm, job_id) == "RUNNING"
 
     out = _regency(
-        tmp_path, "exec", "--one", "--mesh", "hosts", "-e", "X=42", "--",
-        "sh", "-c", "echo $SLURM_JOB_ID x=$X; exit 3",
+        tmp_path, "exec", "--one", "--mesh", "hosts", "-e", "X=42", "--workdir", "/tmp", "--",
+        "sh", "-c", "echo $SLURM_JOB_ID x=$X $(pwd); exit 3",
     )  # fmt: skip
     assert out.returncode == 3, out.stderr  # the largest exit status of the hosts
-    assert f"[hosts=0] {job_id} x=42" in out.stdout
+    assert f"[hosts=0] {job_id} x=42 /tmp" in out.stdout
     killed = _regency(tmp_path, "kill")
     assert killed.returncode == 0, killed.stderr
     assert not os.path.exists(state)
