@@ -81,12 +81,17 @@ class ActorCell:
         self._init_port = init_port
         #: (address, actor key, name) of the actor that spawned this mesh.
         self.owner = owner
+        cls = payload[0] if isinstance(payload, tuple) else None
         self.instance: ActorInstance = ActorInstance(
-            name, key, self.point, runtime.proc_id, runtime.address
+            name,
+            key,
+            self.point,
+            runtime.proc_id,
+            runtime.address,
+            f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else "?",
         )
         self.obj: Any = None
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
-        cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
         # With a sync runner (the simulator) every actor is a trio task whose sync code goes
         # through the runner; otherwise an actor with sync endpoints gets its own thread.
@@ -260,8 +265,9 @@ class ActorCell:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):  # an async plain method via as_endpoint
-                coro = result
-                result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                result = trio.from_thread.run(
+                    self.rt.run_coroutine, result, trio_token=self.rt.token
+                )
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
@@ -287,7 +293,7 @@ class ActorCell:
             else:
                 result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
-                result = await result
+                result = await self.rt.run_coroutine(result)
         except trio.Cancelled:
             raise  # the runtime is shutting down
         except BaseException as exc:
@@ -364,8 +370,9 @@ class ActorCell:
             if fn is not None:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
-                    coro = result
-                    result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                    result = trio.from_thread.run(
+                        self.rt.run_coroutine, result, trio_token=self.rt.token
+                    )
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
         finally:
@@ -384,7 +391,7 @@ class ActorCell:
             elif fn is not None:
                 result = fn(failure)
             if inspect.iscoroutine(result):
-                result = await result
+                result = await self.rt.run_coroutine(result)
         except trio.Cancelled:
             raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
@@ -461,7 +468,7 @@ class ActorCell:
 
             async def bounded() -> None:
                 with trio.move_on_after(timeout):
-                    await self._as_actor(cleanup, exc)
+                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
 
             self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
         else:
@@ -486,7 +493,7 @@ class ActorCell:
         with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
             try:
                 if inspect.iscoroutinefunction(cleanup):
-                    await self._as_actor(cleanup, exc)
+                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
                 elif self.rt.sync_runner is not None:
                     await self.rt.sync_runner(lambda: self._as_actor(cleanup, exc))
                 else:

@@ -20,7 +20,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -30,6 +30,7 @@ from .. import transports
 from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec
 from . import _messages as M
+from ._aio import AsyncioBridge, drive
 from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
@@ -133,6 +134,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             async with self._open_transport(self) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
+                self._asyncio = AsyncioBridge(nursery)
                 self.launcher = self.launcher or default_launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: InboundSink(self))
                 self.address = self.local_address = listener.address
@@ -167,6 +169,11 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             for handler in list(self.ports.values()):
                 handler.fail(UndeliverableError("the runtime stopped"))
             self.ports.clear()
+
+    async def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run an endpoint's coroutine here: trio code and asyncio code both work in it
+        (asyncio through this runtime's asyncio loop; see ``_aio``)."""
+        return await drive(coro, self._asyncio)
 
     async def listen_also(self, address: str) -> str:
         """Listen on another address too, and make it this runtime's identity from now on
