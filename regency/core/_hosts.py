@@ -214,12 +214,17 @@ def attach_to_workers(
     hosts = getattr(rt, "hosts", None)
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
+        rt.start_soon(hosts.renew_leases)
+    # Renewals come often enough for the shortest lease of any attachment.
+    hosts.lease = min(hosts.lease, lease)
+    if not hosts.workers:
         # Our procs on other hosts must be able to reach us: listen on the interface that
-        # routes to the first worker, and make that our address from now on.
+        # routes to the first worker, and make that our address from now on. Also after
+        # every host was shut down (which made our address the local one again): a unix
+        # address would reach procs only through a shared file system, past the network.
         ip = _local_ip_towards(*parsed[0])
         host = f"[{ip}]" if ":" in ip else ip
         trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
-        rt.start_soon(hosts.renew_leases)
     refs = []
     for address in workers:
         try:

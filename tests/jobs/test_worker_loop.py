@@ -81,6 +81,26 @@ def test_keyword_forms_on_a_loopback_only_host_name_and_shutdown_ends_the_worker
             worker.kill()
             worker.wait()
 
+    # Attaching again after every host was shut down: our address is TCP again (a unix
+    # address would reach remote procs only through a shared file system).
+    from regency.core._controller import current_runtime
+
+    assert not current_runtime().address.startswith("tcp://")
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    again = _start_worker(address, TEST_SECRET)
+    try:
+        assert again.stdout is not None and "listening on" in again.stdout.readline()
+        hosts = attach_to_workers([address], TEST_SECRET)  # the positional form
+        assert current_runtime().address.startswith("tcp://127.0.0.1:")
+        probe = hosts.spawn_procs().spawn("again", Probe)
+        assert probe.bump.call_one().get(T) == 1
+        hosts.shutdown().get(T)
+        assert again.wait(T) == 0
+    finally:
+        if again.poll() is None:
+            again.kill()
+            again.wait()
+
 
 @pytest.mark.slow
 def test_without_a_secret_both_sides_say_how_to_set_it() -> None:
