@@ -15,6 +15,7 @@ from benchmarks import (
     bench_dispatch,
     bench_jobs,
     bench_multihost,
+    bench_protect,
     bench_sim,
     bench_supervision,
     bench_transports,
@@ -53,6 +54,7 @@ def main() -> None:
     else:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
+    _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
     _table("Simulator (issue #4)", bench_sim.run())
     _table("Jobs on a real single-node SLURM (issue #16)", bench_jobs.run())
 

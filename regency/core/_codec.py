@@ -21,10 +21,13 @@ ACK.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
+import pickletools
 import struct
 import types
+import weakref
 from collections.abc import Sequence
 from typing import Any, assert_never
 
@@ -41,9 +44,11 @@ from ._messages import (
     Heartbeat,
     Hello,
     Kill,
+    Lapsed,
     Launch,
     Lease,
     Pickled,
+    Refused,
     Reply,
     Reserve,
     Session,
@@ -60,7 +65,97 @@ _OOB_THRESHOLD = 64 * 1024
 
 
 class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle with protocol 5 and out-of-band buffers."""
+    """cloudpickle with protocol 5, out-of-band buffers and content-derived class ids.
+
+    cloudpickle tags every class it sends by value with a *tracker id* so that a receiver
+    unpickles each class once and reuses it. Its ids are random (``uuid4``), and it registers
+    the sender's own class under that id, so a receiver in the same process (a simulated
+    proc) gets the sender's class back and *overwrites its attributes* with the unpickled
+    copies. That made the same program pickle differently in its first and later runs
+    (different string sharing) and in every process. Here the id is a hash of the class's
+    content (:func:`class_id`): equal in every process and every run, never registered for
+    the sender's class, so a receiver builds its own copy, as a separate process would.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, type) and type(reduced) is tuple and len(reduced) > 1:
+            position = _TRACKER_POSITION.get(reduced[0])
+            if position is not None:
+                newargs = list(reduced[1])
+                newargs[position] = class_id(obj)
+                reduced = (reduced[0], tuple(newargs), *reduced[2:])
+        return reduced
+
+
+#: Where the tracker id sits in the arguments of cloudpickle's class skeleton builders.
+_TRACKER_POSITION: dict[Any, int] = {
+    cloudpickle.cloudpickle._make_skeleton_class: 4,
+    cloudpickle.cloudpickle._make_skeleton_enum: 5,
+}
+_class_ids: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+_PLACEHOLDER = "0" * 32
+
+
+class _IdProbePickler(_ByValuePickler):
+    """Pickles one class with a placeholder for its own id, to hash its content."""
+
+    def __init__(self, out: io.BytesIO, target: type) -> None:
+        super().__init__(out, protocol=5)
+        self._target = target
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is self._target:
+            reduced = cloudpickle.Pickler.reducer_override(self, obj)
+            position = _TRACKER_POSITION.get(reduced[0]) if type(reduced) is tuple else None
+            if position is not None:
+                newargs = list(reduced[1])
+                newargs[position] = _PLACEHOLDER
+                return (reduced[0], tuple(newargs), *reduced[2:])
+            return reduced
+        return super().reducer_override(obj)
+
+
+def class_id(cls: type) -> str:
+    """The tracker id a by-value class travels under: a hash of its name and its pickled
+    content with shared strings spelled out (:func:`canonical`), so it does not depend on
+    which equal strings happen to be one object, on the process, or on earlier runs."""
+    found = _class_ids.get(cls)
+    if found is None:
+        out = io.BytesIO()
+        _IdProbePickler(out, cls).dump(cls)
+        digest = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}".encode())
+        digest.update(canonical(out.getvalue()))
+        found = _class_ids[cls] = digest.hexdigest()[:32]
+    return found
+
+
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"})
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def canonical(data: bytes) -> bytes:
+    """``data`` (a pickle) with every memo reference to a string replaced by the string
+    itself, then renumbered (:func:`pickletools.optimize`): the same bytes whether or not
+    equal strings were one object when it was pickled (interning is not deterministic)."""
+    pieces: list[bytes] = []
+    memo: list[bytes | None] = []
+    last: tuple[str, bytes] | None = None
+    ops = list(pickletools.genops(data))
+    for number, (op, arg, pos) in enumerate(ops):
+        end = ops[number + 1][2] if number + 1 < len(ops) else len(data)
+        raw = data[pos:end]
+        if op.name == "MEMOIZE":
+            memo.append(last[1] if last is not None and last[0] in _STRING_OPS else None)
+        elif op.name in _GET_OPS and isinstance(arg, int) and arg < len(memo):
+            string = memo[arg]
+            if string is not None:
+                raw = string
+        elif op.name == "FRAME":
+            raw = b""
+        last = (op.name, raw)
+        pieces.append(raw)
+    return pickletools.optimize(b"".join(pieces))
 
 
 class _NeedsByValue(Exception):
@@ -159,6 +254,8 @@ _EXITED = 23
 _KILL = 24
 _LEASE = 25
 _DETACH = 26
+_REFUSED = 27
+_LAPSED = 28
 
 #: Replies skip the pickled envelope:
 #: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
@@ -186,8 +283,24 @@ def _load(parts: list[memoryview]) -> Any:
         if len(parts) == 1:
             return pickle.loads(parts[0])
         return pickle.loads(parts[0], buffers=parts[1:])
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a value's __reduce__ runs arbitrary code: SystemExit too
+        return undecodable(exc)
+
+
+def undecodable(exc: BaseException) -> Undecodable:
+    """What unpickling raised, as data. An ``Exception`` is kept as it is; anything else
+    (``SystemExit``, ``GeneratorExit``: a value's ``__reduce__`` runs arbitrary code) becomes
+    a ``DecodeError`` (a ``ValueError``) saying so, so that nothing out of a peer's pickle
+    can stop a runtime or an actor."""
+    if isinstance(exc, Exception):
         return Undecodable(exc)
+    from ._errors import DecodeError
+
+    error = DecodeError(f"unpickling raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc.with_traceback(None)
+    return Undecodable(error)
 
 
 def _pack(envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()) -> Frame:
@@ -274,6 +387,10 @@ def encode(msg: M.Wire) -> Frame:
             return _pack((_LEASE, msg.controller))
         case Detach():
             return _pack((_DETACH, msg.controller, msg.shutdown))
+        case Refused():
+            return _pack((_REFUSED, msg.address, msg.reason))
+        case Lapsed():
+            return _pack((_LAPSED, msg.worker, msg.reason))
         case _:
             assert_never(msg)
 
@@ -292,8 +409,10 @@ def decode(frame: memoryview) -> M.Wire:
             raise ValueError(f"reply frame of {len(frame)} bytes is too short") from None
         try:
             value = pickle.loads(frame[_PORT_BODY:])
-        except Exception as exc:
-            value = Undecodable(exc)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            value = undecodable(exc)
         return Reply(port_id, index, status, value)
     if head == _SESSION_HEAD:
         if len(frame) < 12:
@@ -313,8 +432,10 @@ def decode(frame: memoryview) -> M.Wire:
                     args = pickle.loads(parts[0])
                 else:
                     args = pickle.loads(parts[0], buffers=parts[1:])
-            except Exception as exc:
-                args = Undecodable(exc)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                args = undecodable(exc)
             return Call(actor, method, port, rank, labels, sizes, args)
         return _from_envelope(env, parts)
     except (TypeError, ValueError) as exc:
@@ -365,6 +486,12 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
     if kind == _DETACH:
         _, controller, shutdown, _ = env
         return Detach(controller, bool(shutdown))
+    if kind == _REFUSED:
+        _, address, reason, _ = env
+        return Refused(address, reason)
+    if kind == _LAPSED:
+        _, worker, reason, _ = env
+        return Lapsed(worker, reason)
     raise ValueError(f"unknown frame kind {kind!r}")
 
 
