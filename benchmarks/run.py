@@ -14,6 +14,7 @@ from benchmarks import (
     bench_actors,
     bench_dispatch,
     bench_logs,
+    bench_jobs,
     bench_multihost,
     bench_protect,
     bench_sim,
@@ -57,6 +58,7 @@ def main() -> None:
     _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
     _table("Simulator (issue #4)", bench_sim.run())
     _table("Log forwarding and the debugger's driver (issue #15)", bench_logs.run())
+    _table("Jobs on a real single-node SLURM (issue #16)", bench_jobs.run())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``, ``regency debug``."""
+"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``, ``regency debug``;
+the job commands (``apply``, ``exec``, ``kill``, ``kubernetes``) live in
+:mod:`regency.job._cli`."""
 
 from __future__ import annotations
 
@@ -20,9 +22,19 @@ def main(argv: list[str] | None = None) -> int:
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )
     _add_debug_command(commands)
+    from .job._cli import CommandError, add_commands
+
+    add_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "debug":
         return _debug(args)
+    if args.command != "worker":
+        try:
+            code: int = args.run(args)
+        except (CommandError, ValueError, RuntimeError, OSError) as exc:
+            print(f"regency {args.command}: {exc}", file=sys.stderr)
+            return 2
+        return code
     logging.basicConfig(
         level=os.environ.get("REGENCY_LOG_LEVEL", "INFO"),
         format="[worker] %(levelname)s %(name)s: %(message)s",

@@ -36,6 +36,7 @@ from .core import (
 from .core._controller import shutdown_context
 from .core._hosts import attach_to_workers
 from .core._oversight import UnhandledFault, default_unhandled_fault_hook
+from .core._worker_loop import run_worker_loop_forever
 from .supervision import MeshFailure
 
 #: Called with a :class:`MeshFailure` that no owner handled. The default prints the report
@@ -73,6 +74,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "proc_mesh",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
     "this_host",

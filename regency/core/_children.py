@@ -278,6 +278,11 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
         rt.oversight.feed(ProcStopped(address))  # stopping is not failing
     children = [rt.children[a] for a in addresses if a in rt.children]
     for child in children:
+        remote = child.handle is not None and child.handle.remote
+        if child.returncode is None and remote and child.address in rt._lost:
+            # Declared lost (its worker died): no exit status will ever come; don't wait.
+            rt._child_exited(child, -signal.SIGKILL)
+    for child in children:
         if child.returncode is None:
             try:
                 rt.post(child.address, M.StopProc(None))

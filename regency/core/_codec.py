@@ -386,7 +386,7 @@ def encode(msg: M.Wire) -> Frame:
         case Lease():
             return _pack((_LEASE, msg.controller))
         case Detach():
-            return _pack((_DETACH, msg.controller))
+            return _pack((_DETACH, msg.controller, msg.shutdown))
         case Refused():
             return _pack((_REFUSED, msg.address, msg.reason))
         case Lapsed():
@@ -484,8 +484,8 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
         _, controller, _ = env
         return Lease(controller)
     if kind == _DETACH:
-        _, controller, _ = env
-        return Detach(controller)
+        _, controller, shutdown, _ = env
+        return Detach(controller, bool(shutdown))
     if kind == _REFUSED:
         _, address, reason, _ = env
         return Refused(address, reason)

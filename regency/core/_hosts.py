@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -152,24 +153,68 @@ def _local_ip_towards(host: str, port: int) -> str:
         return ip
 
 
-def attach_to_workers(
-    workers: Sequence[str], secret: str | bytes | None = None, *, lease: float = 10.0
-) -> Any:
-    """Attach to running ``regency worker`` daemons; return a ``HostMesh`` with dim ``hosts``.
+#: The only ``ca`` Regency takes: links are authenticated by the job secret, not certificates.
+TRUST_ALL = "trust_all_connections"
 
-    ``secret`` (or ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
+
+def check_tls_arguments(ca: object, private_key: object, where: str) -> None:
+    """Monarch's ``ca``/``private_key``: only ``ca="trust_all_connections"`` with no key."""
+    if ca != TRUST_ALL:
+        raise ValueError(
+            f"{where}: ca must be {TRUST_ALL!r} (Regency authenticates every link with the "
+            f"job secret, see docs/multihost.md; TLS certificates are not supported) (got {ca!r})"
+        )
+    if private_key is not None:
+        raise ValueError(
+            f"{where}: private_key must be None (links are authenticated by the job secret, "
+            f"not by TLS keys) (got {type(private_key).__name__})"
+        )
+
+
+def missing_secret_message(where: str) -> str:
+    return (
+        f"{where} needs the job secret shared by the workers and the controller: set "
+        "REGENCY_SECRET (at least 16 characters, e.g. the output of "
+        "`python -c 'import secrets; print(secrets.token_hex(24))'`) in the environment of "
+        "every worker and of the controller"
+    )
+
+
+def attach_to_workers(
+    workers: Sequence[str] | None = None,
+    secret: str | bytes | None = None,
+    *,
+    lease: float = 10.0,
+    ca: str | None = None,
+    private_key: object = None,
+    name: str | None = None,
+) -> Any:
+    """Attach to running workers (``regency worker`` or ``run_worker_loop_forever``); return a
+    ``HostMesh`` with dim ``hosts``.
+
+    Two forms: Regency's ``attach_to_workers(workers, secret=None, lease=10.0)`` and Monarch's
+    ``attach_to_workers(workers=..., ca="trust_all_connections", private_key=None, name=None)``.
+    ``secret`` (else ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
     process's job secret, so call this before anything else starts Regency here. ``lease``:
-    seconds a worker keeps our procs alive without hearing from us.
+    seconds a worker keeps our procs alive without hearing from us. ``name`` names the mesh
+    in errors.
     """
     from ._proc_mesh import HostMesh
     from ._shape import Shape
 
+    what = "attach_to_workers" if name is None else f"attach_to_workers(name={name!r})"
+    if ca is not None or private_key is not None:
+        check_tls_arguments(ca, private_key, what)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{what}: name must be a str (got {type(name).__name__})")
+    if isinstance(workers, str):
+        raise TypeError(f"{what}: workers must be a list of addresses, not one string ({workers!r})")
     if not workers:
-        raise ValueError("attach_to_workers needs at least one worker address")
+        raise ValueError(f"{what} needs at least one worker address")
     parsed = []
     for address in workers:
-        parts = urlsplit(address)
-        if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
+        parts = urlsplit(address) if isinstance(address, str) else None
+        if parts is None or parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
             raise ValueError(f"worker addresses must look like tcp://HOST:PORT (got {address!r})")
         parsed.append((parts.hostname, parts.port))
     key: bytes | None
@@ -187,31 +232,36 @@ def attach_to_workers(
                 "attach_to_workers(secret=...) must come before anything else starts Regency "
                 "in this process (or set REGENCY_SECRET before starting)"
             )
+    elif _controller.secret_override is None and not os.environ.get("REGENCY_SECRET", "").strip():
+        raise RuntimeError(missing_secret_message(what))
     rt = current_runtime()
     hosts = getattr(rt, "hosts", None)
-    if hosts is not None:
-        hosts.lease = min(hosts.lease, lease)  # renew often enough for the shortest lease
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
+        rt.start_soon(hosts.renew_leases)
+    # Renewals come often enough for the shortest lease of any attachment.
+    hosts.lease = min(hosts.lease, lease)
+    if not hosts.workers:
         # Our procs on other hosts must be able to reach us: listen on the interface that
-        # routes to the first worker, and make that our address from now on.
+        # routes to the first worker, and make that our address from now on. Also after
+        # every host was shut down (which made our address the local one again): a unix
+        # address would reach procs only through a shared file system, past the network.
         ip = _local_ip_towards(*parsed[0])
         host = f"[{ip}]" if ":" in ip else ip
         trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
-        rt.start_soon(hosts.renew_leases)
     refs = []
     for address in workers:
         try:
             hostname, ip, ports = hosts.request(
                 address,
                 functools.partial(M.Attach, rt.address, lease),
-                f"attaching to the worker at {address}",
+                f"{what}: attaching to the worker at {address}",
                 rt.config.spawn_timeout,
             )
         except TimeoutError:
-            raise ConnectionError(f"the worker at {address} did not answer") from None
+            raise ConnectionError(f"{what}: the worker at {address} did not answer") from None
         except SupervisionError as exc:
-            raise ConnectionError(f"cannot reach the worker at {address}: {exc}") from None
+            raise ConnectionError(f"{what}: cannot reach the worker at {address}: {exc}") from None
         hosts.lapsed.pop(address, None)
         hosts.workers[address] = HostRef(address, hostname, ip)
         hosts.ports[address] = deque(ports)
@@ -294,7 +344,8 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
         for worker in workers:
             if state.workers.pop(worker, None) is not None:
                 try:
-                    rt.post(worker, M.Detach(rt.address))
+                    # shutdown=True: a run_worker_loop_forever worker exits.
+                    rt.post(worker, M.Detach(rt.address, shutdown=True))
                 except Exception:
                     pass
                 state.ports.pop(worker, None)

@@ -207,9 +207,11 @@ class Lease:
 
 @attrs.frozen
 class Detach:
-    """The controller is done with the worker (a clean exit)."""
+    """The controller is done with the worker: a clean exit, or (``shutdown``)
+    ``HostMesh.shutdown()``, after which a ``run_worker_loop_forever`` worker exits."""
 
     controller: str
+    shutdown: bool = False
 
 
 @attrs.frozen

@@ -50,9 +50,14 @@ _BUSY_WINDOW = 1.0
 class WorkerService:
     """The worker's side of the multi-host protocol, installed on a runtime."""
 
-    def __init__(self, rt: Runtime, host_ip: str) -> None:
+    def __init__(self, rt: Runtime, host_ip: str, *, exit_on_shutdown: bool = False) -> None:
         self.rt = rt
         self.host_ip = host_ip
+        #: ``run_worker_loop_forever`` workers exit when their controller shuts the host
+        #: mesh down (``HostMesh.shutdown()``); ``regency worker`` daemons serve on.
+        self.exit_on_shutdown = exit_on_shutdown
+        #: Set when the worker should stop serving (a signal, or a shutdown as above).
+        self.finished = trio.Event()
         self.controller: str | None = None
         self.lease = 0.0
         self.deadline = 0.0
@@ -209,9 +214,15 @@ class WorkerService:
             log.info("could not tell %s its lease lapsed: %s", controller, exc)
 
     def _detach(self, msg: M.Detach) -> None:
-        controller = msg.controller
-        if controller == self.controller:
-            self._release("the controller detached")
+        if msg.controller == self.controller:
+            self._release(
+                "the controller shut the host mesh down"
+                if msg.shutdown
+                else "the controller detached"
+            )
+            if msg.shutdown and self.exit_on_shutdown:
+                log.info("exiting: the controller shut the host mesh down")
+                self.finished.set()
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -293,27 +304,39 @@ class WorkerService:
         return ports
 
 
+async def _watch_signals(service: WorkerService) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            service._release("the worker was asked to stop")
+            service.finished.set()
+            return
+
+
 async def _serve(rt: Runtime, service: WorkerService) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(rt.serve)
         print(f"regency worker listening on {rt.address}", flush=True)
         nursery.start_soon(service.watch_lease)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                service._release("the worker was asked to stop")
-                rt.stop()
-                break
+        nursery.start_soon(_watch_signals, service)
+        await service.finished.wait()
+        rt.stop()
         nursery.cancel_scope.cancel()
 
 
-def serve_worker(listen: str, secret: bytes) -> None:
-    """Run a worker until SIGTERM or SIGINT."""
+def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) -> None:
+    """Run a worker until SIGTERM or SIGINT (or, with ``exit_on_shutdown``, until its
+    controller calls ``HostMesh.shutdown()``)."""
     from ._config import configure, current_config
 
     parts = urlsplit(listen)
     if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
         raise ValueError(f"--listen must look like tcp://HOST:PORT (got {listen!r})")
-    host_ip = parts.hostname
+    # Procs here get addresses by IP: a proc announces the address it bound, which must be
+    # the one the controller planned (a name that resolves only to 127.0.0.1 works too).
+    try:
+        host_ip = str(socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)[0][4][0])
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve the host in {listen!r}: {exc}") from None
     configure(default_transport="tcp", tcp_host=host_ip)
     jobdir = tempfile.mkdtemp(prefix="regency-worker-")
     os.chmod(jobdir, 0o700)
@@ -325,7 +348,7 @@ def serve_worker(listen: str, secret: bytes) -> None:
         address=listen,
     )
     set_current_runtime(rt)
-    service = WorkerService(rt, host_ip)
+    service = WorkerService(rt, host_ip, exit_on_shutdown=exit_on_shutdown)
     try:
         trio.run(_serve, rt, service)
     finally:

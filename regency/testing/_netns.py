@@ -41,6 +41,8 @@ def virtual_hosts_available() -> str | None:
 
 
 _probed: str | None = None
+#: virtual_hosts() calls made by this process (see there).
+_calls = 0
 
 
 def _ip(*args: str) -> None:
@@ -101,10 +103,16 @@ def virtual_hosts(count: int, subnet: str | None = None) -> Iterator[list[Virtua
     why = virtual_hosts_available()
     if why is not None:
         raise RuntimeError(why)
+    global _calls
+    _calls += 1
+    # Names and the default subnet differ per call too: a namespace's links vanish
+    # asynchronously after it is deleted, and the root namespace's neighbour cache still maps
+    # the old addresses to the old links for a while, so reusing either in one process breaks
+    # the next set of hosts.
     if subnet is None:
         pid = os.getpid()
-        subnet = f"10.{100 + pid % 100}.{(pid // 100) % 250}"
-    tag = f"{os.getpid() % 100000}"
+        subnet = f"10.{100 + pid % 100}.{(pid // 100 + 37 * _calls) % 250}"
+    tag = f"{os.getpid() % 100000}{_calls % 10}"
     bridge = f"rgb{tag}"
     hosts: list[VirtualHost] = []
     try:

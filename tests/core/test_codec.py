@@ -42,7 +42,7 @@ records = st.one_of(
     st.builds(M.Exited, names, st.integers(-64, 255)),
     st.builds(M.Kill, names, names),
     st.builds(M.Lease, names),
-    st.builds(M.Detach, names),
+    st.builds(M.Detach, names, st.booleans()),
 )
 
 

@@ -1,0 +1,54 @@
+"""Monarch's way to start a worker: ``run_worker_loop_forever(address=..., ca=...)``.
+
+The same worker as ``regency worker`` (:mod:`regency.core._worker`), with Monarch's keyword
+signature, the job secret from ``REGENCY_SECRET``, and one difference in lifetime: the worker
+exits when its controller calls ``HostMesh.shutdown()`` (a ``regency worker`` daemon serves
+on). A controller that merely exits or dies ends its procs (detach or lease) and the worker
+waits for the next controller, as Monarch's does.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from ._controller import derive_secret
+from ._hosts import check_tls_arguments, missing_secret_message
+from ._worker import serve_worker
+
+_WILDCARDS = ("*", "0.0.0.0", "::", "")
+
+
+def run_worker_loop_forever(*, address: str, ca: str, private_key: object = None) -> None:
+    """Serve this host to one controller at a time at ``address`` (``tcp://HOST:PORT``)
+    until the controller shuts the host mesh down, or SIGTERM/SIGINT.
+
+    ``HOST`` is the name or IP the controller dials (a name that resolves only to 127.0.0.1
+    works when the controller runs on this host). The job secret comes from
+    ``REGENCY_SECRET``; it is removed from this process's environment so the procs (and
+    whatever they run) do not inherit it: they get it on their stdin.
+    """
+    check_tls_arguments(ca, private_key, "run_worker_loop_forever")
+    if not isinstance(address, str):
+        raise TypeError(
+            f"run_worker_loop_forever: address must be a str like 'tcp://HOST:PORT' "
+            f"(got {type(address).__name__})"
+        )
+    parts = urlsplit(address)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or port is None or parts.hostname is None:
+        raise ValueError(
+            f"run_worker_loop_forever: address must look like tcp://HOST:PORT (got {address!r})"
+        )
+    if parts.hostname in _WILDCARDS:
+        raise ValueError(
+            "run_worker_loop_forever: address must name this host as the controller reaches "
+            f"it (a hostname or IP), not a wildcard (got {address!r})"
+        )
+    text = os.environ.pop("REGENCY_SECRET", "")
+    if not text.strip():
+        raise RuntimeError(missing_secret_message("run_worker_loop_forever"))
+    serve_worker(address, derive_secret(text), exit_on_shutdown=True)
