@@ -74,7 +74,9 @@ class LocalLauncher(ProcLauncher):
 
     The bootstrap record (including the job secret) goes through the child's stdin, never the
     environment or argv, and stdin stays open: when this process dies, however it dies, the
-    child reads EOF and exits. On Linux the child also sets ``PR_SET_PDEATHSIG``. ``Popen``
+    child reads EOF and exits. On Linux the child also sets ``PR_SET_PDEATHSIG``. The child
+    runs in a session of its own and ignores SIGINT: the controller decides when it stops.
+    ``Popen``
     runs on the runtime's own long-lived thread because the death signal follows the thread
     that forked, not the process.
     """
@@ -94,6 +96,9 @@ class LocalLauncher(ProcLauncher):
             stdin=subprocess.PIPE,
             env=child_env,
             close_fds=True,
+            # A session of its own: a SIGINT meant for the controller's process group (a
+            # terminal's Ctrl-C, Jupyter's Interrupt) must not reach procs.
+            start_new_session=True,
         )
         assert popen.stdin is not None
         popen.stdin.write(json.dumps(dict(bootstrap)).encode() + b"\n")
@@ -151,8 +156,10 @@ class ZygoteLauncher(ProcLauncher):
     Falls back to :class:`LocalLauncher` if the zygote cannot start or dies.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, jobdir: str = "") -> None:
         self._nursery = nursery
+        #: Removed by the zygote when the controller dies without cleaning up ("" for none).
+        self._jobdir = jobdir
         self._fallback = LocalLauncher(nursery)
         self._popen: subprocess.Popen[bytes] | None = None
         self._ids = itertools.count()
@@ -167,10 +174,11 @@ class ZygoteLauncher(ProcLauncher):
         read_fd, write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "regency.core._zygote", str(write_fd)],
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd), self._jobdir],
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 close_fds=True,
+                start_new_session=True,  # out of reach of the controller's SIGINT
             )
         except OSError:
             os.close(read_fd)
@@ -243,8 +251,11 @@ class ZygoteLauncher(ProcLauncher):
                 exited.on_exit(report["code"])
 
 
-def default_launcher(nursery: trio.Nursery) -> ProcLauncher:
-    """The zygote where procs can die with their parent (Linux), fresh interpreters elsewhere."""
+def default_launcher(nursery: trio.Nursery, jobdir: str = "") -> ProcLauncher:
+    """The zygote where procs can die with their parent (Linux), fresh interpreters elsewhere.
+
+    ``jobdir``: the controller's socket directory, which the zygote removes if the controller
+    dies without doing so itself (a killed Jupyter kernel)."""
     if sys.platform.startswith("linux") and os.environ.get("REGENCY_ZYGOTE", "1") != "0":
-        return ZygoteLauncher(nursery)
+        return ZygoteLauncher(nursery, jobdir)
     return LocalLauncher(nursery)

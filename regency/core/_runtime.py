@@ -24,7 +24,6 @@ import secrets
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from . import _messages as M
 from ._config import Config, current_config
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import runtime_threads
+from ._jobdir import make_jobdir
 from ._launcher import ProcHandle, ProcLauncher, ZygoteLauncher, default_launcher
 from ._mailbox import ActorCell
 from ._oversight import Oversight, install_interrupt_handler
@@ -503,7 +503,11 @@ class Runtime:
             async with self._open_transport(self) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
-                self.launcher = self.launcher or default_launcher(nursery)
+                # A controller's (or worker's) zygote removes the job directory if this
+                # process dies without doing so; a proc's jobdir is its spawner's.
+                self.launcher = self.launcher or default_launcher(
+                    nursery, self.jobdir if self.parent_address is None else ""
+                )
                 listener = await transport.listen(self.address, lambda c: _InboundSink(self))
                 self.address = self.local_address = listener.address
                 # Frames this process sends to itself take the in-process transport, where
@@ -1038,8 +1042,7 @@ def _start_controller() -> None:
         _runtime = start_simulated_controller(config.seed)
         return
 
-    jobdir = tempfile.mkdtemp(prefix="regency-")
-    os.chmod(jobdir, 0o700)
+    jobdir = make_jobdir()
     rt = Runtime(
         f"c{os.getpid()}",
         secret=job_secret(),

@@ -10,9 +10,11 @@ Protocol (one JSON object per line):
 * zygote -> controller, on the pipe whose fd is ``argv[1]``: ``{"id": N, "pid": P}`` after each fork, and
   ``{"pid": P, "code": C}`` when a proc exits (C < 0: killed by signal -C).
 
-Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` and EOF on stdin) and kills its
-procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). The zygote stays
-single-threaded so that forking it is safe.
+Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` with SIGTERM, and EOF on stdin)
+and kills its procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). When the
+spawner died without cleaning up (a killed Jupyter kernel), the zygote also removes the job
+directory named by ``argv[2]``. It runs in a session of its own and ignores SIGINT. The zygote
+stays single-threaded so that forking it is safe.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 from typing import Any
@@ -37,10 +40,30 @@ def _report(out: int, message: dict[str, Any]) -> None:
         sys.exit(0)  # the spawner is gone; our finally clause kills the procs
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through main's finally: procs killed, jobdir removed
+
+
+def _remove_orphaned_jobdir(jobdir: str, parent: int) -> None:
+    """Remove the spawner's job directory if the spawner is gone (it removes it itself when
+    it exits normally). Only a ``regency-*`` directory of ours, never anything else."""
+    if not jobdir or os.getppid() == parent:
+        return
+    name = os.path.basename(jobdir.rstrip("/"))
+    try:
+        if name.startswith("regency-") and os.stat(jobdir).st_uid == os.getuid():
+            shutil.rmtree(jobdir, ignore_errors=True)
+    except OSError:
+        pass
+
+
 def main() -> None:
     report_fd = int(sys.argv[1])
+    jobdir = sys.argv[2] if len(sys.argv) > 2 else ""
     parent = os.getppid()
-    _bootstrap._die_with_parent(parent, watch_stdin=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _bootstrap._die_with_parent(parent, watch_stdin=False, sig=signal.SIGTERM)
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
@@ -83,11 +106,13 @@ def main() -> None:
                 children.add(pid)
                 _report(report_fd, {"id": request["id"], "pid": pid})
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        _remove_orphaned_jobdir(jobdir, parent)
 
 
 def _become(request: dict[str, Any], *fds: int) -> None:
@@ -95,6 +120,7 @@ def _become(request: dict[str, Any], *fds: int) -> None:
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for fd in fds:
             os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
