@@ -62,6 +62,8 @@ class _Cells:
         #: asyncio futures the main thread awaits in Regency waits, with their loop.
         self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
         self._main = threading.main_thread().ident
+        #: The SIGINT handler in force before the main thread's asyncio waits began.
+        self._saved_sigint: Any = signal.SIG_IGN
 
     # -- the cell's life (IPython events, main thread) -------------------------------------
 
@@ -117,16 +119,43 @@ class _Cells:
 
     def watch(self, waiter: asyncio.Future[None]) -> Callable[[], None] | None:
         """Track an asyncio future the main thread is about to await; returns the function
-        that forgets it."""
+        that forgets it.
+
+        While the main thread awaits, SIGINT (Jupyter's Interrupt) ends these waits with
+        ``KeyboardInterrupt`` at once. (ipykernel's own handler cancels the cell through
+        another thread's loop and only takes effect once the kernel's loop wakes for some
+        other reason: a cell waiting on a reply that never comes would not stop.)"""
         if threading.get_ident() != self._main:
             return None
         with self._lock:
+            first = not self._waiters
             self._waiters[waiter] = waiter.get_loop()
+        if first:
+            self._saved_sigint = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._on_sigint)
         return lambda: self._forget(waiter)
 
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         with self._lock:
             self._waiters.pop(waiter, None)
+            last = not self._waiters
+        if last and signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, self._saved_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        with self._lock:
+            loops = set(self._waiters.values())
+        for loop in loops:
+            loop.call_soon_threadsafe(self._interrupt_waiters)
+        previous = self._saved_sigint
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)  # ipykernel's: it cancels the cell as well
+
+    def _interrupt_waiters(self) -> None:  # on the kernel's loop
+        with self._lock:
+            waiting = [w for w in self._waiters if not w.done()]
+        for waiter in waiting:
+            waiter.set_exception(KeyboardInterrupt())
 
     def _fail_waiters(self) -> None:  # on the kernel's loop
         with self._lock:

@@ -25,6 +25,7 @@ from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
+from ._environ import give_environment
 from ._invariants import InvariantChecker
 from ._lockstep import Lockstep
 from ._network import (
@@ -86,7 +87,7 @@ class SimLauncher(ProcLauncher):
         env: Mapping[str, str],
         on_exit: Callable[[int], None],
     ) -> ProcHandle:
-        return self.cluster._start_proc(self.host, dict(bootstrap), on_exit)
+        return self.cluster._start_proc(self.host, dict(bootstrap), on_exit, env)
 
 
 class SimCluster:
@@ -177,13 +178,19 @@ class SimCluster:
         return rt
 
     def _start_proc(
-        self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
+        self,
+        host: str,
+        record: dict[str, Any],
+        on_exit: Callable[[int], None],
+        env: Mapping[str, str] | None = None,
     ) -> ProcHandle:
         assert self._nursery is not None
         if host in self.network._crashed:
             # As a launch through a dead host's worker fails: the spawner sees the proc exit.
             raise OSError(f"cannot start proc {record['proc_id']}: host {host!r} has crashed")
         rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
+        spawner = self.procs.get(record["parent_address"])
+        give_environment(rt, env or {}, spawner.rt if spawner is not None else None)
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
         self.procs[rt.address] = proc
