@@ -201,7 +201,7 @@ def _drain_captured_output(limit: float = 0.2) -> None:
             if struct.unpack("i", buf)[0] == 0:
                 break
             time.sleep(0.001)
-    time.sleep(0.002)  # the reader has read: let it hand the text on
+    time.sleep(0.01)  # the reader has read: let it hand the text on (it needs the GIL)
 
 
 def _report(failure: MeshFailure) -> str:

@@ -710,6 +710,14 @@ class Runtime:
             self._to_port(port_id, index, status, parts)
         elif kind == M.SPAWN:
             _, key, name, rank, labels, sizes, port, owner = envelope
+            if self.sync_runner is None:
+                # Unpickling may import heavy modules (a notebook's actor class brings torch:
+                # seconds): off the loop, so heartbeats go on. Messages for the actor wait in
+                # ``limbo`` meanwhile. (The simulator, which has a sync runner, unpickles
+                # inline: no real thread may run there.)
+                copied = [bytes(p) for p in parts]  # the receive buffer is reused
+                self.start_soon(self._spawn_off_loop, key, name, (rank, labels, sizes), copied, port, owner)
+                return
             try:
                 payload = _codec.loads(parts)
             except Exception as exc:
@@ -768,6 +776,23 @@ class Runtime:
             self.limbo.setdefault(key, []).append(item)
             return
         bounce(self, item, failure)
+
+    async def _spawn_off_loop(
+        self,
+        key: str,
+        name: str,
+        point: tuple[int, list[str], list[int]],
+        parts: list[bytes],
+        port: tuple[str, int] | None,
+        owner: tuple[str, str, str],
+    ) -> None:
+        def load() -> Any:
+            try:
+                return _codec.loads(parts)
+            except Exception as exc:
+                return exc
+
+        self._spawn(key, name, point, await trio.to_thread.run_sync(load), port, owner)
 
     def _spawn(
         self,
