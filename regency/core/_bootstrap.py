@@ -57,13 +57,11 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
     # The controller decides when procs stop: a SIGINT aimed at its process group (Ctrl-C,
     # Jupyter's Interrupt) is not for us (procs also run in a session of their own).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Whole lines: print() flushes at each newline in one write, so the lines of procs that
-    # share the controller's stdout (a terminal, a notebook cell) never fuse mid-line.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        except (AttributeError, ValueError):
-            pass
+    # Whole lines in one write each, so the lines of procs that share the controller's
+    # stdout (a terminal, a notebook cell) never fuse.
+    from ._lines import whole_lines
+
+    whole_lines()
     os.environ.update(record["config"])
     if env:
         os.environ.update(env)

@@ -63,9 +63,12 @@ class CellRun:
 
 
 def kernel_env() -> dict[str, str]:
-    """The test's environment, with this checkout first on the kernel's path."""
+    """The test's environment, with this checkout first on the kernel's path, and without
+    pytest's variables: ipykernel does not capture the output of subprocesses (procs) when
+    it sees ``PYTEST_CURRENT_TEST``, and a user's kernel does."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return {**env, "PYTHONPATH": path}
 
 
 class Kernel:
