@@ -60,7 +60,11 @@ def test_interrupt_ends_the_cells_wait_and_nothing_else(tmp_path: Path) -> None:
                 await k.interrupt()
                 interrupted = await cell
                 assert interrupted.error is not None, interrupted
-                assert interrupted.error[0] == "KeyboardInterrupt", interrupted
+                # Regency's KeyboardInterrupt, or ipykernel's own cancellation of an async
+                # cell when its loop happened to wake first; either way the wait (which
+                # nothing else would end: the actor never returns) is over.
+                expected = ("KeyboardInterrupt",) if "get" in style else ("KeyboardInterrupt", "CancelledError")
+                assert interrupted.error[0] in expected, interrupted
 
                 # The kernel, the procs, the zygote and the meshes are all still there.
                 assert await k.alive()
