@@ -144,7 +144,19 @@ class Lockstep:
 
             token.run_sync_soon(lambda: nursery.start_soon(expire))
         self._loop_turn.release()
-        worker.turn.acquire()
+        try:
+            worker.turn.acquire()
+        except BaseException:
+            # Interrupted (KeyboardInterrupt in a notebook cell): take the baton back before
+            # user code goes on, so the program and the simulation never run at once.
+            token.run_sync_soon(resume)
+            while True:
+                try:
+                    worker.turn.acquire()
+                    break
+                except BaseException:
+                    continue
+            raise
         if not fut.done():
             raise TimeoutError(f"future not resolved within {timeout} virtual s")
 
@@ -179,5 +191,9 @@ class Lockstep:
         except BaseException:
             if not baton.is_set():
                 token.run_sync_soon(resume)
-                baton.wait()
+                while not baton.is_set():
+                    try:
+                        baton.wait()
+                    except BaseException:
+                        continue  # a second interrupt: the baton must still come back
             raise

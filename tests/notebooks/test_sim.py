@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
-from .kernel import Kernel
+from .kernel import Kernel, wait_fifo
 
 pytestmark = pytest.mark.slow
 
@@ -76,3 +77,40 @@ def test_simulated_mode_with_await_is_deterministic(tmp_path: Path) -> None:
     assert "a minute of virtual time: 60 s" in first[2]
     # The same seed in a fresh kernel: the same virtual times and the same schedule.
     assert asyncio.run(_run_all(tmp_path)) == first
+
+
+def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Path) -> None:
+    fifo = tmp_path / "waiting"
+    os.mkfifo(fifo)
+
+    async def scenario() -> None:
+        async with Kernel(tmp_path) as k:
+            for code in CELLS[:2]:
+                assert (await k.run(code)).error is None
+            # Waits that nothing will end: the simulation runs on (virtual time flies) until
+            # the interrupt, which must hand the turn back before the cell goes on.
+            for wait in ("await receiver.recv()", "receiver.recv().get()"):
+                cell = asyncio.ensure_future(
+                    k.run(
+                        "from regency.actor import Channel\n"
+                        "port, receiver = Channel.open()\n"
+                        f"open({str(fifo)!r}, 'w').write('waiting\\n')\n"
+                        f"{wait}\n"
+                    )
+                )
+                assert await wait_fifo(fifo) == "waiting\n"
+                interrupted = await k.interrupt_until_done(cell)
+                assert interrupted.error is not None, interrupted
+                assert interrupted.error[0] in ("KeyboardInterrupt", "CancelledError")
+                after = await asyncio.wait_for(
+                    k.run("print(sorted((await envs.where.call()).values()))\n"
+                          "print(sorted(envs.where_sync.call().get().values()))"),
+                    60,
+                )
+                assert after.error is None, after
+                assert after.stdout.splitlines() == [
+                    "[(0, 'sim-master'), (1, 'sim-master')]",
+                    "[(0, 'sim-master'), (1, 'sim-master')]",
+                ], after
+
+    asyncio.run(scenario())

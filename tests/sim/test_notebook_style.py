@@ -74,7 +74,7 @@ class Napper(Actor):
 async def main():
     pm = await proc_mesh(gpus=2, env={"WHO": "sim"})
     nappers = await pm.spawn("nappers", Napper)
-    got = await nappers.nap.call(600.0)
+    got = await nappers.nap.call(30.0)
     return sorted(got.values()), round(regency.sim.current().now())
 
 regency.configure(runtime="sim", seed=11)
@@ -95,6 +95,6 @@ def test_await_in_the_simulated_mode_from_asyncio_and_trio() -> None:
     ]
     assert runs[0].returncode == 0, runs[0].stderr
     lines = runs[0].stdout.splitlines()
-    assert lines[0] == "asyncio [(0, 'sim'), (1, 'sim')] 600", lines
-    assert lines[1] == "trio [(0, 'sim'), (1, 'sim')] 1200", lines
+    assert lines[0] == "asyncio [(0, 'sim'), (1, 'sim')] 30", lines
+    assert lines[1] == "trio [(0, 'sim'), (1, 'sim')] 60", lines
     assert runs[1].stdout == runs[0].stdout  # the same seed, the same virtual times
