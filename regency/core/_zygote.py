@@ -105,7 +105,7 @@ def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
-    from . import _mesh, _runtime  # noqa: F401
+    from . import _proc_mesh, _runtime  # noqa: F401
 
     gc.freeze()
     wake_r, wake_w = os.pipe()

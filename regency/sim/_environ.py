@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING
 
-from ..core._runtime import current_runtime_or_none
+from ..core._current import current_runtime_or_none
 
 if TYPE_CHECKING:
     from ..core._runtime import Runtime

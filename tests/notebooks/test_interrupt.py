@@ -40,7 +40,7 @@ def test_interrupt_ends_the_cells_wait_and_nothing_else(tmp_path: Path) -> None:
                 "nappers = await pm.spawn('nappers', Napper)\n"
                 "others = await pm.spawn('others', Other)\n"
                 "pids = sorted((await others.pid.call()).values())\n"
-                "from regency.core._runtime import current_runtime\n"
+                "from regency.core._controller import current_runtime\n"
                 "zygote = current_runtime().launcher._popen.pid\n"
                 "print(pids, zygote)\n"
             )

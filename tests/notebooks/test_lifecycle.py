@@ -18,7 +18,7 @@ from .kernel import Kernel, wait_exited
 SETUP = """
 import os
 from regency.actor import Actor, endpoint, proc_mesh
-from regency.core._runtime import current_runtime
+from regency.core._controller import current_runtime
 
 class Pid(Actor):
     @endpoint
