@@ -25,7 +25,7 @@ from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
-from ._environ import give_environment
+from ._environ import forget_environments, give_environment
 from ._invariants import InvariantChecker
 from ._lockstep import Lockstep
 from ._network import (
@@ -121,6 +121,8 @@ class SimCluster:
         self._thread = 0
         self._clock: trio.abc.Clock | None = None
         self.controller: Runtime | None = None
+        #: Procs given an environment of their own (``os.environ`` is a per-proc view then).
+        self._given_env: list[Runtime] = []
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class SimCluster:
                 yield rt
             finally:
                 _current = None
+                forget_environments(self._given_env)
                 nursery.cancel_scope.cancel()
 
     def _runtime(
@@ -190,7 +193,8 @@ class SimCluster:
             raise OSError(f"cannot start proc {record['proc_id']}: host {host!r} has crashed")
         rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
         spawner = self.procs.get(record["parent_address"])
-        give_environment(rt, env or {}, spawner.rt if spawner is not None else None)
+        if give_environment(rt, env or {}, spawner.rt if spawner is not None else None):
+            self._given_env.append(rt)
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
         self.procs[rt.address] = proc

@@ -83,18 +83,34 @@ class SimEnviron(MutableMapping[str, str]):
         return f"SimEnviron({dict(self)!r})"
 
 
-def give_environment(rt: Runtime, env: Mapping[str, str], parent: Runtime | None) -> None:
-    """Make ``rt`` (a simulated proc) see ``parent``'s environment plus ``env``."""
+def give_environment(rt: Runtime, env: Mapping[str, str], parent: Runtime | None) -> bool:
+    """Make ``rt`` (a simulated proc) see ``parent``'s environment plus ``env``; True if it
+    now has a view of its own."""
     current: MutableMapping[str, str] = os.environ
     if isinstance(current, SimEnviron):
         environ = current
     else:
         if not env:
-            return  # nothing differs from the process's environment
+            return False  # nothing differs from the process's environment
         environ = SimEnviron(current)
         # Replaced, not cleared: the process's environment lives on as ``environ.base``.
         os.environ = environ  # type: ignore[assignment]  # noqa: B003
     inherited = dict(environ.overlays.get(parent, {})) if parent is not None else {}
     inherited.update(env)
-    if inherited:
-        environ.overlays[rt] = inherited
+    if not inherited:
+        return False
+    environ.overlays[rt] = inherited
+    return True
+
+
+def forget_environments(runtimes: list[Runtime]) -> None:
+    """The simulation that ran ``runtimes`` ended: drop their views, and once no view is left
+    give the process back its own ``os.environ``."""
+    environ: MutableMapping[str, str] = os.environ
+    if not isinstance(environ, SimEnviron):
+        return
+    for rt in runtimes:
+        environ.overlays.pop(rt, None)
+    runtimes.clear()
+    if not environ.overlays:
+        os.environ = environ.base  # type: ignore[assignment]  # noqa: B003

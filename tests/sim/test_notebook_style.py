@@ -57,6 +57,7 @@ def test_env_reaches_simulated_procs_and_stays_theirs() -> None:
         "controller": (None, None),
     }
     assert key not in os.environ and own not in os.environ
+    assert type(os.environ) is os._Environ  # the process's own again once the run ended
 
 
 SCRIPT = """
