@@ -51,6 +51,15 @@ def main() -> None:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
     _table("Simulator (issue #4)", bench_sim.run())
+    try:
+        import ipykernel  # noqa: F401
+        import nbclient  # noqa: F401
+    except ImportError as exc:
+        print(f"\n(notebook figures skipped: {exc})")
+    else:
+        from benchmarks import bench_notebook
+
+        _table("Jupyter kernel, through nbclient (issue #18)", bench_notebook.run())
 
 
 if __name__ == "__main__":
