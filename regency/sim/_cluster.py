@@ -531,7 +531,7 @@ def start_simulated_controller(seed: int) -> Runtime:
     import sys
     import threading
 
-    from ..core import _oversight
+    from ..core import _notebook, _oversight
 
     lockstep = Lockstep()
     started: dict[str, Runtime] = {}
@@ -541,6 +541,11 @@ def start_simulated_controller(seed: int) -> Runtime:
     _oversight.report_suffix = (
         f"\nreplay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED={seed} {command}"
     )
+    if _notebook.kernel_shell() is not None:  # the kernel's argv would not replay anything
+        _oversight.report_suffix = (
+            "\nreplay this simulation: run the same cells in a fresh kernel after "
+            f"regency.configure(runtime='sim', seed={seed})"
+        )
 
     async def main(rng: random.Random) -> None:
         cluster = SimCluster(rng, lockstep=lockstep)

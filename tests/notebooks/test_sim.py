@@ -29,6 +29,10 @@ class Env(Actor):
         return (current_rank().rank, os.environ.get("MASTER_ADDR"))
 
     @endpoint
+    def boom(self) -> None:
+        raise ValueError("boom")
+
+    @endpoint
     async def nap(self, seconds: float) -> str:
         await trio.sleep(seconds)
         return regency.sim.current_trace().hexdigest()
@@ -112,5 +116,22 @@ def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Pa
                     "[(0, 'sim-master'), (1, 'sim-master')]",
                     "[(0, 'sim-master'), (1, 'sim-master')]",
                 ], after
+
+            # An actor failure in the simulation: reported in the cell, with how to replay.
+            failed = await asyncio.wait_for(
+                k.run(
+                    "port, receiver = Channel.open()\n"
+                    "envs.slice(gpus=1).boom.broadcast()\n"
+                    "await receiver.recv()\n"
+                ),
+                60,
+            )
+            assert failed.error is not None and failed.error[0] == "UnhandledFault", failed
+            assert "Regency: actor mesh envs failed at rank(s) 1" in failed.stderr
+            assert (
+                "replay this simulation: run the same cells in a fresh kernel after "
+                "regency.configure(runtime='sim', seed=7)" in failed.stderr
+            ), failed.stderr
+            assert await k.alive()
 
     asyncio.run(scenario())
