@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _codec
 from . import _messages as M
-from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner
+from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
 from ._adverbs import _pickle_args
 from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
@@ -41,20 +40,23 @@ class ProcMesh(MeshAlgebra):
     def __reduce__(self) -> Any:
         return (ProcMesh, (self._procs, self._shape))
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> A:
         """Spawn ``cls(*args, **kwargs)`` on every proc. Returns at once; ``__init__`` runs
-        before the first message any rank handles."""
+        before the first message any rank handles.
+
+        The result is an :class:`ActorMesh`; it is typed as ``cls`` (as in Monarch) so that
+        the type checker checks ``mesh.endpoint_name.call(...)`` against the method."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
-        shadowed = sorted(set(endpoints_of(cls)) & _MESH_ATTRIBUTES)
-        if shadowed:
-            warnings.warn(
-                f"endpoints {shadowed} of {cls.__name__} are hidden by ActorMesh attributes "
-                f"of the same name; call them as mesh.endpoint({shadowed[0]!r}).call(...) "
-                "or rename them",
-                RuntimeWarning,
-                stacklevel=2,
+        names = set(endpoints_of(cls))
+        clashes = sorted(names & _MESH_ATTRIBUTES - {"stop"})
+        if clashes:
+            raise ValueError(
+                f"endpoints {clashes} of {cls.__name__} have the names of ActorMesh "
+                f"attributes, which a mesh needs for itself; rename them (as Monarch, Regency "
+                f"refuses these; an endpoint named 'stop' is allowed, see docs/porting.md)"
             )
+        mesh_class = _StopEndpointActorMesh if "stop" in names else ActorMesh
         rt = current_runtime()
         payload = _pickle_args(f"{cls.__name__}.__init__", args, kwargs, (cls, args, kwargs))
         key = rt.new_name(f"{name}.")
@@ -65,7 +67,7 @@ class ProcMesh(MeshAlgebra):
         labels, sizes = list(shape.labels), list(shape.sizes)
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
-        mesh = ActorMesh(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
+        mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
         owner = _owner(rt)
         addresses = tuple(address for _, address in procs)
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
@@ -74,7 +76,7 @@ class ProcMesh(MeshAlgebra):
                 address,
                 _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
             )
-        return mesh
+        return cast(A, mesh)
 
     @property
     def initialized(self) -> Future[None]:

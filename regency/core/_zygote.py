@@ -83,6 +83,7 @@ def main() -> None:
     report_fd = int(sys.argv[1])
     jobdir = sys.argv[2] if len(sys.argv) > 2 else ""
     parent = os.getppid()
+    zygote = os.getpid()
     parent_fd = _parent_watch(parent)
     children: set[int] = set()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -91,13 +92,14 @@ def main() -> None:
         _bootstrap._die_with_parent(parent, watch_stdin=False, sig=signal.SIGTERM)
         _serve(report_fd, children, parent_fd)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _remove_orphaned_jobdir(jobdir, parent_fd)
+        if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _remove_orphaned_jobdir(jobdir, parent_fd)
 
 
 def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
@@ -158,8 +160,11 @@ def _become(request: dict[str, Any], *fds: int) -> None:
         gc.unfreeze()
         _bootstrap._die_with_parent(os.getppid(), watch_stdin=False)
         _bootstrap.run(request["record"], request.get("env"))
-    finally:
-        os._exit(1)
+    except _bootstrap._ProcExit:
+        raise  # a clean stop: unwind to the top so that Python finalizes (zygote's frames pass it)
+    except BaseException:
+        pass
+    os._exit(1)
 
 
 if __name__ == "__main__":
