@@ -127,7 +127,7 @@ def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Pa
                 60,
             )
             assert failed.error is not None and failed.error[0] == "UnhandledFault", failed
-            assert "Regency: actor mesh envs failed at rank(s) 1" in failed.stderr
+            assert "actor mesh envs failed at rank(s) 1" in failed.stderr
             assert (
                 "replay this simulation: run the same cells in a fresh kernel after "
                 "regency.configure(runtime='sim', seed=7)" in failed.stderr
