@@ -142,10 +142,14 @@ class Future(Generic[R]):
         # A simulation's lockstep thread (the program's main thread) hands the baton back
         # to the simulator while it awaits, as it does while it blocks in get().
         async_wait = getattr(blocking, "async_wait", None)
-        if async_wait is not None:
-            yield from async_wait(self).__await__()
-        else:
-            yield from self.wait_on_loop().__await__()
+        try:
+            if async_wait is not None:
+                yield from async_wait(self).__await__()
+            else:
+                yield from self.wait_on_loop().__await__()
+        except KeyboardInterrupt as exc:
+            # An interrupted wait (Jupyter's Interrupt): show the user's line, not ours.
+            raise exc.with_traceback(None) from None
         return self._outcome()
 
     async def wait_on_loop(self) -> None:
