@@ -102,6 +102,14 @@ class Future(Generic[R]):
         if not self.done():
             if notebook is not None:
                 notebook.before_wait()
+                if notebook.is_main_thread():
+                    with notebook.interruptible():
+                        return self._block(timeout)
+            return self._block(timeout)
+        return self._outcome()
+
+    def _block(self, timeout: float | None) -> R:
+        if not self.done():
             wait = getattr(blocking, "wait", None)
             if wait is not None:
                 wait(self, timeout)

@@ -20,10 +20,11 @@ handler raises only when the main thread is inside ``Future.get``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _future
@@ -117,6 +118,22 @@ class _Cells:
             if exc is not None:
                 raise exc
 
+    def is_main_thread(self) -> bool:
+        return threading.get_ident() == self._main
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Around a blocking ``Future.get()`` on the main thread: SIGINT raises
+        ``KeyboardInterrupt`` there. (In a cell that also awaits, ipykernel's handler only
+        cancels the cell's task, which never runs while the thread blocks: the cell would
+        not stop.)"""
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
     def watch(self, waiter: asyncio.Future[None]) -> Callable[[], None] | None:
         """Track an asyncio future the main thread is about to await; returns the function
         that forgets it.
@@ -171,7 +188,7 @@ class _Cells:
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Python runs handlers in the main thread between bytecodes: ``frame`` is where it
         # stands. Raise only from a blocked Future.get, never in the kernel's own code.
-        if frame is not None and frame.f_code is _future.Future.get.__code__:
+        if frame is not None and frame.f_code is _future.Future._block.__code__:
             exc = self._take()
             if exc is not None:
                 raise exc
@@ -202,6 +219,10 @@ def _drain_captured_output(limit: float = 0.2) -> None:
                 break
             time.sleep(0.001)
     time.sleep(0.01)  # the reader has read: let it hand the text on (it needs the GIL)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _report(failure: MeshFailure) -> str:

@@ -37,6 +37,13 @@ class Env(Actor):
         await trio.sleep(seconds)
         return regency.sim.current_trace().hexdigest()
 
+class Blocker(Actor):
+    @endpoint
+    async def block(self, fifo: str) -> None:
+        with open(fifo, "w") as f:  # the test learns that the cell is in its wait now
+            f.write("blocked\\n")
+        await trio.sleep_forever()
+
 def now() -> float:
     return regency.sim.current().now()
 
@@ -91,18 +98,15 @@ def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Pa
         async with Kernel(tmp_path) as k:
             for code in CELLS[:2]:
                 assert (await k.run(code)).error is None
-            # Waits that nothing will end: the simulation runs on (virtual time flies) until
-            # the interrupt, which must hand the turn back before the cell goes on.
-            for wait in ("await receiver.recv()", "receiver.recv().get()"):
+            # Waits that nothing will end (virtual time flies meanwhile): the interrupt must
+            # hand the turn back to the notebook before the cell goes on. The blocker runs
+            # only once the cell's wait has handed the turn to the simulation.
+            for i, style in enumerate(("await {call}", "{call}.get()")):
+                call = f"blockers{i}.slice(gpus=0).block.call_one({str(fifo)!r})"
                 cell = asyncio.ensure_future(
-                    k.run(
-                        "from regency.actor import Channel\n"
-                        "port, receiver = Channel.open()\n"
-                        f"open({str(fifo)!r}, 'w').write('waiting\\n')\n"
-                        f"{wait}\n"
-                    )
+                    k.run(f"blockers{i} = await pm.spawn('blockers{i}', Blocker)\n" + style.format(call=call))
                 )
-                assert await wait_fifo(fifo) == "waiting\n"
+                assert await wait_fifo(fifo) == "blocked\n"
                 interrupted = await k.interrupt_until_done(cell)
                 assert interrupted.error is not None, interrupted
                 assert interrupted.error[0] in ("KeyboardInterrupt", "CancelledError")
@@ -120,6 +124,7 @@ def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Pa
             # An actor failure in the simulation: reported in the cell, with how to replay.
             failed = await asyncio.wait_for(
                 k.run(
+                    "from regency.actor import Channel\n"
                     "port, receiver = Channel.open()\n"
                     "envs.slice(gpus=1).boom.broadcast()\n"
                     "await receiver.recv()\n"
