@@ -150,7 +150,10 @@ async def _measure() -> list[tuple[str, str, float, str]]:
 
 
 def run() -> list[tuple[str, str, float, str]]:
-    return asyncio.run(_measure())
+    # A plain loop: once trio-asyncio has run in a process, asyncio.run builds its loops,
+    # which pyzmq's asyncio sockets (nbclient's) do not work on.
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(_measure())
 
 
 if __name__ == "__main__":

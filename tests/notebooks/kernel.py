@@ -10,9 +10,9 @@ import asyncio
 import os
 import select
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,6 +21,7 @@ nbclient = pytest.importorskip("nbclient", reason="the notebook tests need the d
 pytest.importorskip("ipykernel", reason="the notebook tests need the dev extra")
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 class CellRun:
@@ -60,6 +61,14 @@ class CellRun:
 
     def __repr__(self) -> str:
         return f"CellRun(stdout={self.stdout!r}, stderr={self.stderr!r}, error={self.error!r})"
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a plain selector loop. Once trio-asyncio has run in a process (the
+    suite's asyncio-in-endpoints tests), ``asyncio.run`` builds trio-asyncio loops, which
+    pyzmq's asyncio sockets (nbclient's) do not work on."""
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(coro)
 
 
 def kernel_env() -> dict[str, str]:

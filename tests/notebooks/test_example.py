@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .kernel import REPO, CellRun, kernel_env, nbclient, nbformat
+from .kernel import REPO, CellRun, kernel_env, nbclient, nbformat, run_async
 
 pytest.importorskip("torch", reason="the DDP notebook needs torch")
 
@@ -21,7 +21,7 @@ def test_ddp_notebook_runs_top_to_bottom(tmp_path: Path) -> None:
     client = nbclient.NotebookClient(
         nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
-    client.execute(env=kernel_env())  # raises CellExecutionError if any cell fails
+    run_async(client.async_execute(env=kernel_env()))  # raises if any cell fails
     code = [CellRun(c.outputs) for c in nb.cells if c.cell_type == "code"]
     imports, spawn, demo, info, train, cleanup = code
 

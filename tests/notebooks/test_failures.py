@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
-from .kernel import Kernel
+from .kernel import Kernel, run_async
 
 pytestmark = pytest.mark.slow
 
@@ -88,4 +87,4 @@ def test_actor_deaths_leave_the_kernel_alive(tmp_path: Path) -> None:
             assert later.error is None, later
             assert later.stdout == "[7, 7]\n8\n", later
 
-    asyncio.run(scenario())
+    run_async(scenario())

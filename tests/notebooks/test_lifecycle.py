@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import pytest
 
 from regency.core._jobdir import remove_stale
 
-from .kernel import Kernel, wait_exited
+from .kernel import Kernel, run_async, wait_exited
 
 SETUP = """
 import os
@@ -58,7 +57,7 @@ def test_restart_and_shutdown_leave_nothing_behind(tmp_path: Path) -> None:
             assert wait_exited(pids, timeout=15) == []
             assert not os.path.exists(jobdir)
 
-    asyncio.run(scenario())
+    run_async(scenario())
 
 
 @pytest.mark.slow
@@ -70,7 +69,7 @@ def test_a_killed_kernel_takes_its_procs_and_directory_with_it(tmp_path: Path) -
             assert wait_exited(pids, timeout=15) == []
             assert not os.path.exists(jobdir)
 
-    asyncio.run(scenario())
+    run_async(scenario())
 
 
 def test_stale_job_directories_are_removed_at_start(tmp_path: Path) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
-from .kernel import Kernel
+from .kernel import Kernel, run_async
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +35,7 @@ def test_lines_of_concurrent_ranks_never_fuse(tmp_path: Path) -> None:
             settle = await k.run("None")  # a line can land in the next cell
             return shout.stdout + settle.stdout
 
-    text = asyncio.run(scenario())
+    text = run_async(scenario())
     seen: dict[str, list[int]] = {"rank0": [], "rank1": []}
     for line in text.splitlines():
         match = LINE.match(line)

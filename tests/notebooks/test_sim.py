@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .kernel import Kernel, wait_fifo
+from .kernel import Kernel, run_async, wait_fifo
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ async def _run_all(tmp_path: Path) -> list[str]:
 
 
 def test_simulated_mode_with_await_is_deterministic(tmp_path: Path) -> None:
-    first = asyncio.run(_run_all(tmp_path))
+    first = run_async(_run_all(tmp_path))
     assert first[1].splitlines()[1:] == [
         "[(0, 'sim-master'), (1, 'sim-master')]",
         "[(0, 'sim-master'), (1, 'sim-master')]",
@@ -90,7 +90,7 @@ def test_simulated_mode_with_await_is_deterministic(tmp_path: Path) -> None:
     # trace hash, printed too, hashes every task step; in about one two-kernel run in ten
     # on the loaded test machine it differed while every virtual time agreed: an open
     # question, see docs/notebooks.md. Scripts repeat it exactly, tests/sim checks that.)
-    second = asyncio.run(_run_all(tmp_path))
+    second = run_async(_run_all(tmp_path))
     assert [_without_trace(out) for out in second] == [_without_trace(out) for out in first]
 
 
@@ -147,4 +147,4 @@ def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Pa
             ), failed.stderr
             assert await k.alive()
 
-    asyncio.run(scenario())
+    run_async(scenario())
