@@ -81,8 +81,10 @@ class LocalLauncher(ProcLauncher):
     that forked, not the process.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, executable: str | None = None) -> None:
         self._nursery = nursery
+        #: The Python interpreter procs run (``HostMesh.with_python_executable``).
+        self._executable = executable or sys.executable
 
     def launch(
         self,
@@ -92,7 +94,7 @@ class LocalLauncher(ProcLauncher):
     ) -> ProcHandle:
         child_env = {**os.environ, **env}
         popen = subprocess.Popen(
-            [sys.executable, "-m", "regency.core._bootstrap"],
+            [self._executable, "-m", "regency.core._bootstrap"],
             stdin=subprocess.PIPE,
             env=child_env,
             close_fds=True,
@@ -156,16 +158,21 @@ class ZygoteLauncher(ProcLauncher):
     Falls back to :class:`LocalLauncher` if the zygote cannot start or dies.
     """
 
-    def __init__(self, nursery: trio.Nursery, jobdir: str = "") -> None:
+    def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         #: Removed by the zygote when the controller dies without cleaning up ("" for none).
-        self._jobdir = jobdir
+        self._jobdir = ""
         self._fallback = LocalLauncher(nursery)
         self._popen: subprocess.Popen[bytes] | None = None
         self._ids = itertools.count()
         self._by_id: dict[int, _ZygoteHandle] = {}
         self._by_pid: dict[int, _ZygoteHandle] = {}
         self._broken = False
+
+    def remove_when_orphaned(self, jobdir: str) -> None:
+        """Have the zygote remove ``jobdir`` if this process dies without doing so. Before
+        :meth:`start`."""
+        self._jobdir = jobdir
 
     def start(self) -> None:
         """Start the zygote now (it imports in the background). Idempotent."""
@@ -251,11 +258,8 @@ class ZygoteLauncher(ProcLauncher):
                 exited.on_exit(report["code"])
 
 
-def default_launcher(nursery: trio.Nursery, jobdir: str = "") -> ProcLauncher:
-    """The zygote where procs can die with their parent (Linux), fresh interpreters elsewhere.
-
-    ``jobdir``: the controller's socket directory, which the zygote removes if the controller
-    dies without doing so itself (a killed Jupyter kernel)."""
+def default_launcher(nursery: trio.Nursery) -> ProcLauncher:
+    """The zygote where procs can die with their parent (Linux), fresh interpreters elsewhere."""
     if sys.platform.startswith("linux") and os.environ.get("REGENCY_ZYGOTE", "1") != "0":
-        return ZygoteLauncher(nursery, jobdir)
+        return ZygoteLauncher(nursery)
     return LocalLauncher(nursery)

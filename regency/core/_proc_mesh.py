@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -13,7 +14,8 @@ from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
-from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
+from ._hosts import HostRef, shutdown_hosts, worker_launcher
+from ._launcher import LocalLauncher
 from ._replies import _Acks
 from ._shape import MeshAlgebra, Shape
 
@@ -65,6 +67,7 @@ class ProcMesh(MeshAlgebra):
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         port = rt.open_port(_Acks(init, len(shape), f"spawning {name}", dests))
         labels, sizes = list(shape.labels), list(shape.sizes)
+        pickled = M.Pickled(payload)
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
         mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
@@ -72,10 +75,7 @@ class ProcMesh(MeshAlgebra):
         addresses = tuple(address for _, address in procs)
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
         for local, address in enumerate(addresses):
-            rt.send(
-                address,
-                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
-            )
+            rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
         return cast(A, mesh)
 
     @property
@@ -115,18 +115,48 @@ class ProcMesh(MeshAlgebra):
 class HostMesh(MeshAlgebra):
     """Hosts, arranged as a mesh; start procs on them."""
 
-    __slots__ = ("_hosts", "_shape")
+    __slots__ = ("_hosts", "_python", "_shape")
 
-    def __init__(self, shape: Shape, hosts: tuple[HostRef, ...] | None = None) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        hosts: tuple[HostRef, ...] | None = None,
+        python: str | None = None,
+    ) -> None:
         self._shape = shape
         #: Remote hosts by global rank (``attach_to_workers``); None for this host.
         self._hosts = hosts
+        #: The interpreter procs spawned from here run (None: this one's, via the zygote).
+        self._python = python
 
     def _with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts)
+        return HostMesh(shape, self._hosts, self._python)
 
     def __reduce__(self) -> Any:
-        return (HostMesh, (self._shape, self._hosts))
+        return (HostMesh, (self._shape, self._hosts, self._python))
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This mesh, whose procs run ``python_executable`` (another virtualenv, say) instead
+        of the controller's interpreter. It must be able to import Regency and the program's
+        actor classes. Procs start as fresh interpreters (no zygote)."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(f"python_executable must be a path (got {python_executable!r})")
+        if not (os.path.isfile(python_executable) and os.access(python_executable, os.X_OK)):
+            raise FileNotFoundError(
+                f"python_executable {python_executable!r} is not an executable file"
+            )
+        if self._hosts is not None:
+            raise ValueError(
+                "with_python_executable applies to procs on this host; a worker's procs run the "
+                "interpreter that runs `regency worker` (start the worker with the one you want)"
+            )
+        return HostMesh(self._shape, self._hosts, python_executable)
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Whether this mesh's procs share one OS process: True on the simulated cluster
+        (Monarch's fake in-process hosts serve tests the same way), False otherwise."""
+        return current_runtime().env.simulated_host is not None
 
     def spawn_procs(
         self,
@@ -148,19 +178,16 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         rt = current_runtime()
-        remote = False
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
-            hosts = [self._hosts[r] for r in self._shape.ranks]
-            if all(h.worker in rt.host_launchers for h in hosts):
-                children = rt.plan_on_launchers(
-                    [rt.host_launchers[h.worker] for h in hosts], count, name or "p"
-                )
-            else:
-                remote = True
-                children = plan_remote(rt, hosts, count, name or "p")
+            launchers = [
+                rt.env.host_launcher(host.worker) or worker_launcher(rt, host)
+                for host in (self._hosts[r] for r in self._shape.ranks)
+            ]
+            children = rt.plan_on_launchers(launchers, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        python = self._python
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 
@@ -168,11 +195,12 @@ class HostMesh(MeshAlgebra):
 
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
+            if python is not None:
+                launcher = LocalLauncher(rt.nursery, executable=python)
+                for child in children:
+                    child.launcher = launcher
             try:
-                if remote:
-                    launch_remote(rt, children, env, boot)
-                else:
-                    rt.launch_procs(children, env, boot)
+                rt.launch_procs(children, env, boot)
             except Exception as exc:  # not raised: this runs as a loop callback
                 ready.set_exception(exc)
                 for child in children:

@@ -167,3 +167,11 @@ class _Witness:
 
 
 _witness: _Witness | None = None
+
+
+class Interpreter(Actor):
+    @endpoint
+    def executable(self) -> str:
+        import sys
+
+        return sys.executable

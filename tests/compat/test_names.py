@@ -155,3 +155,23 @@ def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     finally:
         procs.stop().get(30)
     assert [p.read_text() for p in witnesses] == ["finalized", "finalized"]
+
+
+@pytest.mark.slow
+def test_with_python_executable(tmp_path: Path) -> None:
+    from regency.actor import this_host
+
+    from .actors import Interpreter
+
+    python = tmp_path / "python-for-procs"
+    python.symlink_to(sys.executable)
+    hosts = this_host().with_python_executable(str(python))
+    assert hosts.is_fake_in_process is False
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    try:
+        got = procs.spawn("interp", Interpreter).executable.call().get(30).values()
+    finally:
+        procs.stop().get(30)
+    assert got == [str(python), str(python)]
+    with pytest.raises(FileNotFoundError, match="is not an executable file"):
+        this_host().with_python_executable(str(tmp_path / "missing"))
