@@ -57,6 +57,7 @@ def test_asyncio_error_reaches_caller(workers: Any) -> None:
         workers.slice(gpus=0).raises.call_one().get(T)
 
 
+@pytest.mark.slow
 def test_failed_background_task_is_reported() -> None:
     """A task started with asyncio.create_task that fails is reported in the proc's log,
     naming the task, and the actor goes on serving."""

@@ -96,6 +96,7 @@ def test_public_names_exist() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_identity_log_prefix_and_shutdown_context() -> None:
     script = textwrap.dedent(
         """
@@ -140,6 +141,7 @@ def test_identity_log_prefix_and_shutdown_context() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     """Monarch's test_del_runs_on_proc_mesh_stop: procs stop by letting Python finalize."""
     from regency.actor import this_host
@@ -157,6 +159,7 @@ def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     assert [p.read_text() for p in witnesses] == ["finalized", "finalized"]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_with_python_executable(tmp_path: Path) -> None:
     from regency.actor import this_host
