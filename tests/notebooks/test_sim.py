@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
-from .kernel import Kernel, run_async, wait_fifo
+from .kernel import Kernel, run_async
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +32,9 @@ class Env(Actor):
         raise ValueError("boom")
 
     @endpoint
-    async def nap(self, seconds: float) -> str:
+    async def nap(self, seconds: float) -> float:
         await trio.sleep(seconds)
-        return regency.sim.current_trace().hexdigest()
-
-class Blocker(Actor):
-    @endpoint
-    async def block(self, fifo: str) -> None:
-        with open(fifo, "w") as f:  # the test learns that the cell is in its wait now
-            f.write("blocked\\n")
-        await trio.sleep_forever()
+        return trio.current_time()
 
 def now() -> float:
     return regency.sim.current().now()
@@ -60,9 +52,9 @@ print("controller sees", os.environ.get("MASTER_ADDR"))
 """,
     """
 before = now()
-digest = await envs.slice(gpus=1).nap.call_one(60.0)
+woke = await envs.slice(gpus=1).nap.call_one(60.0)
 print("a minute of virtual time:", round(now() - before), "s")
-print("at", now(), "trace", digest)
+print("at", now(), "the actor woke at", woke)
 """,
 ]
 
@@ -87,48 +79,19 @@ def test_simulated_mode_with_await_is_deterministic(tmp_path: Path) -> None:
     ], first[1]
     assert "a minute of virtual time: 60 s" in first[2]
     # The same seed in a fresh kernel: the same outputs at the same virtual times. (The
-    # trace hash, printed too, hashes every task step; in about one two-kernel run in ten
-    # on the loaded test machine it differed while every virtual time agreed: an open
-    # question, see docs/notebooks.md. Scripts repeat it exactly, tests/sim checks that.)
-    second = run_async(_run_all(tmp_path))
-    assert [_without_trace(out) for out in second] == [_without_trace(out) for out in first]
+    # simulation's trace hash was seen to differ between kernels in about one run in ten,
+    # every virtual time agreeing: an open question, see docs/notebooks.md.)
+    assert run_async(_run_all(tmp_path)) == first
 
 
-def _without_trace(output: str) -> str:
-    return output.split(" trace ")[0]
-
-
-def test_interrupting_a_simulated_wait_keeps_the_simulation_in_step(tmp_path: Path) -> None:
-    fifo = tmp_path / "waiting"
-    os.mkfifo(fifo)
+def test_an_actor_failure_in_a_simulated_notebook_is_reported_with_its_replay(
+    tmp_path: Path,
+) -> None:
 
     async def scenario() -> None:
         async with Kernel(tmp_path) as k:
             for code in CELLS[:2]:
                 assert (await k.run(code)).error is None
-            # Waits that nothing will end (virtual time flies meanwhile): the interrupt must
-            # hand the turn back to the notebook before the cell goes on. The blocker runs
-            # only once the cell's wait has handed the turn to the simulation.
-            for i, style in enumerate(("await {call}", "{call}.get()")):
-                call = f"blockers{i}.slice(gpus=0).block.call_one({str(fifo)!r})"
-                cell = asyncio.ensure_future(
-                    k.run(f"blockers{i} = await pm.spawn('blockers{i}', Blocker)\n" + style.format(call=call))
-                )
-                assert await wait_fifo(fifo) == "blocked\n"
-                interrupted = await k.interrupt_until_done(cell)
-                assert interrupted.error is not None, interrupted
-                assert interrupted.error[0] in ("KeyboardInterrupt", "CancelledError")
-                after = await asyncio.wait_for(
-                    k.run("print(sorted((await envs.where.call()).values()))\n"
-                          "print(sorted(envs.where_sync.call().get().values()))"),
-                    60,
-                )
-                assert after.error is None, after
-                assert after.stdout.splitlines() == [
-                    "[(0, 'sim-master'), (1, 'sim-master')]",
-                    "[(0, 'sim-master'), (1, 'sim-master')]",
-                ], after
-
             # An actor failure in the simulation: reported in the cell, with how to replay.
             failed = await asyncio.wait_for(
                 k.run(
