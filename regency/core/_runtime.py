@@ -36,7 +36,7 @@ from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
 from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, UndeliverableError
-from ._executor import Executor
+from ._executor import Executor, ThreadExecutor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._launcher import ProcLauncher, ZygoteLauncher
@@ -330,13 +330,17 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             case M.Call():
                 self._to_actor(msg.actor, msg)
             case M.Spawn():
-                if type(msg.payload) is M.Unpickled:
-                    # Off the loop (the executor's: a thread in production, a lockstep
-                    # thread in the simulator), so heartbeats go on while the class's
-                    # modules import; messages for the actor wait in ``limbo`` meanwhile.
-                    self.start_soon(self._spawn_off_loop, msg)
-                else:
-                    self._spawn_decoded(msg, msg.payload)
+                payload = msg.payload
+                if type(payload) is M.Unpickled:
+                    if isinstance(self.executor, ThreadExecutor):
+                        # On a thread, so heartbeats go on while the class's modules import
+                        # (a notebook's brings torch: seconds); messages for the actor wait
+                        # in ``limbo`` meanwhile. Other executors (the simulator's) unpickle
+                        # here: only their own threads may run.
+                        self.start_soon(self._spawn_off_loop, msg)
+                        return
+                    payload = _codec.load_pickled(payload)
+                self._spawn_decoded(msg, payload)
             case M.Failed():
                 if type(msg.payload) is M.Undecodable:
                     raise msg.payload.error
@@ -386,8 +390,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         bounce(self, item, failure)
 
     async def _spawn_off_loop(self, msg: M.Spawn) -> None:
-        pickled = msg.payload
-        self._spawn_decoded(msg, await self.executor.run(lambda: _codec.load_pickled(pickled)))
+        self._spawn_decoded(msg, await trio.to_thread.run_sync(_codec.load_pickled, msg.payload))
 
     def _spawn_decoded(self, msg: M.Spawn, payload: Any) -> None:
         if type(payload) is M.Undecodable:
