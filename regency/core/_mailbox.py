@@ -133,6 +133,8 @@ class ActorCell:
         self._queue: Mailbox = self._executor.mailbox()
         self._deque: deque[M.MailboxItem] = deque()
         self._wakeup = trio.Event()
+        #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
+        self._in_async_endpoint = 0
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -143,7 +145,20 @@ class ActorCell:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
 
     def enqueue(self, item: M.MailboxItem) -> None:
-        """Called on the runtime's trio thread."""
+        """Called on the runtime's trio thread.
+
+        A failure report for an owner that is inside an async endpoint, suspended at an
+        await, is not queued behind it: ``__supervise__`` runs at once on the loop, i.e. at
+        the endpoint's next await point, as in Monarch (an endpoint may be waiting for exactly
+        that news). Sync ``__supervise__`` of an actor with a thread still queues.
+        """
+        if (
+            type(item) is M.Supervise
+            and self._in_async_endpoint
+            and (not self.threaded or inspect.iscoroutinefunction(self._supervise_fn()))
+        ):
+            self.rt.nursery.start_soon(self._supervise_now, item.failure)
+            return
         if self.threaded:
             self._queue.put(item)
         else:
@@ -345,9 +360,11 @@ class ActorCell:
 
                 async def run_and_reply() -> None:
                     coro = fn(obj, *args, **kwargs)
+                    self._in_async_endpoint += 1
                     try:
                         result = await self.rt.run_coroutine(coro)
                     finally:
+                        self._in_async_endpoint -= 1
                         coro.close()  # cancelled before it started: no "never awaited"
                     if not explicit:
                         # From the loop, before an actor thread waiting on it wakes: the
@@ -423,6 +440,23 @@ class ActorCell:
         self.rt.call_soon(
             lambda: self.rt.oversight.feed(S.SuperviseDone(self.key, failure, handled, cause))
         )
+
+    async def _supervise_now(self, failure: S.MeshFailure) -> None:
+        """Run ``__supervise__`` on the loop beside a suspended async endpoint (see
+        :meth:`enqueue`); only awaitables are yielded on this path."""
+        gen = self._supervise(failure)
+        try:
+            effect = gen.send(None)
+            while True:
+                assert type(effect) is _Await
+                try:
+                    value = await effect.fn()
+                except BaseException as exc:
+                    effect = gen.throw(exc)
+                else:
+                    effect = gen.send(value)
+        except StopIteration:
+            return
 
     def _supervise(self, failure: S.MeshFailure) -> Generator[Any, Any, None]:
         fn = self._supervise_fn()

@@ -107,3 +107,16 @@ def test_asyncio_in_the_simulator_takes_virtual_time() -> None:
     assert first.virtual_time >= 3601
     assert first.trace_hash == second.trace_hash
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.slow
+def test_supervise_runs_while_an_async_endpoint_waits() -> None:
+    from .actors import WaitingOwner
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = procs.spawn("owner", WaitingOwner)
+        failures = owner.spawn_child_and_wait_for_its_death.call_one().get(T)
+    finally:
+        procs.stop().get(T)
+    assert len(failures) == 1 and "doomed" in failures[0]
