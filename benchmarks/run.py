@@ -59,6 +59,15 @@ def main() -> None:
     _table("Simulator (issue #4)", bench_sim.run())
     _table("Log forwarding and the debugger's driver (issue #15)", bench_logs.run())
     _table("Jobs on a real single-node SLURM (issue #16)", bench_jobs.run())
+    try:
+        import ipykernel  # noqa: F401
+        import nbclient  # noqa: F401
+    except ImportError as exc:
+        print(f"\n(notebook figures skipped: {exc})")
+    else:
+        from benchmarks import bench_notebook
+
+        _table("Jupyter kernel, through nbclient (issue #18)", bench_notebook.run())
 
 
 if __name__ == "__main__":

@@ -110,6 +110,18 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             raise RuntimeError("only the spawner of a mesh can wait for its initialization")
         return self._init
 
+    def __await__(self) -> Any:
+        """``await proc_mesh.spawn(...)`` (Monarch's older form): resolves to this mesh once
+        every rank's ``__init__`` has run, raising what ``initialized`` raises. A mesh that
+        was passed in rather than spawned here resolves at once (its spawner waited)."""
+
+        async def wait() -> ActorMesh[A]:
+            if self._init is not None:
+                await self._init
+            return self
+
+        return wait().__await__()
+
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor of this mesh (or slice) once it has handled the messages already
         queued for it; later calls fail with ``SupervisionError``."""

@@ -20,11 +20,13 @@ from typing import Any, NoReturn
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int, watch_stdin: bool) -> None:
+def _die_with_parent(
+    parent_pid: int, watch_stdin: bool, sig: signal.Signals = signal.SIGKILL
+) -> None:
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -65,6 +67,14 @@ def main() -> None:
 def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     """Become the proc ``record`` describes; never returns (a clean stop raises
     ``SystemExit`` so that Python finalizes, anything else ends in ``os._exit``)."""
+    # The controller decides when procs stop: a SIGINT aimed at its process group (Ctrl-C,
+    # Jupyter's Interrupt) is not for us (procs also run in a session of their own).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Whole lines in one write each, so the lines of procs that share the controller's
+    # stdout (a terminal, a notebook cell) never fuse.
+    from ._lines import whole_lines
+
+    whole_lines()
     os.environ.update(record["config"])
     if env:
         os.environ.update(env)

@@ -278,6 +278,12 @@ def _parts(payload: Any) -> Sequence[bytes | memoryview]:
     return dumps(out_of_band(payload))
 
 
+def load_pickled(payload: M.Unpickled) -> Any:
+    """Unpickle a :class:`~regency.core._messages.Unpickled` payload (an ``Undecodable`` when
+    that fails)."""
+    return _load([memoryview(p) for p in payload.parts])
+
+
 def _load(parts: list[memoryview]) -> Any:
     try:
         if len(parts) == 1:
@@ -446,7 +452,8 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
     kind = env[0]
     if kind == _SPAWN:
         _, actor, name, rank, labels, sizes, port, owner, _ = env
-        return Spawn(actor, name, rank, labels, sizes, port, owner, _load(parts))
+        pickled = M.Unpickled(tuple(bytes(p) for p in parts))  # the receive buffer is reused
+        return Spawn(actor, name, rank, labels, sizes, port, owner, pickled)
     if kind == _REPLY:
         _, port_id, index, status, _ = env
         return Reply(port_id, index, status, _load(parts))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import tempfile
 import threading
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ import trio
 from . import _current
 from ._config import Config
 from ._current import _runtime_var
+from ._jobdir import make_jobdir
 
 if TYPE_CHECKING:
     from ._future import Future
@@ -67,8 +67,7 @@ def start_production_controller(config: Config) -> Runtime:
     from ._environment import production
     from ._runtime import Runtime
 
-    jobdir = tempfile.mkdtemp(prefix="regency-")
-    os.chmod(jobdir, 0o700)
+    jobdir = make_jobdir()
     rt = Runtime(
         f"c{os.getpid()}",
         secret=job_secret(),

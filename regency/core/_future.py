@@ -31,6 +31,12 @@ runtime_threads: set[int] = set()
 #: its loop.
 blocking = threading.local()
 
+#: Set when the controller runs inside a Jupyter kernel (``core/_notebook.py``): waits that
+#: would block consult it, so an unhandled fault ends the running cell's wait instead of
+#: being raised in the kernel's own code. ``before_wait()`` may raise; ``watch(waiter)``
+#: tracks an asyncio future awaited on the main thread (returns its forget function).
+notebook: Any = None
+
 
 class Future(Generic[R]):
     """The eventual value of a remote call (Monarch's ``Future``)."""
@@ -101,6 +107,12 @@ class Future(Generic[R]):
             wait: Callable[[Future[Any], float | None], None] = getattr(
                 blocking, "wait", _wait_on_lock
             )
+            if notebook is not None:
+                notebook.before_wait()
+                if notebook.is_main_thread():
+                    with notebook.interruptible():
+                        wait(self, timeout)
+                    return self._outcome()
             wait(self, timeout)
         return self._outcome()
 
@@ -119,14 +131,30 @@ class Future(Generic[R]):
     def __await__(self) -> Generator[Any, None, R]:
         if self.done():
             return self._outcome()
+        if notebook is not None:
+            notebook.before_wait()
+        # A simulation's lockstep thread (the program's main thread) hands the baton back
+        # to the simulator while it awaits, as it does while it blocks in get().
+        async_wait = getattr(blocking, "async_wait", None)
+        try:
+            if async_wait is not None:
+                yield from async_wait(self).__await__()
+            else:
+                yield from self.wait_on_loop().__await__()
+        except KeyboardInterrupt as exc:
+            # An interrupted wait (Jupyter's Interrupt): show the user's line, not ours.
+            raise exc.with_traceback(None) from None
+        return self._outcome()
+
+    async def wait_on_loop(self) -> None:
+        """Wait for resolution on the running trio or asyncio loop (no lockstep)."""
         library = sniffio.current_async_library()
         if library == "trio":
-            yield from self._wait_trio().__await__()
+            await self._wait_trio()
         elif library == "asyncio":
-            yield from self._wait_asyncio().__await__()
+            await self._wait_asyncio()
         else:  # pragma: no cover
             raise RuntimeError(f"cannot await a Regency Future from {library}")
-        return self._outcome()
 
     async def _wait_trio(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -159,7 +187,12 @@ class Future(Generic[R]):
             loop.call_soon_threadsafe(settle)
 
         self.add_done_callback(wake)
-        await waiter
+        forget = notebook.watch(waiter) if notebook is not None else None
+        try:
+            await waiter
+        finally:
+            if forget is not None:
+                forget()
 
     def as_asyncio(self) -> Any:
         """Return an asyncio awaitable (Monarch compatibility)."""

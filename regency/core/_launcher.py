@@ -87,7 +87,9 @@ class LocalLauncher(ProcLauncher):
 
     The bootstrap record (including the job secret) goes through the child's stdin, never the
     environment or argv, and stdin stays open: when this process dies, however it dies, the
-    child reads EOF and exits. On Linux the child also sets ``PR_SET_PDEATHSIG``. ``Popen``
+    child reads EOF and exits. On Linux the child also sets ``PR_SET_PDEATHSIG``. The child
+    runs in a session of its own and ignores SIGINT: the controller decides when it stops.
+    ``Popen``
     runs on the runtime's own long-lived thread because the death signal follows the thread
     that forked, not the process.
     """
@@ -109,6 +111,9 @@ class LocalLauncher(ProcLauncher):
             stdin=subprocess.PIPE,
             env=child_env,
             close_fds=True,
+            # A session of its own: a SIGINT meant for the controller's process group (a
+            # terminal's Ctrl-C, Jupyter's Interrupt) must not reach procs.
+            start_new_session=True,
         )
         assert popen.stdin is not None
         popen.stdin.write(json.dumps(dict(bootstrap)).encode() + b"\n")
@@ -168,12 +173,19 @@ class ZygoteLauncher(ProcLauncher):
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
+        #: Removed by the zygote when the controller dies without cleaning up ("" for none).
+        self._jobdir = ""
         self._fallback = LocalLauncher(nursery)
         self._popen: subprocess.Popen[bytes] | None = None
         self._ids = itertools.count()
         self._by_id: dict[int, _ZygoteHandle] = {}
         self._by_pid: dict[int, _ZygoteHandle] = {}
         self._broken = False
+
+    def remove_when_orphaned(self, jobdir: str) -> None:
+        """Have the zygote remove ``jobdir`` if this process dies without doing so. Before
+        :meth:`start`."""
+        self._jobdir = jobdir
 
     def start(self) -> None:
         """Start the zygote now (it imports in the background). Idempotent."""
@@ -182,10 +194,11 @@ class ZygoteLauncher(ProcLauncher):
         read_fd, write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "regency.core._zygote", str(write_fd)],
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd), self._jobdir],
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 close_fds=True,
+                start_new_session=True,  # out of reach of the controller's SIGINT
                 env=child_environ(),
             )
         except OSError:

@@ -47,6 +47,16 @@ class Undecodable:
     error: Exception
 
 
+@attrs.frozen
+class Unpickled:
+    """A received payload not unpickled yet (``parts`` as :func:`~regency.core._codec.dumps`
+    made them): the receiver unpickles it where it chooses. A SPAWN's payload carries the
+    actor class, whose unpickling may import heavy modules (a notebook's class brings torch:
+    seconds), so a proc does it off its event loop."""
+
+    parts: tuple[bytes, ...]
+
+
 # -- between runtimes -----------------------------------------------------------------------
 
 

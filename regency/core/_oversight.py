@@ -20,6 +20,7 @@ import trio
 
 from .. import supervision as S
 from . import _messages as M
+from . import _notebook
 from ._future import Future
 
 if TYPE_CHECKING:
@@ -45,7 +46,13 @@ report_suffix = ""
 
 def default_unhandled_fault_hook(failure: S.MeshFailure) -> None:
     """Print the report and stop the program (Monarch's default, without waiting for the
-    main thread to wake: a sleeping or blocked main thread is interrupted)."""
+    main thread to wake: a sleeping or blocked main thread is interrupted).
+
+    Inside a Jupyter kernel the report goes to the running (or next) cell and the kernel
+    stays up (``core/_notebook.py``)."""
+    if _notebook.active():
+        _notebook.report_fault(failure)
+        return
     print(failure.report() + report_suffix, file=sys.stderr, flush=True)
     stop_program(failure)
 
@@ -56,9 +63,12 @@ _interrupt_installed = False
 def install_interrupt_handler() -> None:
     """Let the runtime raise :class:`UnhandledFault` in the main thread through SIGUSR2.
 
-    Only from the main thread, and only when nobody else handles SIGUSR2.
+    Only from the main thread, and only when nobody else handles SIGUSR2. Inside a Jupyter
+    kernel, faults are routed to cells instead (``core/_notebook.py``).
     """
     global _interrupt_installed
+    if _notebook.install():
+        return
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None):

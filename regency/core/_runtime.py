@@ -38,7 +38,7 @@ from ._current import _runtime_var, current_runtime_or_none, set_current_runtime
 from ._delivery import FAILED
 from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, SupervisionError, UndeliverableError
-from ._executor import Executor
+from ._executor import Executor, ThreadExecutor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._launcher import ProcLauncher, ZygoteLauncher
@@ -169,6 +169,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                         _codec.encode(M.Hello(self.proc_id, self.address))
                     )
                 if self.parent_address is None and isinstance(self.launcher, ZygoteLauncher):
+                    # The zygote removes our job directory should we die without doing so
+                    # (a killed Jupyter kernel); a proc's jobdir is its spawner's.
+                    self.launcher.remove_when_orphaned(self.jobdir)
                     # A controller will almost surely spawn procs: warm the zygote now.
                     self.launcher.start()
                 if self.parent_address is not None:
@@ -396,12 +399,16 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 self._to_actor(msg.actor, msg)
             case M.Spawn():
                 payload = msg.payload
-                if type(payload) is M.Undecodable:
-                    payload = payload.error
-                self._spawn(
-                    msg.actor, msg.name, (msg.rank, msg.labels, msg.sizes), payload, msg.port,
-                    msg.owner,
-                )
+                if type(payload) is M.Unpickled:
+                    if isinstance(self.executor, ThreadExecutor):
+                        # On a thread, so heartbeats go on while the class's modules import
+                        # (a notebook's brings torch: seconds); messages for the actor wait
+                        # in ``limbo`` meanwhile. Other executors (the simulator's) unpickle
+                        # here: only their own threads may run.
+                        self.start_soon(self._spawn_off_loop, msg)
+                        return
+                    payload = _codec.load_pickled(payload)
+                self._spawn_decoded(msg, payload)
             case M.Failed():
                 if type(msg.payload) is M.Undecodable:
                     raise msg.payload.error
@@ -451,6 +458,16 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             self.limbo.setdefault(key, []).append(item)
             return
         bounce(self, item, failure)
+
+    async def _spawn_off_loop(self, msg: M.Spawn) -> None:
+        self._spawn_decoded(msg, await trio.to_thread.run_sync(_codec.load_pickled, msg.payload))
+
+    def _spawn_decoded(self, msg: M.Spawn, payload: Any) -> None:
+        if type(payload) is M.Undecodable:
+            payload = payload.error
+        self._spawn(
+            msg.actor, msg.name, (msg.rank, msg.labels, msg.sizes), payload, msg.port, msg.owner
+        )
 
     def _spawn(
         self,

@@ -10,9 +10,11 @@ Protocol (one JSON object per line):
 * zygote -> controller, on the pipe whose fd is ``argv[1]``: ``{"id": N, "pid": P}`` after each fork, and
   ``{"pid": P, "code": C}`` when a proc exits (C < 0: killed by signal -C).
 
-Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` and EOF on stdin) and kills its
-procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). The zygote stays
-single-threaded so that forking it is safe.
+Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` with SIGTERM, and EOF on stdin)
+and kills its procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). When the
+spawner died without cleaning up (a killed Jupyter kernel), the zygote also removes the job
+directory named by ``argv[2]``. It runs in a session of its own and ignores SIGINT. The zygote
+stays single-threaded so that forking it is safe.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 from typing import Any
@@ -37,59 +40,110 @@ def _report(out: int, message: dict[str, Any]) -> None:
         sys.exit(0)  # the spawner is gone; our finally clause kills the procs
 
 
+#: Seconds the zygote, on its way out, waits for the spawner to exit before leaving the job
+#: directory to it.
+_PARENT_EXIT_WAIT = 2.0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through main's finally: procs killed, jobdir removed
+
+
+def _parent_watch(parent: int) -> int | None:
+    """A pidfd of the spawner: readable once it has exited (None where unsupported)."""
+    try:
+        return os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        return None
+
+
+def _remove_orphaned_jobdir(jobdir: str, parent_fd: int | None) -> None:
+    """Remove the spawner's job directory once the spawner has exited (it removes the
+    directory itself when it exits normally; killed, it cannot). Only a ``regency-*``
+    directory of ours, never anything else.
+
+    We get here when the spawner's runtime thread ended (the death signal) or its pipes
+    closed: the spawner is dying or about to, so waiting a moment for its exit is enough.
+    The death signal can come before the kernel has reparented us, so ``getppid`` cannot
+    tell; the pidfd can."""
+    if not jobdir or parent_fd is None:
+        return
+    ready, _, _ = select.select([parent_fd], [], [], _PARENT_EXIT_WAIT)
+    if not ready:
+        return  # still alive: its own exit removes the directory
+    name = os.path.basename(jobdir.rstrip("/"))
+    try:
+        if name.startswith("regency-") and os.stat(jobdir).st_uid == os.getuid():
+            shutil.rmtree(jobdir, ignore_errors=True)
+    except OSError:
+        pass
+
+
 def main() -> None:
     report_fd = int(sys.argv[1])
+    jobdir = sys.argv[2] if len(sys.argv) > 2 else ""
     parent = os.getppid()
     zygote = os.getpid()
-    _bootstrap._die_with_parent(parent, watch_stdin=False)
+    parent_fd = _parent_watch(parent)
+    children: set[int] = set()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _bootstrap._die_with_parent(parent, watch_stdin=False, sig=signal.SIGTERM)
+        _serve(report_fd, children, parent_fd)
+    finally:
+        if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _remove_orphaned_jobdir(jobdir, parent_fd)
+
+
+def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
+    """Fork procs on request until the spawner goes; ``children`` holds the living ones."""
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
     from . import _proc_mesh, _runtime  # noqa: F401
 
     gc.freeze()
-    children: set[int] = set()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     stdin = sys.stdin.fileno()
+    inherited = (wake_r, wake_w, report_fd, *([] if parent_fd is None else [parent_fd]))
     pending = b""
-    try:
-        while True:
-            ready, _, _ = select.select([stdin, wake_r], [], [])
-            if wake_r in ready:
-                os.read(wake_r, 4096)
-            while children:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                children.discard(pid)
-                _report(report_fd, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
-            if stdin not in ready:
-                continue
-            chunk = os.read(stdin, 65536)
-            if not chunk:
-                return  # the spawner is gone
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    _become(request, wake_r, wake_w, report_fd)
-                children.add(pid)
-                _report(report_fd, {"id": request["id"], "pid": pid})
-    finally:
-        if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    while True:
+        ready, _, _ = select.select([stdin, wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _report(report_fd, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        if stdin not in ready:
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            return  # the spawner is gone
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _become(request, *inherited)
+            children.add(pid)
+            _report(report_fd, {"id": request["id"], "pid": pid})
 
 
 def _become(request: dict[str, Any], *fds: int) -> None:
@@ -97,6 +151,7 @@ def _become(request: dict[str, Any], *fds: int) -> None:
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for fd in fds:
             os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)

@@ -29,6 +29,7 @@ from ..core._runtime import Runtime, _runtime_var
 from . import _targets
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
+from ._environ import forget_environments, give_environment
 from ._invariants import InvariantChecker
 from ._lockstep import Lockstep, LockstepExecutor
 from ._network import (
@@ -91,7 +92,7 @@ class SimLauncher(ProcLauncher):
         env: Mapping[str, str],
         on_exit: Callable[[int], None],
     ) -> ProcHandle:
-        return self.cluster._start_proc(self.host, dict(bootstrap), on_exit)
+        return self.cluster._start_proc(self.host, dict(bootstrap), on_exit, env)
 
 
 class SimCluster:
@@ -132,6 +133,8 @@ class SimCluster:
         self._thread = 0
         self._clock: trio.abc.Clock | None = None
         self.controller: Runtime | None = None
+        #: Procs given an environment of their own (``os.environ`` is a per-proc view then).
+        self._given_env: list[Runtime] = []
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -163,6 +166,7 @@ class SimCluster:
                 with trio.CancelScope(shield=True):
                     await trio.testing.wait_all_tasks_blocked()
                 _current = None
+                forget_environments(self._given_env)
                 nursery.cancel_scope.cancel()
 
     def _runtime(
@@ -209,7 +213,11 @@ class SimCluster:
         return launcher
 
     def _start_proc(
-        self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
+        self,
+        host: str,
+        record: dict[str, Any],
+        on_exit: Callable[[int], None],
+        env: Mapping[str, str] | None = None,
     ) -> ProcHandle:
         assert self._nursery is not None
         if host in self.network._crashed:
@@ -217,6 +225,9 @@ class SimCluster:
             raise OSError(f"cannot start proc {record['proc_id']}: host {host!r} has crashed")
         rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
         install_sim_proc(rt, host, self.now)  # log forwarding, when configured
+        spawner = self.procs.get(record["parent_address"])
+        if give_environment(rt, env or {}, spawner.rt if spawner is not None else None):
+            self._given_env.append(rt)
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
         self.procs[rt.address] = proc
@@ -678,7 +689,7 @@ def start_simulated_controller(seed: int) -> Runtime:
     import sys
     import threading
 
-    from ..core import _oversight
+    from ..core import _notebook, _oversight
 
     lockstep = Lockstep()
     started: dict[str, Runtime] = {}
@@ -688,6 +699,11 @@ def start_simulated_controller(seed: int) -> Runtime:
     _oversight.report_suffix = (
         f"\nreplay this simulation: REGENCY_RUNTIME=sim REGENCY_SEED={seed} {command}"
     )
+    if _notebook.kernel_shell() is not None:  # the kernel's argv would not replay anything
+        _oversight.report_suffix = (
+            "\nreplay this simulation: run the same cells in a fresh kernel after "
+            f"regency.configure(runtime='sim', seed={seed})"
+        )
 
     async def main(rng: random.Random) -> None:
         cluster = SimCluster(rng, lockstep=lockstep)

@@ -146,6 +146,7 @@ class Lockstep:
         worker = _Worker(self, threading.current_thread().name)
         worker.job = _Job(lambda: None)  # a job that never "finishes" while the program runs
         blocking.wait = self._wait
+        blocking.async_wait = self._wait_async
         blocking.worker = worker
         self._main_worker = worker
 
@@ -187,11 +188,61 @@ class Lockstep:
 
             token.run_sync_soon(lambda: nursery.start_soon(expire))
         self._loop_turn.release()
-        worker.turn.acquire()
+        try:
+            worker.turn.acquire()
+        except BaseException:
+            # Interrupted (KeyboardInterrupt in a notebook cell): take the baton back before
+            # user code goes on, so the program and the simulation never run at once.
+            token.run_sync_soon(resume)
+            while True:
+                try:
+                    worker.turn.acquire()
+                    break
+                except BaseException:
+                    continue
+            raise
         if worker.abandoned:
             raise trio.RunFinishedError("the simulation ended while this thread waited")
         if not fut.done():
             raise TimeoutError(f"future not resolved within {timeout} virtual s")
+
+    async def _wait_async(self, fut: Future[Any]) -> None:
+        """On the adopted main thread, from asyncio or trio code (``await fut`` in a notebook
+        cell or an ``async def main``): give the baton back until ``fut`` resolves, as
+        :meth:`_wait` does for ``fut.get()``, without blocking the thread's own loop.
+
+        When ``fut`` resolves the simulator's loop stands still (virtual time too) until this
+        thread waits again. A cancelled wait (Jupyter's Interrupt) takes the baton back before
+        user code goes on, so the program and the simulation never run at once."""
+        if fut.done():
+            return
+        assert self._token is not None
+        token = self._token
+        handed: Future[None] = Future()  # resolved on the loop when the baton is ours again
+        baton = threading.Event()
+        state = {"woken": False}
+
+        def resume() -> None:  # on the loop
+            if state["woken"]:
+                return
+            state["woken"] = True
+            baton.set()
+            handed.set_result(None)
+            self._loop_turn.acquire()  # until this thread waits again
+
+        fut.add_done_callback(lambda: token.run_sync_soon(resume))
+        self._loop_turn.release()
+        try:
+            await handed.wait_on_loop()
+        except BaseException:
+            if not baton.is_set():
+                token.run_sync_soon(resume)
+                while not baton.is_set():
+                    try:
+                        baton.wait()
+                    except BaseException:
+                        continue  # a second interrupt: the baton must still come back
+            raise
 
 
 class _LockstepMailbox:
