@@ -1,4 +1,7 @@
-"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``."""
+"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``.
+
+``--listen`` also takes ``nng+tcp://HOST:PORT`` and ``nng+tls+tcp://HOST:PORT``.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     worker = commands.add_parser(
         "worker", help="serve one host of a multi-host job (see docs/multihost.md)"
     )
-    worker.add_argument("--listen", required=True, help="tcp://HOST:PORT to listen on")
+    worker.add_argument(
+        "--listen",
+        required=True,
+        help="tcp://HOST:PORT (or nng+tcp://, nng+tls+tcp://) to listen on",
+    )
     worker.add_argument(
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )

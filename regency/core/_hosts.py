@@ -9,7 +9,6 @@ import socket
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 import trio
 
@@ -17,6 +16,7 @@ from . import _codec, _runtime
 from . import _messages as M
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
+from ._hostlinks import host_address, parse_host_address, remote_scheme
 from ._launcher import ProcHandle
 from ._runtime import Child, Runtime, current_runtime, derive_secret
 
@@ -57,6 +57,8 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
+        #: The transport of links to and between procs on other hosts (see _hostlinks).
+        self.scheme = "tcp"
         rt.extensions[M.EXITED] = self._exited
 
     def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
@@ -130,6 +132,10 @@ def attach_to_workers(
 ) -> Any:
     """Attach to running ``regency worker`` daemons; return a ``HostMesh`` with dim ``hosts``.
 
+    Worker addresses are ``tcp://``, ``nng+tcp://`` or ``nng+tls+tcp://`` ``HOST:PORT``. Links
+    to and between procs on other hosts use ``configure(default_transport=...)`` when that is
+    one of these three, else the scheme of the first worker's address.
+
     ``secret`` (or ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
     process's job secret, so call this before anything else starts Regency here. ``lease``:
     seconds a worker keeps our procs alive without hearing from us.
@@ -139,12 +145,7 @@ def attach_to_workers(
 
     if not workers:
         raise ValueError("attach_to_workers needs at least one worker address")
-    parsed = []
-    for address in workers:
-        parts = urlsplit(address)
-        if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
-            raise ValueError(f"worker addresses must look like tcp://HOST:PORT (got {address!r})")
-        parsed.append((parts.hostname, parts.port))
+    parsed = [parse_host_address(address, "worker addresses")[1:] for address in workers]
     key: bytes | None
     if isinstance(secret, bytes):
         key = secret
@@ -164,11 +165,13 @@ def attach_to_workers(
     hosts = getattr(rt, "hosts", None)
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
+        hosts.scheme = remote_scheme(rt.config.default_transport, workers[0])
         # Our procs on other hosts must be able to reach us: listen on the interface that
         # routes to the first worker, and make that our address from now on.
         ip = _local_ip_towards(*parsed[0])
-        host = f"[{ip}]" if ":" in ip else ip
-        trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
+        trio.from_thread.run(
+            rt.listen_also, host_address(hosts.scheme, ip, 0), trio_token=rt.token
+        )
         rt.start_soon(hosts.renew_leases)
     refs = []
     for address in workers:
@@ -194,9 +197,8 @@ def plan_remote(rt: Runtime, hosts: Sequence[HostRef], per_host: int, name: str)
     state: _Hosts = rt.hosts  # type: ignore[attr-defined]
     children = []
     for host in hosts:
-        ip = f"[{host.ip}]" if ":" in host.ip else host.ip
         for port in state.take_ports(host.worker, per_host):
-            child = rt.plan_child(rt.new_proc_id(name), f"tcp://{ip}:{port}")
+            child = rt.plan_child(rt.new_proc_id(name), host_address(state.scheme, host.ip, port))
             child.handle = RemoteProcHandle(rt, host.worker, child.address)
             child.worker = host.worker  # type: ignore[attr-defined]
             children.append(child)

@@ -50,6 +50,7 @@ from ._base import (
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    ConnectionRefused,
     Frame,
     FrameSink,
     Listener,
@@ -128,8 +129,15 @@ def _parse(address: str) -> tuple[str, str, str]:
 
 
 def _broken(what: str, exc: pynng.NNGException) -> ConnectionBroken:
-    """The one place nng errors become transport errors."""
-    return ConnectionBroken(f"{what}: {exc} (nng error {exc.errno})")
+    """The one place nng errors become transport errors: a refused dial (nothing listens)
+    is :class:`ConnectionRefused`, a TLS peer that fails verification an
+    :class:`AuthenticationError` (retrying cannot help), anything else :class:`ConnectionBroken`."""
+    kind: type[ConnectionBroken] = ConnectionBroken
+    if isinstance(exc, pynng.ConnectionRefused):
+        kind = ConnectionRefused
+    elif isinstance(exc, (pynng.exceptions.AuthenticationError, pynng.exceptions.CryptoError)):
+        kind = AuthenticationError
+    return kind(f"{what}: {exc} (nng error {exc.errno})")
 
 
 def _close_pipe(pipe: Any) -> None:
@@ -325,7 +333,7 @@ class NngConnection(Connection):
             offset += n
             if self._closed:
                 return
-        if self._credit is None:
+        if self._credit is None and self._acks_owed >= _WINDOW:
             self._schedule_acks()
 
     def _credit_returned(self, acks: int) -> bool:
@@ -733,7 +741,6 @@ class _DialEndpoint(_Endpoint):
         conn.sink = self._sink
         self.conns[pipe.id] = conn
         self._settle(conn)
-        conn._schedule_acks()
 
     def _pipe_removed(self, pipe: Any) -> None:
         conn = self.conns.get(pipe.id)
@@ -775,7 +782,9 @@ class NngTransport(Transport):
         self._nursery = nursery
         self._secret = secret
         self._max_frame = max_frame
-        self._tls = tls if tls is not None else TlsSettings.from_env()
+        # None: read REGENCY_TLS_* each time a TLS socket opens, so a process can be given
+        # its certificates after its transport started.
+        self._tls = tls
         # A batch may exceed max_frame when max_frame is small; one frame travels with its
         # length and the message's ack header.
         self._recv_max = max(max_frame + _U32.size, _BATCH_BYTES) + _U32.size
@@ -842,7 +851,7 @@ class NngTransport(Transport):
         """The pynng TLSConfig for one socket, or None for schemes without TLS."""
         if scheme != "nng+tls+tcp":
             return None
-        tls = self._tls
+        tls = self._tls if self._tls is not None else TlsSettings.from_env()
         if server:
             for field, value in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
                 if not value:

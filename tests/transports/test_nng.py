@@ -15,7 +15,12 @@ import pytest
 import trio
 import trustme
 
-from regency.transports import Connection, ConnectionBroken, open_transport
+from regency.transports import (
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    open_transport,
+)
 from regency.transports._nng import TlsSettings
 
 from .test_conformance import SECRET, Recorder, Server
@@ -203,7 +208,8 @@ async def test_tls_refuses_a_listener_it_cannot_verify(tls_environment: dict[str
             with (
                 trio.fail_after(5),
                 pytest.raises(
-                    ConnectionBroken, match=re.escape(f"cannot connect to {listener.address}: ")
+                    AuthenticationError,
+                    match=re.escape(f"cannot connect to {listener.address}: "),
                 ),
             ):
                 await client_side.connect(listener.address, Recorder())
