@@ -59,6 +59,8 @@ class _Hosts:
         self.ports: dict[str, deque[int]] = {}
         #: The transport of links to and between procs on other hosts (see _hostlinks).
         self.scheme = "tcp"
+        #: Our multi-host listeners by (scheme, interface address): their addresses.
+        self.listening: dict[tuple[str, str], str] = {}
         rt.extensions[M.EXITED] = self._exited
 
     def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
@@ -165,14 +167,21 @@ def attach_to_workers(
     hosts = getattr(rt, "hosts", None)
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
-        hosts.scheme = remote_scheme(rt.config.default_transport, workers[0])
-        # Our procs on other hosts must be able to reach us: listen on the interface that
-        # routes to the first worker, and make that our address from now on.
-        ip = _local_ip_towards(*parsed[0])
-        trio.from_thread.run(
-            rt.listen_also, host_address(hosts.scheme, ip, 0), trio_token=rt.token
-        )
         rt.start_soon(hosts.renew_leases)
+    if not hosts.workers:
+        # Our procs on other hosts must be able to reach us: listen on the interface that
+        # routes to the first worker, on the job's host transport, and make that our address
+        # from now on (shutting the last host down made it the local one again).
+        hosts.scheme = remote_scheme(rt.config.default_transport, workers[0])
+        where = (hosts.scheme, _local_ip_towards(*parsed[0]))
+        if where in hosts.listening:
+            trio.from_thread.run_sync(
+                setattr, rt, "address", hosts.listening[where], trio_token=rt.token
+            )
+        else:
+            hosts.listening[where] = trio.from_thread.run(
+                rt.listen_also, host_address(*where, 0), trio_token=rt.token
+            )
     refs = []
     for address in workers:
         try:

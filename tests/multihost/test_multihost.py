@@ -19,6 +19,7 @@ from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 from ..conftest import TEST_SECRET, RootFailures
 from ..conftest import pid_alive as _alive
 from .actors import Relay, Where
+from .tls import TlsFiles, make_tls_files, nng_tls_unavailable
 
 pytestmark = pytest.mark.skipif(
     virtual_hosts_available() is not None, reason=str(virtual_hosts_available())
@@ -27,14 +28,54 @@ T = 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+#: Every transport that carries a multi-host job; the whole module runs over each.
+SCHEMES = ["tcp", "nng+tcp", "nng+tls+tcp"]
+
+
 @pytest.fixture(scope="module")
-def hosts() -> Iterator[list[VirtualHost]]:
+def machines() -> Iterator[list[VirtualHost]]:
     if os.environ.get("REGENCY_SECRET") != TEST_SECRET:
         pytest.skip("REGENCY_SECRET was overridden: the test workers would not match")
     with virtual_hosts(4) as made:
-        for host in made:
-            host.start_worker(TEST_SECRET)
         yield made
+
+
+@pytest.fixture(scope="module")
+def tls_files(machines: list[VirtualHost], tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """A throwaway CA and one certificate for every virtual host and this namespace."""
+    return make_tls_files(machines, tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module", params=SCHEMES)
+def scheme(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    if "tls" in kind and (why := nng_tls_unavailable()) is not None:
+        pytest.skip(why)
+    return kind
+
+
+@pytest.fixture(scope="module")
+def hosts(
+    machines: list[VirtualHost], scheme: str, tls_files: TlsFiles
+) -> Iterator[list[VirtualHost]]:
+    """Workers listening on ``scheme`` on every virtual host (restarted per scheme); for TLS,
+    this process (the controller) and the workers get the certificates."""
+    env = tls_files.env if "tls" in scheme else {}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        for host in machines:
+            host.stop_worker()
+            host.start_worker(TEST_SECRET, scheme=scheme, env=env)
+        yield machines
+    finally:
+        for host in machines:
+            host.stop_worker()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +87,32 @@ def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
 
 
 
-
-def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHost]) -> None:
+def test_spawn_call_broadcast_across_hosts(
+    mesh: HostMesh, hosts: list[VirtualHost], scheme: str
+) -> None:
     two = mesh.slice(hosts=slice(0, 2))
     pm = two.spawn_procs(per_host={"gpus": 2})
     assert pm.sizes == {"hosts": 2, "gpus": 2}
     where = pm.spawn("where", Where)
     addresses = where.where.call().get(T)
     for point, address in addresses.items():
-        assert address.startswith(f"tcp://{hosts[point['hosts']].ip}:")
+        assert address.startswith(f"{scheme}://{hosts[point['hosts']].ip}:")
     where.bump.broadcast()
     assert where.bump.call().get(T).values() == [2, 2, 2, 2]
     # Actors talk to actors on the other host directly.
     relays = pm.spawn("relays", Relay, where)
     answers = relays.ask_other_host.call().get(T)
     for point, answer in answers.items():
-        assert answer.startswith(f"tcp://{hosts[1 - point['hosts']].ip}:")
+        assert answer.startswith(f"{scheme}://{hosts[1 - point['hosts']].ip}:")
     pm.stop().get(T)
 
 
 def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
-    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures, scheme: str
 ) -> None:
     pm = mesh.slice(hosts=slice(1, 3)).spawn_procs(per_host={"gpus": 1})
-    where = pm.spawn("victims", Where)
+    name = f"victims{SCHEMES.index(scheme)}"  # failures reach one root for the whole session
+    where = pm.spawn(name, Where)
     pids = where.pid.call().get(T).values()
     busy = where.slice(hosts=1).bump.call_one()  # host index 1 of the slice: hosts[2]
     busy.get(T)
@@ -77,12 +120,12 @@ def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
     worker = hosts[2].worker
     assert worker is not None
     worker.send_signal(signal.SIGKILL)
-    failure = roots.wait_for("victims")
+    failure = roots.wait_for(name)
     detected = time.monotonic() - start
     assert failure.ranks == (1,)
     assert detected < 5
     assert not _alive(pids[1])  # its proc died with the worker
-    with pytest.raises(SupervisionError, match="victims has failed at rank 1"):
+    with pytest.raises(SupervisionError, match=f"{name} has failed at rank 1"):
         where.slice(hosts=1).bump.call_one().get(T)
     assert where.slice(hosts=0).bump.call_one().get(T) == 1
     pm.slice(hosts=0).stop().get(T)
@@ -106,19 +149,20 @@ def test_a_cut_link_that_heals_loses_nothing_and_duplicates_nothing(
 
 
 def test_a_cut_link_that_stays_cut_is_detected_by_heartbeat(
-    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures, scheme: str
 ) -> None:
+    name = f"lonely{SCHEMES.index(scheme)}"
     regency.configure(heartbeat_interval=0.2, heartbeat_timeout=2.0)
     try:
         pm = mesh.slice(hosts=1).spawn_procs(per_host={"gpus": 1})
-        lonely = pm.spawn("lonely", Where)
+        lonely = pm.spawn(name, Where)
         lonely.bump.call_one().get(T)
         start = time.monotonic()
         hosts[1].cut()
         try:
             with pytest.raises(SupervisionError, match="sent no heartbeat"):
                 lonely.bump.call_one().get(T)
-            roots.wait_for("lonely")
+            roots.wait_for(name)
             detected = time.monotonic() - start
         finally:
             hosts[1].restore()
@@ -152,6 +196,40 @@ def test_wrong_secret_and_garbage_are_refused_and_the_worker_keeps_serving(
         raw.sendall(os.urandom(4096))
     worker = hosts[3].worker
     assert worker is not None and worker.poll() is None
+
+
+def test_a_controller_that_cannot_verify_a_tls_worker_is_refused_at_once(
+    hosts: list[VirtualHost], scheme: str, tls_files: TlsFiles
+) -> None:
+    if scheme != "nng+tls+tcp":
+        pytest.skip("only nng+tls+tcp verifies certificates")
+    program = textwrap.dedent(
+        """
+        import sys, time
+        from regency.actor import attach_to_workers
+        start = time.monotonic()
+        try:
+            attach_to_workers([sys.argv[1]], lease=5.0)
+        except Exception as e:
+            print(type(e).__name__, e)
+        print("after", round(time.monotonic() - start, 1))
+        """
+    )
+    env = {**os.environ, **tls_files.env, "REGENCY_TLS_CA": tls_files.other_ca}
+    out = subprocess.run(
+        [sys.executable, "-c", program, hosts[3].worker_address],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, env=env,
+    )
+    first, after = out.stdout.splitlines()[:2]
+    assert first.startswith(
+        f"ConnectionError attaching to the worker at {hosts[3].worker_address}: "
+    ), out.stdout + out.stderr
+    assert first.endswith("Cryptographic error (nng error 26)"), first
+    assert float(after.split()[1]) < 5  # refused, not retried until delivery_timeout
+    # The worker still serves a controller that trusts the right CA.
+    again = attach_to_workers([hosts[3].worker_address], lease=5.0)
+    assert again.spawn_procs(per_host={"gpus": 1}).spawn("w", Where).bump.call_one().get(T) == 1
+    again.shutdown().get(T)
 
 
 CONTROLLER = textwrap.dedent(
