@@ -70,8 +70,11 @@ ENV_CA: Final = "REGENCY_TLS_CA"
 _U32 = struct.Struct("<I")
 #: Unacknowledged messages a listener may have on one pipe (nng's per-pipe queue holds 2).
 _WINDOW = 2
-#: Frames are packed into one message up to this many bytes; a larger frame travels alone.
+#: Frames are packed into one message up to this many bytes; a larger frame is cut across
+#: several messages.
 _BATCH_BYTES = 256 * 1024
+#: The largest message nng accepts on any pipe, authenticated or not.
+_RECV_MAX = _BATCH_BYTES + 2 * 4
 #: The polyamorous socket's shared send queue: deep enough that non-blocking sends rarely fail,
 #: since the window already bounds what each pipe can have outstanding.
 _LISTENER_SEND_BUFFER = 1024
@@ -147,6 +150,22 @@ def _close_pipe(pipe: Any) -> None:
         pass  # already gone
 
 
+def _take(pieces: deque[memoryview], room: int, out: list[bytes | bytearray | memoryview]) -> int:
+    """Move up to ``room`` bytes from the front of ``pieces`` to ``out``; return how many."""
+    taken = 0
+    while pieces and taken < room:
+        piece = pieces[0]
+        if len(piece) <= room - taken:
+            out.append(pieces.popleft())
+            taken += len(piece)
+        else:
+            cut = room - taken
+            out.append(piece[:cut])
+            pieces[0] = piece[cut:]
+            taken += cut
+    return taken
+
+
 class _Flush(enum.Enum):
     DONE = "done"  # nothing left that may be sent now
     BLOCKED = "blocked"  # nng's queue is full: wait for send_fd
@@ -176,6 +195,8 @@ class NngConnection(Connection):
         self._pending: deque[tuple[int, Frame]] = deque()
         # A built message nng refused (queue full); it goes before anything in _pending.
         self._stalled: Any = None
+        # What is left of a frame too large for one message, which the next message continues.
+        self._spill: deque[memoryview] = deque()
         # Messages the peer may still be sent unacknowledged; None on a dialer (no window).
         self._credit = credit
         # Messages received from the peer and not yet acknowledged; only dialers owe acks.
@@ -186,6 +207,9 @@ class NngConnection(Connection):
         self._error: BaseException | None = None
         # Trio thread only.
         self._lost_notified = False
+        # A frame spanning several messages, as received so far, and how many bytes it lacks.
+        self._partial: bytearray | None = None
+        self._partial_need = 0
 
     @property
     def closed(self) -> bool:
@@ -223,6 +247,7 @@ class NngConnection(Connection):
                 return
             self._closed = True
             self._pending.clear()
+            self._spill.clear()
             self._stalled = None
         self._endpoint.release(self)
         self._notify_lost(None)
@@ -237,7 +262,8 @@ class NngConnection(Connection):
         """Hand nng every message the window allows. Caller holds ``_lock``."""
         while True:
             if self._stalled is None:
-                if (not self._pending and not self._acks_owed) or self._credit == 0:
+                idle = not self._pending and not self._spill and not self._acks_owed
+                if idle or self._credit == 0:
                     return _Flush.DONE
                 self._stalled = pynng.Message(self._build_locked(), self._pipe)
                 if self._credit is not None:
@@ -250,26 +276,39 @@ class NngConnection(Connection):
                 self._closed = True
                 self._error = _broken(f"sending to {self.peer} failed", exc)
                 self._pending.clear()
+                self._spill.clear()
                 self._stalled = None
                 return _Flush.FAILED
             self._stalled = None
 
     def _build_locked(self) -> bytes:
+        """The next message: the acks owed, then the rest of a frame in progress, then whole
+        frames, filled up to ``_BATCH_BYTES``. A frame that does not fit in what is left of
+        the message waits for the next one, unless no message could carry it whole: then
+        it starts here and its remainder continues the next messages (so no message exceeds
+        the receive cap)."""
         parts: list[bytes | bytearray | memoryview] = [_U32.pack(self._acks_owed)]
         self._acks_owed = 0
-        size = 0
+        room = _BATCH_BYTES
+        if self._spill:
+            room -= _take(self._spill, room, parts)
         pending = self._pending
-        while pending:
+        while pending and not self._spill:
             n, frame = pending[0]
-            if size and size + _U32.size + n > _BATCH_BYTES:
-                break
+            if _U32.size + n > room and (
+                _U32.size + n <= _BATCH_BYTES or room < _BATCH_BYTES // 4
+            ):
+                break  # it travels whole in the next message, or starts in a roomier one
             pending.popleft()
             parts.append(_U32.pack(n))
-            if isinstance(frame, list):
-                parts.extend(frame)
+            room -= _U32.size
+            pieces = frame if isinstance(frame, list) else [frame]
+            if n <= room:
+                parts.extend(pieces)
+                room -= n
             else:
-                parts.append(frame)
-            size += _U32.size + n
+                self._spill.extend(memoryview(piece).cast("B") for piece in pieces)
+                room -= _take(self._spill, room, parts)
         return b"".join(parts)
 
     def _flush_scheduled(self) -> _Flush:
@@ -309,6 +348,19 @@ class NngConnection(Connection):
                 self._acks_owed += 1
         max_frame = self._endpoint.max_frame
         offset = _U32.size
+        if self._partial is not None:
+            # The rest of a frame that began in an earlier message.
+            take = min(self._partial_need, end - offset)
+            self._partial += view[offset : offset + take]
+            self._partial_need -= take
+            offset += take
+            if self._partial_need:
+                if offset != end:  # pragma: no cover - take is all that is left
+                    raise AssertionError("partial frame did not take the whole message")
+            else:
+                frame, self._partial = self._partial, None
+                if not self._deliver(memoryview(frame)):
+                    return
         while offset < end:
             if end - offset < _U32.size:
                 self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn header)"))
@@ -321,20 +373,32 @@ class NngConnection(Connection):
                 )
                 return
             if end - offset < n:
-                self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn frame)"))
-                return
-            assert self.sink is not None
-            try:
-                self.sink.frame_received(self, view[offset : offset + n])
-            except Exception as exc:
-                log.error("closing connection to %s after bad frame: %r", self.peer, exc)
-                self._fail(exc)
+                if _U32.size + n <= _BATCH_BYTES:  # would have travelled whole
+                    self._fail(
+                        ConnectionBroken(f"malformed message from {self.peer} (torn frame)")
+                    )
+                    return
+                # A large frame continues in the next messages: grow its buffer as the bytes
+                # arrive, never by what the header claims.
+                self._partial = bytearray(view[offset:end])
+                self._partial_need = n - (end - offset)
+                break
+            if not self._deliver(view[offset : offset + n]):
                 return
             offset += n
-            if self._closed:
-                return
         if self._credit is None and self._acks_owed >= _WINDOW:
             self._schedule_acks()
+
+    def _deliver(self, frame: memoryview) -> bool:
+        """Hand one frame to the sink; False when the connection is closed after it."""
+        assert self.sink is not None
+        try:
+            self.sink.frame_received(self, frame)
+        except Exception as exc:
+            log.error("closing connection to %s after bad frame: %r", self.peer, exc)
+            self._fail(exc)
+            return False
+        return not self._closed
 
     def _credit_returned(self, acks: int) -> bool:
         """Apply the peer's acknowledgements; False if they were invalid (connection failed)."""
@@ -365,6 +429,7 @@ class NngConnection(Connection):
                 self._closed = True
                 self._error = exc
                 self._pending.clear()
+                self._spill.clear()
                 self._stalled = None
             exc = self._error if self._error is not None else exc
         self._endpoint.release(self)
@@ -785,9 +850,10 @@ class NngTransport(Transport):
         # None: read REGENCY_TLS_* each time a TLS socket opens, so a process can be given
         # its certificates after its transport started.
         self._tls = tls
-        # A batch may exceed max_frame when max_frame is small; one frame travels with its
-        # length and the message's ack header.
-        self._recv_max = max(max_frame + _U32.size, _BATCH_BYTES) + _U32.size
+        # No message exceeds _BATCH_BYTES plus its ack header and one frame header, so nng
+        # refuses anything larger when it reads the length, before buffering a byte of it:
+        # a peer that has not authenticated can make us hold at most this much per pipe.
+        self._recv_max = _RECV_MAX
 
     async def listen(self, address: str, sinks: SinkFactory) -> Listener:
         scheme, url, _ = _parse(address)
