@@ -270,3 +270,33 @@ def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
     mine = again.spawn_procs(per_host={"gpus": 1})
     assert mine.spawn("w", Where).bump.call_one().get(T) == 1
     again.shutdown().get(T)
+
+
+def test_configure_chooses_the_transport_between_hosts(
+    hosts: list[VirtualHost], scheme: str
+) -> None:
+    # configure(default_transport=...) naming a transport that reaches other hosts wins over
+    # the scheme of the worker addresses: for the controller's address and its procs'.
+    chosen = {"tcp": "nng+tcp", "nng+tcp": "tcp", "nng+tls+tcp": "nng+tcp"}[scheme]
+    program = textwrap.dedent(
+        """
+        import sys
+        import regency
+        from regency.actor import attach_to_workers
+        from tests.multihost.actors import Where
+        regency.configure(default_transport=sys.argv[2])
+        hosts = attach_to_workers([sys.argv[1]], lease=5.0)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("w", Where)
+        print(where.where.call_one().get(30))
+        print(where.pid.call_one().get(30))
+        hosts.shutdown().get(30)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program, hosts[3].worker_address, chosen],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    address, pid = out.stdout.split()
+    assert address.startswith(f"{chosen}://{hosts[3].ip}:"), address
+    assert not _alive(int(pid))
