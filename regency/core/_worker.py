@@ -30,10 +30,11 @@ import trio
 from ..transports import scheme_of
 from . import _codec
 from . import _messages as M
+from ._current import set_current_runtime
 from ._errors import RemoteFailure
 from ._hostlinks import parse_host_address
 from ._launcher import ProcHandle
-from ._runtime import Runtime, set_current_runtime
+from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
 

@@ -44,7 +44,7 @@ def main() -> None:
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
-    from . import _mesh, _runtime  # noqa: F401
+    from . import _proc_mesh, _runtime  # noqa: F401
 
     gc.freeze()
     children: set[int] = set()
