@@ -61,8 +61,14 @@ class _Client:
         pass
 
 
-async def _measure(address: str) -> tuple[float, float]:
-    """(round trip in us, pipelined frames/s)."""
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _measure(address: str) -> tuple[float, float, float]:
+    """(round trip in us, pipelined frames/s, this process's CPU per round trip in us, its
+    library threads included: a figure that load on the machine changes little)."""
     async with open_transport(SECRET) as transport:
         client = _Client()
         conn = await transport.connect(address, client)
@@ -78,18 +84,20 @@ async def _measure(address: str) -> tuple[float, float]:
         for _ in range(200):
             await exchange(1)
         trips = []
+        cpu0 = _cpu()
         for _ in range(5):
             t0 = time.perf_counter()
             for _ in range(N):
                 await exchange(1)
             trips.append((time.perf_counter() - t0) / N * 1e6)
+        cpu = (_cpu() - cpu0) / (5 * N) * 1e6
         rates = []
         for _ in range(3):
             t0 = time.perf_counter()
             await exchange(BURST)
             rates.append(BURST / (time.perf_counter() - t0))
         conn.close()
-        return statistics.median(trips), statistics.median(rates)
+        return statistics.median(trips), statistics.median(rates), cpu
 
 
 @contextlib.contextmanager
@@ -108,7 +116,7 @@ def _tls_files() -> Iterator[dict[str, str]]:
         yield env
 
 
-def run(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, float, float]]:
+def run(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, float, float, float]]:
     rows = []
     with tempfile.TemporaryDirectory() as d, _tls_files() as tls:
         os.chmod(d, 0o700)
@@ -129,8 +137,7 @@ def run(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, float, float]]:
             try:
                 assert server.stdout is not None
                 bound = server.stdout.readline().strip()
-                trip, rate = trio.run(_measure, bound)
-                rows.append((kind, trip, rate))
+                rows.append((kind, *trio.run(_measure, bound)))
             finally:
                 server.kill()
                 server.wait()
@@ -141,10 +148,10 @@ def main() -> None:
     kinds = KINDS
     if sys.argv[1:2] == ["--only"]:
         kinds = tuple(sys.argv[2].split(","))
-    print("| transport | 64-byte round trip | pipelined 64-byte frames |")
-    print("|---|---|---|")
-    for kind, trip, rate in run(kinds):
-        print(f"| {kind} | {trip:,.0f} us | {rate:,.0f} /s |", flush=True)
+    print("| transport | 64-byte round trip | pipelined 64-byte frames | client CPU per trip |")
+    print("|---|---|---|---|")
+    for kind, trip, rate, cpu in run(kinds):
+        print(f"| {kind} | {trip:,.0f} us | {rate:,.0f} /s | {cpu:,.0f} us |", flush=True)
 
 
 if __name__ == "__main__":

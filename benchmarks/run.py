@@ -38,10 +38,10 @@ def main() -> None:
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
     _table("Actors (issue #2)", bench_actors.run())
     print("\n### Transports: 64-byte frames between two processes\n")
-    print("| transport | round trip | pipelined |")
-    print("|---|---|---|")
-    for scheme, us, rate in bench_transports.run():
-        print(f"| {scheme} | {us:,.1f} us | {rate:,.0f} frames/s |")
+    print("| transport | round trip | pipelined | client CPU per trip |")
+    print("|---|---|---|---|")
+    for scheme, us, rate, cpu in bench_transports.run():
+        print(f"| {scheme} | {us:,.1f} us | {rate:,.0f} frames/s | {cpu:,.0f} us |")
     _table("Supervision (issue #3)", bench_supervision.run())
     try:
         from benchmarks import bench_rdma

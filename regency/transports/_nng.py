@@ -23,8 +23,13 @@ Threads. :meth:`NngConnection.send_nowait` hands messages to nng with non-blocki
 per-connection lock, from whichever thread calls it; what nng cannot take yet is queued and
 flushed by one writer task per socket that waits on nng's ``send_fd``. One reader task per
 socket waits on ``recv_fd`` and drains with non-blocking receives. nng reports pipes coming and
-going on its own threads; those callbacks only post an event to the reader through the trio
-token, and the reader handles a removal only after draining the messages that preceded it.
+going on its own threads; those callbacks only post the event to the trio thread, which
+handles a removal only after draining the messages that preceded it.
+
+Speed. The per-message path calls nng's C API through pynng's own cffi bindings, not pynng's
+``Message`` objects (which take locks and look pipes up on every message, and report an empty
+queue by raising), and the reader waits on ``recv_fd`` with nothing else around it: timeouts
+and TLS liveness checks live in a housekeeping task of their own.
 """
 
 from __future__ import annotations
@@ -143,6 +148,40 @@ def _broken(what: str, exc: pynng.NNGException) -> ConnectionBroken:
     return kind(f"{what}: {exc} (nng error {exc.errno})")
 
 
+# nng's C API through pynng's own bindings. The per-message path calls it directly: pynng's
+# Message objects take locks and look pipes up on every message, and report an empty queue by
+# raising (building the exception's text), which costs more than the call itself.
+_lib: Any = pynng.lib
+_ffi: Any = pynng.ffi
+_NONBLOCK: Final[int] = _lib.NNG_FLAG_NONBLOCK
+_EAGAIN: Final[int] = _lib.NNG_EAGAIN
+
+
+def _nng_error(rv: int) -> pynng.NNGException:
+    """pynng's exception for nng error code ``rv``."""
+    try:
+        pynng.exceptions.check_err(rv)
+    except pynng.NNGException as exc:
+        return exc
+    raise AssertionError(f"nng error code must be non-zero (got {rv})")  # pragma: no cover
+
+
+def _send_now(sock: Any, pipe: Any, data: bytes) -> int:
+    """Hand ``data`` to nng as one message for ``pipe`` without waiting. Returns 0, or nng's
+    error code (``_EAGAIN``: its queue is full), in which case nothing was sent."""
+    msg_p = _ffi.new("nng_msg **")
+    rv: int = _lib.nng_msg_alloc(msg_p, len(data))
+    if rv:
+        return rv
+    msg = msg_p[0]
+    _ffi.memmove(_lib.nng_msg_body(msg), data, len(data))
+    _lib.nng_msg_set_pipe(msg, pipe)
+    rv = _lib.nng_sendmsg(sock, msg, _NONBLOCK)
+    if rv:
+        _lib.nng_msg_free(msg)  # nng takes the message only when it accepts it
+    return rv
+
+
 def _close_pipe(pipe: Any) -> None:
     try:
         pipe.close()
@@ -194,7 +233,7 @@ class NngConnection(Connection):
         # Frames accepted by send_nowait and not yet in a message, oldest first, with sizes.
         self._pending: deque[tuple[int, Frame]] = deque()
         # A built message nng refused (queue full); it goes before anything in _pending.
-        self._stalled: Any = None
+        self._stalled: bytes | None = None
         # What is left of a frame too large for one message, which the next message continues.
         self._spill: deque[memoryview] = deque()
         # Messages the peer may still be sent unacknowledged; None on a dialer (no window).
@@ -265,16 +304,15 @@ class NngConnection(Connection):
                 idle = not self._pending and not self._spill and not self._acks_owed
                 if idle or self._credit == 0:
                     return _Flush.DONE
-                self._stalled = pynng.Message(self._build_locked(), self._pipe)
+                self._stalled = self._build_locked()
                 if self._credit is not None:
                     self._credit -= 1
-            try:
-                self._endpoint.sock.send_msg(self._stalled, block=False)
-            except pynng.TryAgain:
+            rv = _send_now(self._endpoint.sock.socket, self._pipe.pipe, self._stalled)
+            if rv == _EAGAIN:
                 return _Flush.BLOCKED
-            except pynng.NNGException as exc:
+            if rv:
                 self._closed = True
-                self._error = _broken(f"sending to {self.peer} failed", exc)
+                self._error = _broken(f"sending to {self.peer} failed", _nng_error(rv))
                 self._pending.clear()
                 self._spill.clear()
                 self._stalled = None
@@ -476,14 +514,18 @@ class _Endpoint:
         self.tls: Any = None
         self._secret = secret
         self.conns: dict[int, NngConnection] = {}
-        # Pipe events posted from nng threads: (added, pipe). Trio thread only.
-        self._events: deque[tuple[bool, Any]] = deque()
         self._dirty: set[NngConnection] = set()
         self._writer_wakeup = trio.Event()
-        self._reader_wait: trio.CancelScope | None = None
+        self._housekeeping_wakeup = trio.Event()
         self._scope = trio.CancelScope()
         self._closed = False
         self._next_liveness_check = math.inf if scheme != "nng+tls+tcp" else 0.0
+        # Pipes by id, for messages from a pipe that has no connection yet (the handshake).
+        # Written from nng threads; entries leave when the removal reaches the trio thread.
+        self._pipes: dict[int, Any] = {}
+        # The receive path's out-parameter, reused (trio thread only).
+        self._msg_p = _ffi.new("nng_msg **")
+        sock.add_pre_pipe_connect_cb(self._remember_pipe)
         sock.add_post_pipe_connect_cb(functools.partial(self._post_event, True))
         sock.add_post_pipe_remove_cb(functools.partial(self._post_event, False))
 
@@ -495,6 +537,7 @@ class _Endpoint:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._read_loop, recv_fd)
                     nursery.start_soon(self._write_loop, send_fd)
+                    nursery.start_soon(self._housekeeping_loop)
                     task_status.started()
         finally:
             self._closed = True
@@ -520,6 +563,9 @@ class _Endpoint:
 
     # nng threads ----------------------------------------------------------------------------
 
+    def _remember_pipe(self, pipe: Any) -> None:
+        self._pipes[pipe.id] = pipe
+
     def _post_event(self, added: bool, pipe: Any) -> None:
         try:
             self.token.run_sync_soon(self._event_arrived, added, pipe)
@@ -529,56 +575,75 @@ class _Endpoint:
     # trio thread ----------------------------------------------------------------------------
 
     def _event_arrived(self, added: bool, pipe: Any) -> None:
+        """A pipe came or went. A removal is handled after every message the pipe sent
+        before it went (they are already queued in nng): drained here, first."""
         if self._closed:
             return
-        self._events.append((added, pipe))
-        if self._reader_wait is not None:
-            self._reader_wait.cancel()
+        if added:
+            self._pipe_added(pipe)
+            self._housekeeping_wakeup.set()
+            return
+        try:
+            while self._receive_one():
+                pass
+        except pynng.NNGException as exc:
+            self._socket_failed(exc)
+            return
+        self._pipes.pop(pipe.id, None)
+        self._pipe_removed(pipe)
 
     async def _read_loop(self, fd: int) -> None:
         while True:
-            events = list(self._events)
-            self._events.clear()
-            for added, pipe in events:
-                if added:
-                    self._pipe_added(pipe)
-            # Messages already queued precede any removal taken above: deliver them first.
             try:
                 await self._drain()
             except pynng.NNGException as exc:
-                log.error("nng socket for %s failed: %s", self.scheme, exc)
-                for conn in list(self.conns.values()):
-                    conn._fail(_broken("nng socket failed", exc))
-                self.close()
+                self._socket_failed(exc)
                 return
-            for added, pipe in events:
-                if not added:
-                    self._pipe_removed(pipe)
-            if self._events:
-                continue
-            deadline = self._housekeeping()
-            with trio.CancelScope(deadline=deadline) as wait:
-                self._reader_wait = wait
-                await trio.lowlevel.wait_readable(fd)
-            self._reader_wait = None
+            await trio.lowlevel.wait_readable(fd)
+
+    def _socket_failed(self, exc: pynng.NNGException) -> None:
+        log.error("nng socket for %s failed: %s", self.scheme, exc)
+        for conn in list(self.conns.values()):
+            conn._fail(_broken("nng socket failed", exc))
+        self.close()
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            with trio.move_on_at(self._housekeeping()):
+                await self._housekeeping_wakeup.wait()
+            self._housekeeping_wakeup = trio.Event()
 
     async def _drain(self) -> None:
+        """Receive every message nng has queued (raises pynng.NNGException if the socket
+        fails), with a checkpoint now and then so that a flood cannot starve other tasks."""
         handled = 0
-        while True:
-            try:
-                msg = self.sock.recv_msg(block=False)
-            except pynng.TryAgain:
-                return
-            pipe = msg.pipe
-            if pipe is not None:
-                conn = self.conns.get(pipe.id)
-                if conn is not None:
-                    conn._received(msg.bytes)
-                else:
-                    self._handshake_message(pipe, msg.bytes)
+        while self._receive_one():
             handled += 1
             if handled % _DRAIN_BATCH == 0:
                 await trio.lowlevel.checkpoint()
+
+    def _receive_one(self) -> bool:
+        """Receive and handle one message; False when none is queued."""
+        msg_p = self._msg_p
+        rv = _lib.nng_recvmsg(self.sock.socket, msg_p, _NONBLOCK)
+        if rv == _EAGAIN:
+            return False
+        if rv:
+            raise _nng_error(rv)
+        msg = msg_p[0]
+        try:
+            pipe_id: int = _lib.nng_pipe_id(_lib.nng_msg_get_pipe(msg))
+            data: bytes = _ffi.buffer(_lib.nng_msg_body(msg), _lib.nng_msg_len(msg))[:]
+        finally:
+            _lib.nng_msg_free(msg)
+        conn = self.conns.get(pipe_id)
+        if conn is not None:
+            conn._received(data)
+        else:
+            pipe = self._pipes.get(pipe_id)
+            if pipe is not None:
+                self._handshake_message(pipe, data)
+        return True
 
     async def _write_loop(self, fd: int) -> None:
         while True:
@@ -593,7 +658,9 @@ class _Endpoint:
 
     def _send_handshake(self, pipe: Any, data: bytes) -> None:
         """Raises pynng.NNGException when nng does not take it at once."""
-        self.sock.send_msg(pynng.Message(data, pipe), block=False)
+        rv = _send_now(self.sock.socket, pipe.pipe, data)
+        if rv:
+            raise _nng_error(rv)
 
     def _ended(self) -> None:
         """The tasks are done and the socket is about to close."""
@@ -608,13 +675,13 @@ class _Endpoint:
         raise NotImplementedError
 
     def _housekeeping(self) -> float:
-        """Do what is due now; return when the reader must next wake up for it.
+        """Do what is due now; return when the housekeeping task must next run.
 
         nng 1.11's TLS transport can lose a peer's close: when the last data and the close
         arrive together it shuts the TCP connection but never fails the pipe, so no removal
         event ever comes. Such a pipe no longer has a peer address, which is cheap to ask.
         """
-        if not self.conns:
+        if self.scheme != "nng+tls+tcp":
             return math.inf
         now = trio.current_time()
         if now >= self._next_liveness_check:
@@ -667,6 +734,7 @@ class _ListenEndpoint(_Endpoint):
 
     def _vet_pipe(self, pipe: Any) -> None:
         if not self._accepting:
+            self._pipes.pop(pipe.id, None)
             pipe.close()
 
     def _peer(self, pipe: Any) -> str:
@@ -774,6 +842,7 @@ class _DialEndpoint(_Endpoint):
     def _vet_pipe(self, pipe: Any) -> None:
         # One pipe per dialer, ever: a redial would be a new, unauthenticated peer.
         if self._had_pipe:
+            self._pipes.pop(pipe.id, None)
             pipe.close()
         self._had_pipe = True
 
