@@ -2,11 +2,15 @@
 
 from ._netns import VirtualHost, virtual_hosts, virtual_hosts_available
 from ._sim import Simulated, fault_schedules, simulated_fixture
+from ._tls import TlsFiles, make_tls_files, nng_tls_unavailable
 
 __all__ = [
     "Simulated",
+    "TlsFiles",
     "VirtualHost",
     "fault_schedules",
+    "make_tls_files",
+    "nng_tls_unavailable",
     "simulated_fixture",
     "virtual_hosts",
     "virtual_hosts_available",

@@ -14,12 +14,18 @@ import pytest
 
 import regency
 from regency.actor import HostMesh, SupervisionError, attach_to_workers
-from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
+from regency.testing import (
+    TlsFiles,
+    VirtualHost,
+    make_tls_files,
+    nng_tls_unavailable,
+    virtual_hosts,
+    virtual_hosts_available,
+)
 
 from ..conftest import TEST_SECRET, RootFailures
 from ..conftest import pid_alive as _alive
 from .actors import Relay, Where
-from .tls import TlsFiles, make_tls_files, nng_tls_unavailable
 
 pytestmark = pytest.mark.skipif(
     virtual_hosts_available() is not None, reason=str(virtual_hosts_available())
@@ -43,7 +49,9 @@ def machines() -> Iterator[list[VirtualHost]]:
 @pytest.fixture(scope="module")
 def tls_files(machines: list[VirtualHost], tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     """A throwaway CA and one certificate for every virtual host and this namespace."""
-    return make_tls_files(machines, tmp_path_factory.mktemp("tls"))
+    subnet = machines[0].ip.rsplit(".", 1)[0]
+    names = [f"{subnet}.1", *(m.ip for m in machines)]
+    return make_tls_files(names, str(tmp_path_factory.mktemp("tls")))
 
 
 @pytest.fixture(scope="module", params=SCHEMES)
