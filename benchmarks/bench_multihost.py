@@ -117,8 +117,6 @@ def per_transport(schemes: tuple[str, ...] = ("tcp", "nng+tcp", "nng+tls+tcp")) 
                          _pipelined(remote), "calls/s"))
             mesh.shutdown().get(30)
             hosts[0].stop_worker()
-            for name in env:
-                os.environ.pop(name, None)
     return rows
 
 
