@@ -4,7 +4,7 @@ User code imports :mod:`regency.actor` (Monarch's names); :func:`configure` sele
 transports and limits.
 """
 
-from .core import configure
+from .config import configure
 
 __version__ = "0.1.0"
 __all__ = ["configure"]
