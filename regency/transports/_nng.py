@@ -78,7 +78,8 @@ _WINDOW = 2
 #: Frames are packed into one message up to this many bytes; a larger frame is cut across
 #: several messages.
 _BATCH_BYTES = 256 * 1024
-#: The largest message nng accepts on any pipe, authenticated or not.
+#: The largest message nng accepts on any pipe, authenticated or not: a full batch with its
+#: ack header and one frame header.
 _RECV_MAX = _BATCH_BYTES + 2 * 4
 #: The polyamorous socket's shared send queue: deep enough that non-blocking sends rarely fail,
 #: since the window already bounds what each pipe can have outstanding.
@@ -369,7 +370,7 @@ class NngConnection(Connection):
             self._scheduled = True
         self._endpoint.mark_dirty(self)
 
-    def _received(self, data: bytes) -> None:
+    def _received(self, data: bytes | bytearray) -> None:
         """Deliver one post-handshake message. Trio thread (the reader)."""
         if self._closed:
             return
@@ -579,18 +580,21 @@ class _Endpoint:
         before it went (they are already queued in nng): drained here, first."""
         if self._closed:
             return
-        if added:
-            self._pipe_added(pipe)
-            self._housekeeping_wakeup.set()
-            return
         try:
+            if added:
+                self._pipe_added(pipe)
+                self._housekeeping_wakeup.set()
+                return
             while self._receive_one():
                 pass
+            self._pipes.pop(pipe.id, None)
+            self._pipe_removed(pipe)
         except pynng.NNGException as exc:
             self._socket_failed(exc)
-            return
-        self._pipes.pop(pipe.id, None)
-        self._pipe_removed(pipe)
+        except Exception:
+            # Raising here would end the whole trio run (this is a run_sync_soon callback).
+            log.exception("nng socket for %s failed handling a pipe event", self.scheme)
+            self._socket_failed(pynng.NNGException("pipe event handling failed", 0))
 
     async def _read_loop(self, fd: int) -> None:
         while True:
@@ -704,7 +708,12 @@ class _ServerHandshake:
 
 class _ListenEndpoint(_Endpoint):
     def __init__(
-        self, sock: Any, scheme: str, secret: bytes, max_frame: int, sinks: SinkFactory
+        self,
+        sock: Any,
+        scheme: str,
+        secret: bytes,
+        max_frame: int,
+        sinks: SinkFactory,
     ) -> None:
         super().__init__(sock, scheme, secret, max_frame)
         self._sinks = sinks
@@ -870,7 +879,8 @@ class _DialEndpoint(_Endpoint):
         except pynng.NNGException as exc:
             self._settle(_broken(where, exc))
             return
-        # The server's proof is the first message of its window: acknowledge it.
+        # The server's proof is the first message of its window: it is acknowledged with
+        # the first message this side sends.
         conn = NngConnection(self, pipe, self._address, credit=None, acks_owed=1)
         conn.sink = self._sink
         self.conns[pipe.id] = conn
@@ -951,7 +961,12 @@ class NngTransport(Transport):
 
     async def connect(self, address: str, sink: FrameSink) -> Connection:
         scheme, url, host = _parse(address)
-        tls = self._tls_config(scheme, server=False, host=host)
+        try:
+            tls = self._tls_config(scheme, server=False, host=host)
+        except (ValueError, OSError, pynng.NNGException) as exc:
+            # A dial without usable TLS settings cannot verify its peer: that is a failed
+            # authentication (retrying cannot help), not a bug at the call site.
+            raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
         sock = pynng.Pair1(
             recv_max_size=self._recv_max,
             recv_buffer_size=_RECV_BUFFER,
