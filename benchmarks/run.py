@@ -12,7 +12,9 @@ os.environ.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
 import regency.actor
 from benchmarks import (
     bench_actors,
+    bench_dispatch,
     bench_multihost,
+    bench_protect,
     bench_sim,
     bench_supervision,
     bench_transports,
@@ -37,6 +39,7 @@ def main() -> None:
     )
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
     _table("Actors (issue #2)", bench_actors.run())
+    _table("Runtime cost per message, one thread's CPU (issue #10)", bench_dispatch.run())
     print("\n### Transports: 64-byte frames between two processes\n")
     print("| transport | round trip | pipelined | client CPU per trip |")
     print("|---|---|---|---|")
@@ -50,6 +53,7 @@ def main() -> None:
     else:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
+    _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
     _table("Simulator (issue #4)", bench_sim.run())
 
 

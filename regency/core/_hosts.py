@@ -5,22 +5,25 @@ See :mod:`regency.core._worker` for the worker daemon and the protocol.
 
 from __future__ import annotations
 
+import functools
+import logging
 import socket
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import trio
 
-from . import _codec, _controller, _current
+from . import _controller, _current
 from . import _messages as M
-from ._children import Child
 from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._hostlinks import host_address, parse_host_address, remote_scheme
-from ._launcher import ProcHandle
+from ._launcher import ProcHandle, ProcLauncher
 from ._runtime import Runtime
+
+log = logging.getLogger("regency.hosts")
 
 
 class HostRef(NamedTuple):
@@ -38,8 +41,7 @@ class _Reply:
         self.fut, self.what = fut, what
         self.dests = frozenset((worker,))
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        value = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         if status == M.OK:
             self.fut.set_result(value)
         else:
@@ -63,31 +65,54 @@ class _Hosts:
         self.scheme = "tcp"
         #: Our multi-host listeners by (scheme, interface address): their addresses.
         self.listening: dict[tuple[str, str], str] = {}
-        rt.extensions[M.EXITED] = self._exited
+        self.launchers: dict[str, WorkerLauncher] = {}
+        #: Workers that dropped us (our lease ran out there), with their word for why.
+        self.lapsed: dict[str, str] = {}
+        rt.extensions[M.Exited] = self._exited
+        rt.extensions[M.Refused] = self._refused
+        rt.extensions[M.Lapsed] = self._lapsed
 
-    def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, address, code = envelope
-        child = self.rt.children.get(address)
-        if child is not None:
-            self.rt._child_exited(child, code)
+    def _exited(self, msg: M.Exited) -> None:
+        for launcher in self.launchers.values():
+            if launcher.exited(msg.address, msg.code):
+                return
+
+    def _refused(self, msg: M.Refused) -> None:
+        """A worker did not launch one of our procs: fail it now, saying why, instead of
+        letting it time out as "did not start"."""
+        child = self.rt.children.get(msg.address)
+        if child is not None and child.returncode is None:
+            child.killed_for = f"was refused by its worker: {msg.reason}"
+            log.error("proc %s %s", child.proc_id, child.killed_for)
+        self._exited(M.Exited(msg.address, 1))
+
+    def _lapsed(self, msg: M.Lapsed) -> None:
+        if msg.worker in self.workers and msg.worker not in self.lapsed:
+            log.error("%s", msg.reason)
+            self.lapsed[msg.worker] = msg.reason
 
     async def renew_leases(self) -> None:
         while True:
             await trio.sleep(self.lease / 4)
             for worker in list(self.workers):
                 try:
-                    self.rt.send(worker, _codec.pack((M.LEASE, self.rt.address)))
+                    self.rt.post(worker, M.Lease(self.rt.address))
                 except Exception:
                     pass  # its procs are lost through heartbeats or links
 
-    def request(self, worker: str, envelope: tuple[Any, ...], what: str, timeout: float) -> Any:
-        """Send ``envelope + (port,)`` to a worker and wait for the reply (not on the loop)."""
+    def request(
+        self, worker: str, message: Callable[[M.PortRef], M.Wire], what: str, timeout: float
+    ) -> Any:
+        """Send ``message(reply port)`` to a worker and wait for the reply (not on the loop)."""
         fut: Future[Any] = Future()
         port = self.rt.open_port(_Reply(fut, what, worker))
-        self.rt.send(worker, _codec.pack((*envelope, port)))
+        self.rt.post(worker, message(port))
         return fut.get(timeout)
 
     def take_ports(self, worker: str, count: int) -> list[int]:
+        lapsed = self.lapsed.get(worker)
+        if lapsed is not None:
+            raise ConnectionError(lapsed)
         pool = self.ports[worker]
         if len(pool) < count:
             if self.rt.on_runtime_thread():
@@ -97,7 +122,7 @@ class _Hosts:
                 )
             more = self.request(
                 worker,
-                (M.RESERVE, self.rt.address, max(count - len(pool), 32)),
+                functools.partial(M.Reserve, self.rt.address, max(count - len(pool), 32)),
                 f"reserving ports on {worker}",
                 30,
             )
@@ -114,7 +139,7 @@ class RemoteProcHandle(ProcHandle):
 
     def kill(self) -> None:
         try:
-            self.rt.send(self.worker, _codec.pack((M.KILL, self.rt.address, self.address)))
+            self.rt.post(self.worker, M.Kill(self.rt.address, self.address))
         except Exception:
             pass  # the worker is gone, and its procs with it
 
@@ -167,6 +192,8 @@ def attach_to_workers(
             )
     rt = current_runtime()
     hosts = getattr(rt, "hosts", None)
+    if hosts is not None:
+        hosts.lease = min(hosts.lease, lease)  # renew often enough for the shortest lease
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
         rt.start_soon(hosts.renew_leases)
@@ -189,7 +216,7 @@ def attach_to_workers(
         try:
             hostname, ip, ports = hosts.request(
                 address,
-                (M.ATTACH, rt.address, lease),
+                functools.partial(M.Attach, rt.address, lease),
                 f"attaching to the worker at {address}",
                 rt.config.spawn_timeout,
             )
@@ -197,36 +224,62 @@ def attach_to_workers(
             raise ConnectionError(f"the worker at {address} did not answer") from None
         except SupervisionError as exc:
             raise ConnectionError(f"cannot reach the worker at {address}: {exc}") from None
+        hosts.lapsed.pop(address, None)
         hosts.workers[address] = HostRef(address, hostname, ip)
         hosts.ports[address] = deque(ports)
         refs.append(HostRef(address, hostname, ip))
     return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs))
 
 
-def plan_remote(rt: Runtime, hosts: Sequence[HostRef], per_host: int, name: str) -> list[Child]:
-    """Name and address procs on remote hosts (``per_host`` on each, in host order)."""
-    state: _Hosts = rt.hosts  # type: ignore[attr-defined]
-    children = []
-    for host in hosts:
-        for port in state.take_ports(host.worker, per_host):
-            child = rt.plan_child(rt.new_proc_id(name), host_address(state.scheme, host.ip, port))
-            child.handle = RemoteProcHandle(rt, host.worker, child.address)
-            child.worker = host.worker  # type: ignore[attr-defined]
-            children.append(child)
-    return children
+class WorkerLauncher(ProcLauncher):
+    """Starts procs on a remote host through its worker daemon: the runtime launches them
+    there like local ones. Addresses come from ports the worker reserved for us; exits come
+    back as EXITED reports."""
+
+    def __init__(self, hosts: _Hosts, host: HostRef) -> None:
+        self._hosts, self.host = hosts, host
+        self.worker = host.worker
+        #: Exit callbacks of the procs started here, by address.
+        self._on_exit: dict[str, Callable[[int], None]] = {}
+
+    def address_for(self, proc_id: str) -> str:
+        """A reserved port on the host (may ask the worker for more: not on the loop)."""
+        (port,) = self._hosts.take_ports(self.worker, 1)
+        return host_address(self._hosts.scheme, self.host.ip, port)
+
+    def launch(
+        self,
+        bootstrap: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_exit: Callable[[int], None],
+    ) -> ProcHandle:
+        rt = self._hosts.rt
+        address = bootstrap["address"]
+        rt.post(self.worker, M.Launch(rt.address, [(dict(bootstrap), dict(env))]))
+        self._on_exit[address] = on_exit
+        return RemoteProcHandle(rt, self.worker, address)
+
+    def exited(self, address: str, code: int) -> bool:
+        """The worker reported an exit; False when the proc is not one of ours."""
+        on_exit = self._on_exit.pop(address, None)
+        if on_exit is None:
+            return False
+        on_exit(code)
+        return True
 
 
-def launch_remote(
-    rt: Runtime, children: list[Child], env: dict[str, str] | None, boot: str | None
-) -> None:
-    """Ask each child's worker to start it (on the trio thread)."""
-    by_worker: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {}
-    for child in children:
-        rt.children[child.address] = child
-        record = rt.bootstrap_record(child, boot)
-        by_worker.setdefault(child.worker, []).append((record, dict(env or {})))  # type: ignore[attr-defined]
-    for worker, requests in by_worker.items():
-        rt.send(worker, _codec.pack((M.LAUNCH, rt.address), _codec.dumps(requests)))
+def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
+    """The launcher for a host of ``attach_to_workers``."""
+    state: _Hosts | None = getattr(rt, "hosts", None)
+    if state is None or host.worker not in state.workers:
+        raise LookupError(
+            f"the host at {host.worker} is not attached to this process; attach_to_workers "
+            "first (a host mesh from another process cannot start procs here)"
+        )
+    launcher = state.launchers.get(host.worker)
+    if launcher is None:
+        launcher = state.launchers[host.worker] = WorkerLauncher(state, host)
+    return launcher
 
 
 def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
@@ -243,14 +296,16 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
 
     async def shutdown() -> None:
         addresses = [
-            a for a, c in rt.children.items() if getattr(c, "worker", None) in workers
+            a
+            for a, c in rt.children.items()
+            if isinstance(c.launcher, WorkerLauncher) and c.launcher.worker in workers
         ]
         stopped: Future[None] = Future()
         await _stop_procs(rt, addresses, stopped)
         for worker in workers:
             if state.workers.pop(worker, None) is not None:
                 try:
-                    rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+                    rt.post(worker, M.Detach(rt.address))
                 except Exception:
                     pass
                 state.ports.pop(worker, None)
@@ -269,6 +324,6 @@ def detach_all(rt: Runtime) -> None:
         return
     for worker in hosts.workers:
         try:
-            rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+            rt.post(worker, M.Detach(rt.address))
         except Exception:
             pass

@@ -7,9 +7,12 @@ import itertools
 import logging
 from typing import Any, Protocol
 
+import trio
+
 from .. import transports
 from . import _codec
-from . import _messages as M
+from ._errors import DecodeError
+from ._messages import Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
 
@@ -20,8 +23,9 @@ class PortHandler(Protocol):
     #: Addresses of the procs this port waits on; a lost link to one fails the port.
     dests: frozenset[str]
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        """Handle one message; return True when the port is finished and can be closed."""
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        """Handle one reply (``status`` from :mod:`._messages`: ``OK`` with the value, else a
+        RemoteFailure); return True when the port is finished and can be closed."""
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         """The port can no longer complete (``address``, a destination, is unreachable)."""
@@ -34,11 +38,15 @@ class PortTable:
     address: str
     ports: dict[int, PortHandler]
     _port_ids: itertools.count[int]
+    #: Set when the runtime's loop died: new calls fail with it at once.
+    died: Exception | None
 
     def send(self, address: str, frame: transports.Frame) -> None:
         raise NotImplementedError
 
     def open_port(self, handler: PortHandler) -> tuple[str, int]:
+        if self.died is not None:  # the runtime's loop is gone: this call could never finish
+            raise self.died
         port_id = next(self._port_ids)
         self.ports[port_id] = handler
         return (self.address, port_id)
@@ -49,19 +57,36 @@ class PortTable:
     def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
-        payload = _codec.dumps(_codec.out_of_band(value))
-        frame = _codec.pack_port(port_id, index, status, payload)
-        if frame is None:
-            frame = _codec.pack((M.PORT, port_id, index, status), payload)
-        self.send(address, frame)
+        self.send(address, _codec.encode_reply(port_id, index, status, value))
 
-    def _to_port(self, port_id: int, index: int, status: int, parts: list[memoryview]) -> None:
+    def _to_port(self, reply: Reply) -> None:
+        port_id = reply.port_id
         handler = self.ports.get(port_id)
         if handler is None:
             return  # a late reply to a port that finished or timed out
         try:
-            finished = handler.deliver(index, status, parts)
-        except Exception as exc:
+            value = reply.payload
+            if type(value) is Undecodable:
+                endpoint = getattr(handler, "endpoint", None)
+                if endpoint is None:
+                    raise value.error
+                # A reply that cannot be unpickled fails that call, naming it.
+                error = value.error
+                detail = (
+                    str(error)
+                    if isinstance(error, DecodeError)
+                    else f"unpickling raised {type(error).__name__}: {error}"
+                )
+                value = Undecodable(
+                    DecodeError(
+                        f"cannot unpickle the reply of {endpoint} from rank {reply.index}: "
+                        f"{detail}"
+                    )
+                )
+            finished = handler.deliver(reply.index, reply.status, value)
+        except (KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:  # a handler's unpickling may raise anything
             log.exception("reply port %s failed", port_id)
             handler.fail(exc)
             finished = True

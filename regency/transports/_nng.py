@@ -49,7 +49,7 @@ import attrs
 import pynng
 import trio
 
-from . import _auth
+from . import _auth, _protect
 from ._base import (
     AuthenticationError,
     Connection,
@@ -79,8 +79,8 @@ _WINDOW = 2
 #: several messages.
 _BATCH_BYTES = 256 * 1024
 #: The largest message nng accepts on any pipe, authenticated or not: a full batch with its
-#: ack header and one frame header.
-_RECV_MAX = _BATCH_BYTES + 2 * 4
+#: ack header and one frame header, sealed (at most two records of _protect's overhead).
+_RECV_MAX = _BATCH_BYTES + 2 * 4 + 2 * (_protect.HEADER_BYTES + _protect.TAG_BYTES)
 #: The polyamorous socket's shared send queue: deep enough that non-blocking sends rarely fail,
 #: since the window already bounds what each pipe can have outstanding.
 _LISTENER_SEND_BUFFER = 1024
@@ -223,8 +223,15 @@ class NngConnection(Connection):
         *,
         credit: int | None,
         acks_owed: int = 0,
+        protection: tuple[_protect.Sealer, _protect.Opener] | None = None,
     ) -> None:
         self.peer = peer
+        # Seals what this side sends (under _lock, so records go out in sequence order) and
+        # checks what it receives; None where the link needs no sealing (see NngTransport).
+        self._sealer: _protect.Sealer | None = None
+        self._opener: _protect.Opener | None = None
+        if protection is not None:
+            self._sealer, self._opener = protection
         self.sink: FrameSink | None = None
         self._endpoint = endpoint
         self._pipe = pipe
@@ -305,7 +312,8 @@ class NngConnection(Connection):
                 idle = not self._pending and not self._spill and not self._acks_owed
                 if idle or self._credit == 0:
                     return _Flush.DONE
-                self._stalled = self._build_locked()
+                built = self._build_locked()
+                self._stalled = built if self._sealer is None else bytes(self._sealer.seal(built))
                 if self._credit is not None:
                     self._credit -= 1
             rv = _send_now(self._endpoint.sock.socket, self._pipe.pipe, self._stalled)
@@ -370,10 +378,17 @@ class NngConnection(Connection):
             self._scheduled = True
         self._endpoint.mark_dirty(self)
 
-    def _received(self, data: bytes | bytearray) -> None:
+    def _received(self, data: bytes | bytearray | memoryview) -> None:
         """Deliver one post-handshake message. Trio thread (the reader)."""
         if self._closed:
             return
+        if self._opener is not None:
+            try:
+                data = self._open(data)
+            except _protect.ProtectionError as exc:
+                log.error("closing connection to %s: %s", self.peer, exc)
+                self._fail(ConnectionBroken(f"connection to {self.peer}: {exc}"))
+                return
         view = memoryview(data)
         end = len(view)
         if end < _U32.size:
@@ -424,6 +439,27 @@ class NngConnection(Connection):
             offset += n
         if self._credit is None and self._acks_owed >= _WINDOW:
             self._schedule_acks()
+
+    def _open(self, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+        """Check and open the sealed records of one message: together they are exactly one
+        message's worth of plaintext. Raises ProtectionError."""
+        assert self._opener is not None
+        view, offset, header_bytes = memoryview(data), 0, _protect.HEADER_BYTES
+        while offset + header_bytes <= len(view):
+            header = view[offset : offset + header_bytes]
+            body = self._opener.body_length(header)
+            offset += header_bytes
+            if offset + body > len(view):
+                break
+            plain = self._opener.open(header, view[offset : offset + body])
+            offset += body
+            if plain is not None:
+                if offset != len(view):
+                    raise _protect.ProtectionError(
+                        f"{len(view) - offset} bytes follow the records of a message"
+                    )
+                return plain
+        raise _protect.ProtectionError("a message ended inside a record")
 
     def _deliver(self, frame: memoryview) -> bool:
         """Hand one frame to the sink; False when the connection is closed after it."""
@@ -503,8 +539,12 @@ class _Endpoint:
     ends (:meth:`close`, or the nursery being cancelled).
     """
 
-    def __init__(self, sock: Any, scheme: str, secret: bytes, max_frame: int) -> None:
+    def __init__(
+        self, sock: Any, scheme: str, secret: bytes, max_frame: int, protect: bool
+    ) -> None:
         self.sock = sock
+        #: Seal frames on this socket's connections (plain nng+tcp; see NngTransport).
+        self.protect = protect
         self.scheme = scheme
         self.max_frame = max_frame
         self.token = trio.lowlevel.current_trio_token()
@@ -710,9 +750,10 @@ class _ListenEndpoint(_Endpoint):
         scheme: str,
         secret: bytes,
         max_frame: int,
+        protect: bool,
         sinks: SinkFactory,
     ) -> None:
-        super().__init__(sock, scheme, secret, max_frame)
+        super().__init__(sock, scheme, secret, max_frame, protect)
         self._sinks = sinks
         # Read from nng threads (pre-connect callback); a plain bool is enough.
         self._accepting = True
@@ -787,8 +828,14 @@ class _ListenEndpoint(_Endpoint):
             self._refuse(pipe, exc)
             return
         peer = self._peer(pipe)
+        protection = None
+        if self.protect:
+            nonce_c = data[len(_auth.MAGIC) : len(_auth.MAGIC) + _auth.NONCE_BYTES]
+            protection = _protect.keys_for(
+                "server", self._secret, pending.nonce, nonce_c, self.max_frame
+            )
         # The proof just sent is the first message of the window.
-        conn = NngConnection(self, pipe, peer, credit=_WINDOW - 1)
+        conn = NngConnection(self, pipe, peer, credit=_WINDOW - 1, protection=protection)
         self.conns[pipe.id] = conn
         try:
             conn.sink = self._sinks(conn)
@@ -816,10 +863,11 @@ class _DialEndpoint(_Endpoint):
         scheme: str,
         secret: bytes,
         max_frame: int,
+        protect: bool,
         address: str,
         sink: FrameSink,
     ) -> None:
-        super().__init__(sock, scheme, secret, max_frame)
+        super().__init__(sock, scheme, secret, max_frame, protect)
         self._address = address
         self._sink = sink
         self._hello: bytes | None = None
@@ -876,9 +924,18 @@ class _DialEndpoint(_Endpoint):
         except pynng.NNGException as exc:
             self._settle(_broken(where, exc))
             return
+        protection = None
+        if self.protect:
+            assert self._hello is not None and self._nonce_c is not None
+            protection = _protect.keys_for(
+                "client", self._secret, self._hello[len(_auth.MAGIC) :], self._nonce_c,
+                self.max_frame,
+            )
         # The server's proof is the first message of its window: it is acknowledged with
         # the first message this side sends.
-        conn = NngConnection(self, pipe, self._address, credit=None, acks_owed=1)
+        conn = NngConnection(
+            self, pipe, self._address, credit=None, acks_owed=1, protection=protection
+        )
         conn.sink = self._sink
         self.conns[pipe.id] = conn
         self._settle(conn)
@@ -919,10 +976,15 @@ class NngTransport(Transport):
         secret: bytes,
         max_frame: int,
         tls: TlsSettings | None = None,
+        *,
+        protect_tcp: bool = True,
     ) -> None:
         self._nursery = nursery
         self._secret = secret
         self._max_frame = max_frame
+        #: Seal every frame on plain nng+tcp links with the record layer of tcp:// links
+        #: (:mod:`._protect`); nng+tls+tcp has TLS, nng+ipc a private directory.
+        self._protect_tcp = protect_tcp
         # None: read REGENCY_TLS_* each time a TLS socket opens, so a process can be given
         # its certificates after its transport started.
         self._tls = tls
@@ -944,7 +1006,9 @@ class NngTransport(Transport):
             send_buffer_size=_LISTENER_SEND_BUFFER,
             tls_config=tls,
         )
-        endpoint = _ListenEndpoint(sock, scheme, self._secret, self._max_frame, sinks)
+        endpoint = _ListenEndpoint(
+            sock, scheme, self._secret, self._max_frame, self._protects(scheme), sinks
+        )
         endpoint.tls = tls
         await self._nursery.start(endpoint.run)
         try:
@@ -972,7 +1036,9 @@ class NngTransport(Transport):
             reconnect_time_max=_NO_REDIAL_MS,
             tls_config=tls,
         )
-        endpoint = _DialEndpoint(sock, scheme, self._secret, self._max_frame, address, sink)
+        endpoint = _DialEndpoint(
+            sock, scheme, self._secret, self._max_frame, self._protects(scheme), address, sink
+        )
         endpoint.tls = tls
         await self._nursery.start(endpoint.run)
         try:
@@ -993,6 +1059,9 @@ class NngTransport(Transport):
         except BaseException:
             endpoint.close()
             raise
+
+    def _protects(self, scheme: str) -> bool:
+        return scheme == "nng+tcp" and self._protect_tcp
 
     def _tls_config(self, scheme: str, *, server: bool, host: str) -> Any:
         """The pynng TLSConfig for one socket, or None for schemes without TLS."""

@@ -96,6 +96,7 @@ def workload(hosts: Any) -> list[Any]:
     suppress_health_check=list(HealthCheck),
 )
 @given(schedule=fault_schedules(HOSTS, horizon=6.0, max_faults=4, crashes=True, procs=True))
+@pytest.mark.slow
 def test_random_faults_crashes_and_pauses_keep_the_invariants(
     schedule: FaultSchedule, roots: RootFailures
 ) -> None:
@@ -296,8 +297,8 @@ PLANTED = textwrap.dedent(
     from regency.core import _runtime
     original = _runtime._InboundSink.frame_received
     def forgetful(self, conn, frame):
-        if self._handled is not None:
-            self._handled[0] = 0  # the bug: forget which frames were handled
+        if self._receiver.state is not None:
+            self._receiver.state.handled = 0  # the bug: forget which frames were handled
         original(self, conn, frame)
     _runtime._InboundSink.frame_received = forgetful
 
@@ -315,6 +316,7 @@ PLANTED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_an_unchanged_program_under_sim_reports_violations_at_exit() -> None:
     env = {**os.environ, "REGENCY_RUNTIME": "sim", "REGENCY_SEED": "3"}
     out = subprocess.run(
@@ -346,5 +348,5 @@ def test_bad_process_faults_and_options_are_refused() -> None:
         return "paused nobody"
 
     assert simulate(program, seed=1, hosts=1).value == (
-        "no running simulated proc at 'sim://host0/nobody'"
+        "pause_proc(proc): no running simulated proc at 'sim://host0/nobody'"
     )

@@ -290,7 +290,7 @@ def test_peers_cannot_make_a_listener_buffer_more_than_a_message() -> None:
     import subprocess
     import sys
 
-    from regency.transports import _auth
+    from regency.transports import _auth, _protect
 
     server = subprocess.Popen(
         [sys.executable, "-c", LISTENER, SECRET.decode()],
@@ -322,14 +322,16 @@ def test_peers_cannot_make_a_listener_buffer_more_than_a_message() -> None:
             raw.send(proof)
             nonce_s = hello[len(_auth.MAGIC) :]
             _auth.check_server_proof(SECRET, nonce_c, nonce_s, raw.recv())
+            # nng+tcp seals every message with the connection's keys.
+            sealer, _ = _protect.keys_for("client", SECRET, nonce_s, nonce_c)
             body = bytes(_nng._BATCH_BYTES - 4)
-            raw.send(struct.pack("<II", 1, (1 << 31) - 1) + body)
-            raw.send(struct.pack("<I", 0) + body)
+            raw.send(bytes(sealer.seal(struct.pack("<II", 1, (1 << 31) - 1) + body)))
+            raw.send(bytes(sealer.seal(struct.pack("<I", 0) + body)))
             # Acknowledging messages never sent closes the connection: once it is closed, the
             # listener has handled everything before.
-            raw.send(struct.pack("<I", 5))
+            raw.send(bytes(sealer.seal(struct.pack("<I", 5))))
             assert gone.wait(30), "the listener did not close a connection that broke protocol"
-        # The messages were taken in: the connection ended on the bad acks.
+        # The sealed messages were opened and taken in: the connection ended on the bad acks.
         assert server.stderr is not None
         assert select.select([server.stderr], [], [], 30)[0], "the listener reported no loss"
         lost = server.stderr.readline()
@@ -366,14 +368,11 @@ class _Relay:
         self.up.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 19 / issue 11): nng+tcp frames are authenticated only by the "
-    "handshake, not sealed; an on-path relay can add one after it (docs/transports.md)",
-)
-async def test_a_relay_cannot_inject_a_frame_on_nng_tcp() -> None:
+@pytest.mark.parametrize("protect", [True, False], ids=["sealed", "unsealed"])
+async def test_a_relay_cannot_inject_a_frame_on_nng_tcp(protect: bool) -> None:
     injected = b"frame the relay made up"
-    async with open_transport(SECRET) as transport:
+    async with trio.open_nursery() as nursery:
+        transport = _nng.NngTransport(nursery, SECRET, 1 << 20, protect_tcp=protect)
         server = Server()
         listener = await transport.listen("nng+tcp://127.0.0.1:0", server)
         relay = _Relay(listener.address)
@@ -383,10 +382,15 @@ async def test_a_relay_cannot_inject_a_frame_on_nng_tcp() -> None:
             conn.send_nowait(b"genuine")
             await client.wait_for(lambda: client.frames == [b"genuine"])
             sink = server.sinks[0]
-            # The relay adds a message of its own after the genuine one.
+            # The relay adds a message in the unsealed format after the genuine one.
             relay.up.send(struct.pack("<II", 0, len(injected)) + injected)
             await sink.wait_for(lambda: len(sink.frames) > 1 or sink.lost)
-            assert sink.frames == [b"genuine"], "the relay's frame reached the sink"
-            assert isinstance(sink.lost[0], ConnectionBroken)
+            if protect:
+                assert sink.frames == [b"genuine"]
+                assert isinstance(sink.lost[0], ConnectionBroken)
+                assert re.search(r"record \d+ (failed authentication|declares a body)", str(sink.lost[0])), sink.lost[0]
+            else:  # what the sealing is for: unsealed, the made-up frame is delivered
+                assert sink.frames == [b"genuine", injected]
         finally:
             relay.close()
+        nursery.cancel_scope.cancel()
