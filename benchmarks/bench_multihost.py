@@ -1,11 +1,14 @@
 """Multi-host figures of issue #6, between Linux network namespaces on this machine (root
-needed). ``python -m benchmarks.bench_multihost``."""
+needed). ``python -m benchmarks.bench_multihost``; ``... --transports`` only compares the
+transports between hosts (tcp, nng+tcp, nng+tls+tcp)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import statistics
+import sys
+import tempfile
 import time
 
 SECRET = "regency-benchmark-job-secret"
@@ -14,7 +17,7 @@ os.environ["REGENCY_SECRET"] = SECRET
 import regency  # noqa: E402
 import regency.actor  # noqa: E402
 from regency.actor import Actor, attach_to_workers, endpoint, this_host  # noqa: E402
-from regency.testing import virtual_hosts, virtual_hosts_available  # noqa: E402
+from regency.testing import make_tls_files, virtual_hosts, virtual_hosts_available  # noqa: E402
 
 
 class Echo(Actor):
@@ -48,7 +51,10 @@ def _pipelined(mesh: object) -> float:
     return statistics.median(rates)
 
 
-def run() -> list[tuple[str, str, float, str]]:
+Row = tuple[str, str, float, str]
+
+
+def run() -> list[Row]:
     why = virtual_hosts_available()
     if why is not None:
         return [(f"multi-host figures skipped: {why}", "", float("nan"), "")]
@@ -88,9 +94,32 @@ def run() -> list[tuple[str, str, float, str]]:
         hosts[0].restore()
         local.stop().get(30)
         mesh.shutdown().get(30)
+    regency.configure(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    rows.extend(per_transport())
+    return rows
+
+
+def per_transport(schemes: tuple[str, ...] = ("tcp", "nng+tcp", "nng+tls+tcp")) -> list[Row]:
+    """``call_one`` from the controller to a proc in another namespace, per host transport."""
+    rows: list[Row] = []
+    with virtual_hosts(1) as hosts, tempfile.TemporaryDirectory() as d:
+        subnet = hosts[0].ip.rsplit(".", 1)[0]
+        tls = make_tls_files([f"{subnet}.1", hosts[0].ip], d)
+        for scheme in schemes:
+            env = tls.env if "tls" in scheme else {}
+            os.environ.update(env)
+            hosts[0].start_worker(SECRET, scheme=scheme, env=env)
+            mesh = attach_to_workers([hosts[0].worker_address], lease=5.0)
+            remote = mesh.spawn_procs()
+            rows.append((f"call_one round trip to another namespace, {scheme}", "",
+                         _round_trip_us(remote), "us"))
+            rows.append((f"pipelined call_one to another namespace, {scheme}", "",
+                         _pipelined(remote), "calls/s"))
+            mesh.shutdown().get(30)
+            hosts[0].stop_worker()
     return rows
 
 
 if __name__ == "__main__":
-    for figure, target, value, unit in run():
+    for figure, target, value, unit in (per_transport() if "--transports" in sys.argv else run()):
         print(f"{figure:55s} {value:12,.1f} {unit:8s} {target}")

@@ -13,8 +13,8 @@ import regency.actor
 from benchmarks import (
     bench_actors,
     bench_dispatch,
-    bench_logs,
     bench_jobs,
+    bench_logs,
     bench_multihost,
     bench_protect,
     bench_sim,
@@ -42,11 +42,11 @@ def main() -> None:
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
     _table("Actors (issue #2)", bench_actors.run())
     _table("Runtime cost per message, one thread's CPU (issue #10)", bench_dispatch.run())
-    print("\n### Transports: 64-byte frame round trip between two processes\n")
-    print("| transport | round trip |")
-    print("|---|---|")
-    for scheme, us in bench_transports.run():
-        print(f"| {scheme} | {us:,.1f} us |")
+    print("\n### Transports: 64-byte frames between two processes\n")
+    print("| transport | round trip | pipelined | client CPU per trip |")
+    print("|---|---|---|---|")
+    for scheme, us, rate, cpu in bench_transports.run():
+        print(f"| {scheme} | {us:,.1f} us | {rate:,.0f} frames/s | {cpu:,.0f} us |")
     _table("Supervision (issue #3)", bench_supervision.run())
     try:
         from benchmarks import bench_rdma

@@ -1,6 +1,6 @@
-"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``, ``regency debug``;
-the job commands (``apply``, ``exec``, ``kill``, ``kubernetes``) live in
-:mod:`regency.job._cli`."""
+"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT`` (``--listen`` also
+takes ``nng+tcp://`` and ``nng+tls+tcp://``), ``regency debug``; the job commands (``apply``,
+``exec``, ``kill``, ``kubernetes``) live in :mod:`regency.job._cli`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     worker = commands.add_parser(
         "worker", help="serve one host of a multi-host job (see docs/multihost.md)"
     )
-    worker.add_argument("--listen", required=True, help="tcp://HOST:PORT to listen on")
+    worker.add_argument(
+        "--listen",
+        required=True,
+        help="tcp://HOST:PORT (or nng+tcp://, nng+tls+tcp://) to listen on",
+    )
     worker.add_argument(
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )

@@ -12,7 +12,6 @@ import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 import trio
 
@@ -21,6 +20,7 @@ from . import _messages as M
 from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
+from ._hostlinks import host_address, parse_host_address, remote_scheme
 from ._launcher import ProcHandle, ProcLauncher
 from ._runtime import Runtime
 
@@ -62,6 +62,10 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
+        #: The transport of links to and between procs on other hosts (see _hostlinks).
+        self.scheme = "tcp"
+        #: Our multi-host listeners by (scheme, interface address): their addresses.
+        self.listening: dict[tuple[str, str], str] = {}
         self.launchers: dict[str, WorkerLauncher] = {}
         #: Workers that dropped us (our lease ran out there), with their word for why.
         self.lapsed: dict[str, str] = {}
@@ -194,6 +198,9 @@ def attach_to_workers(
 
     Two forms: Regency's ``attach_to_workers(workers, secret=None, lease=10.0)`` and Monarch's
     ``attach_to_workers(workers=..., ca="trust_all_connections", private_key=None, name=None)``.
+    Worker addresses are ``tcp://``, ``nng+tcp://`` or ``nng+tls+tcp://`` ``HOST:PORT``. Links
+    to and between procs on other hosts use ``configure(default_transport=...)`` when that is
+    one of these three, else the scheme of the first worker's address.
     ``secret`` (else ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
     process's job secret, so call this before anything else starts Regency here. ``lease``:
     seconds a worker keeps our procs alive without hearing from us. ``name`` names the mesh
@@ -211,12 +218,7 @@ def attach_to_workers(
         raise TypeError(f"{what}: workers must be a list of addresses, not one string ({workers!r})")
     if not workers:
         raise ValueError(f"{what} needs at least one worker address")
-    parsed = []
-    for address in workers:
-        parts = urlsplit(address) if isinstance(address, str) else None
-        if parts is None or parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
-            raise ValueError(f"worker addresses must look like tcp://HOST:PORT (got {address!r})")
-        parsed.append((parts.hostname, parts.port))
+    parsed = [parse_host_address(address, "worker addresses")[1:] for address in workers]
     key: bytes | None
     if isinstance(secret, bytes):
         key = secret
@@ -243,12 +245,18 @@ def attach_to_workers(
     hosts.lease = min(hosts.lease, lease)
     if not hosts.workers:
         # Our procs on other hosts must be able to reach us: listen on the interface that
-        # routes to the first worker, and make that our address from now on. Also after
-        # every host was shut down (which made our address the local one again): a unix
-        # address would reach procs only through a shared file system, past the network.
-        ip = _local_ip_towards(*parsed[0])
-        host = f"[{ip}]" if ":" in ip else ip
-        trio.from_thread.run(rt.listen_also, f"tcp://{host}:0", trio_token=rt.token)
+        # routes to the first worker, on the job's host transport, and make that our address
+        # from now on (shutting the last host down made it the local one again).
+        hosts.scheme = remote_scheme(rt.config.default_transport, workers[0])
+        where = (hosts.scheme, _local_ip_towards(*parsed[0]))
+        if where in hosts.listening:
+            trio.from_thread.run_sync(
+                setattr, rt, "address", hosts.listening[where], trio_token=rt.token
+            )
+        else:
+            hosts.listening[where] = trio.from_thread.run(
+                rt.listen_also, host_address(*where, 0), trio_token=rt.token
+            )
     refs = []
     for address in workers:
         try:
@@ -282,9 +290,8 @@ class WorkerLauncher(ProcLauncher):
 
     def address_for(self, proc_id: str) -> str:
         """A reserved port on the host (may ask the worker for more: not on the loop)."""
-        ip = f"[{self.host.ip}]" if ":" in self.host.ip else self.host.ip
         (port,) = self._hosts.take_ports(self.worker, 1)
-        return f"tcp://{ip}:{port}"
+        return host_address(self._hosts.scheme, self.host.ip, port)
 
     def launch(
         self,

@@ -1,5 +1,9 @@
 """The worker daemon: ``regency worker --listen tcp://ADDR:PORT`` on each host of a job.
 
+The scheme of ``--listen`` may be any TCP-capable transport (``tcp``, ``nng+tcp``,
+``nng+tls+tcp``); the procs a worker launches listen on the scheme the controller chose for
+them (:func:`regency.core._hostlinks.remote_scheme`).
+
 A worker is a runtime that launches procs on its host for one controller at a time. The
 controller attaches (ATTACH), asks for ports (RESERVE), launches procs (LAUNCH), kills them
 (KILL), renews its lease (LEASE) and detaches (DETACH); the worker reports each proc's exit
@@ -25,9 +29,11 @@ from urllib.parse import urlsplit
 
 import trio
 
+from ..transports import scheme_of
 from . import _messages as M
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
+from ._hostlinks import parse_host_address
 from ._launcher import ProcHandle
 from ._liveness import BusyWatch
 from ._runtime import Runtime
@@ -143,12 +149,12 @@ class WorkerService:
             record["sys_path"] = list(sys.path)
             record["jobdir"] = self.rt.jobdir
             record["parent_pid"] = os.getpid()
+            address = record["address"]
             record["config"] = {
                 **record["config"],
-                "REGENCY_DEFAULT_TRANSPORT": "tcp",
+                "REGENCY_DEFAULT_TRANSPORT": scheme_of(address),
                 "REGENCY_TCP_HOST": self.host_ip,
             }
-            address = record["address"]
             self.procs[address] = self.rt.launcher.launch(
                 record, env, functools.partial(self._exited, address)
             )
@@ -328,16 +334,14 @@ def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) 
     controller calls ``HostMesh.shutdown()``)."""
     from ._config import configure, current_config
 
-    parts = urlsplit(listen)
-    if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
-        raise ValueError(f"--listen must look like tcp://HOST:PORT (got {listen!r})")
+    scheme, hostname, port = parse_host_address(listen, "--listen")
     # Procs here get addresses by IP: a proc announces the address it bound, which must be
     # the one the controller planned (a name that resolves only to 127.0.0.1 works too).
     try:
-        host_ip = str(socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)[0][4][0])
+        host_ip = str(socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve the host in {listen!r}: {exc}") from None
-    configure(default_transport="tcp", tcp_host=host_ip)
+    configure(default_transport=scheme, tcp_host=host_ip)
     jobdir = tempfile.mkdtemp(prefix="regency-worker-")
     os.chmod(jobdir, 0o700)
     rt = Runtime(

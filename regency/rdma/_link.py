@@ -208,10 +208,11 @@ class _ServerSink:
 
 def _listen_host(address: str, tcp_host: str) -> str:
     """Where the data listener binds: the host of this runtime's own address when that is TCP
-    (whoever reaches the runtime reaches it there: a controller attached to workers listens on
-    a routable address), else ``tcp_host`` from the configuration."""
+    (``tcp``, ``nng+tcp``, ``nng+tls+tcp``: whoever reaches the runtime reaches it there; a
+    controller attached to workers listens on a routable address), else ``tcp_host`` from the
+    configuration."""
     parts = urlsplit(address)
-    if parts.scheme == "tcp" and parts.hostname:
+    if parts.scheme in ("tcp", "nng+tcp", "nng+tls+tcp") and parts.hostname:
         return parts.hostname
     return tcp_host
 

@@ -3,13 +3,17 @@
 from ._netns import VirtualHost, virtual_hosts, virtual_hosts_available
 from ._sim import Simulated, fault_schedules, simulated_fixture
 from ._slurm import SlurmCluster, SlurmUnavailable, slurm_cluster
+from ._tls import TlsFiles, make_tls_files, nng_tls_unavailable
 
 __all__ = [
     "Simulated",
     "SlurmCluster",
     "SlurmUnavailable",
+    "TlsFiles",
     "VirtualHost",
     "fault_schedules",
+    "make_tls_files",
+    "nng_tls_unavailable",
     "simulated_fixture",
     "slurm_cluster",
     "virtual_hosts",

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import attrs
@@ -57,12 +57,24 @@ class VirtualHost:
     worker: subprocess.Popen[str] | None = None
     worker_address: str = ""
 
-    def start_worker(self, secret: str, port: int = 7700) -> str:
-        """Start ``regency worker`` in this host; return its address once it listens."""
-        self.worker_address = f"tcp://{self.ip}:{port}"
+    def start_worker(
+        self,
+        secret: str,
+        port: int = 7700,
+        *,
+        scheme: str = "tcp",
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Start ``regency worker`` in this host; return its address once it listens.
+
+        ``scheme`` is the worker's transport (``tcp``, ``nng+tcp``, ``nng+tls+tcp``); ``env``
+        adds to the worker's environment (e.g. ``REGENCY_TLS_CERT`` for ``nng+tls+tcp``).
+        """
+        self.worker_address = f"{scheme}://{self.ip}:{port}"
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {
             **os.environ,
+            **(env or {}),
             "REGENCY_SECRET": secret,
             "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
         }

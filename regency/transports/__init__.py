@@ -104,8 +104,9 @@ async def open_transport(
 ) -> AsyncIterator[MultiTransport]:
     """Open every backend; closing the context cancels all their connections.
 
-    ``protect_tcp``: seal every frame on ``tcp://`` links with keys from the handshake
-    (:mod:`._protect`); both ends of a link must agree. Off only to measure its cost.
+    ``protect_tcp``: seal every frame on ``tcp://`` and ``nng+tcp://`` links with keys from
+    the handshake (:mod:`._protect`); both ends of a link must agree. Off only to measure
+    its cost.
 
     ``tls`` holds the certificates for ``nng+tls+tcp``; without it they are read from
     ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and ``REGENCY_TLS_CA``.
@@ -122,7 +123,9 @@ async def open_transport(
         except ImportError:  # pragma: no cover - pynng is a hard dependency
             pass
         else:
-            backends.append(NngTransport(nursery, secret, max_frame_bytes, tls))
+            backends.append(
+                NngTransport(nursery, secret, max_frame_bytes, tls, protect_tcp=protect_tcp)
+            )
         try:
             yield MultiTransport(backends)
         finally:

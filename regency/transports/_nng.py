@@ -23,8 +23,13 @@ Threads. :meth:`NngConnection.send_nowait` hands messages to nng with non-blocki
 per-connection lock, from whichever thread calls it; what nng cannot take yet is queued and
 flushed by one writer task per socket that waits on nng's ``send_fd``. One reader task per
 socket waits on ``recv_fd`` and drains with non-blocking receives. nng reports pipes coming and
-going on its own threads; those callbacks only post an event to the reader through the trio
-token, and the reader handles a removal only after draining the messages that preceded it.
+going on its own threads; those callbacks only post the event to the trio thread, which
+handles a removal only after draining the messages that preceded it.
+
+Speed. The per-message path calls nng's C API through pynng's own cffi bindings, not pynng's
+``Message`` objects (which take locks and look pipes up on every message, and report an empty
+queue by raising), and the reader waits on ``recv_fd`` with nothing else around it: timeouts
+and TLS liveness checks live in a housekeeping task of their own.
 """
 
 from __future__ import annotations
@@ -44,12 +49,13 @@ import attrs
 import pynng
 import trio
 
-from . import _auth
+from . import _auth, _protect
 from ._base import (
     AuthenticationError,
     Connection,
     ConnectionBroken,
     ConnectionClosed,
+    ConnectionRefused,
     Frame,
     FrameSink,
     Listener,
@@ -69,8 +75,12 @@ ENV_CA: Final = "REGENCY_TLS_CA"
 _U32 = struct.Struct("<I")
 #: Unacknowledged messages a listener may have on one pipe (nng's per-pipe queue holds 2).
 _WINDOW = 2
-#: Frames are packed into one message up to this many bytes; a larger frame travels alone.
+#: Frames are packed into one message up to this many bytes; a larger frame is cut across
+#: several messages.
 _BATCH_BYTES = 256 * 1024
+#: The largest message nng accepts on any pipe, authenticated or not: a full batch with its
+#: ack header and one frame header, sealed (at most two records of _protect's overhead).
+_RECV_MAX = _BATCH_BYTES + 2 * 4 + 2 * (_protect.HEADER_BYTES + _protect.TAG_BYTES)
 #: The polyamorous socket's shared send queue: deep enough that non-blocking sends rarely fail,
 #: since the window already bounds what each pipe can have outstanding.
 _LISTENER_SEND_BUFFER = 1024
@@ -128,8 +138,49 @@ def _parse(address: str) -> tuple[str, str, str]:
 
 
 def _broken(what: str, exc: pynng.NNGException) -> ConnectionBroken:
-    """The one place nng errors become transport errors."""
-    return ConnectionBroken(f"{what}: {exc} (nng error {exc.errno})")
+    """The one place nng errors become transport errors: a refused dial (nothing listens)
+    is :class:`ConnectionRefused`, a TLS peer that fails verification an
+    :class:`AuthenticationError` (retrying cannot help), anything else :class:`ConnectionBroken`."""
+    kind: type[ConnectionBroken] = ConnectionBroken
+    if isinstance(exc, pynng.ConnectionRefused):
+        kind = ConnectionRefused
+    elif isinstance(exc, (pynng.exceptions.AuthenticationError, pynng.exceptions.CryptoError)):
+        kind = AuthenticationError
+    return kind(f"{what}: {exc} (nng error {exc.errno})")
+
+
+# nng's C API through pynng's own bindings. The per-message path calls it directly: pynng's
+# Message objects take locks and look pipes up on every message, and report an empty queue by
+# raising (building the exception's text), which costs more than the call itself.
+_lib: Any = pynng.lib
+_ffi: Any = pynng.ffi
+_NONBLOCK: Final[int] = _lib.NNG_FLAG_NONBLOCK
+_EAGAIN: Final[int] = _lib.NNG_EAGAIN
+
+
+def _nng_error(rv: int) -> pynng.NNGException:
+    """pynng's exception for nng error code ``rv``."""
+    try:
+        pynng.exceptions.check_err(rv)
+    except pynng.NNGException as exc:
+        return exc
+    raise AssertionError(f"nng error code must be non-zero (got {rv})")  # pragma: no cover
+
+
+def _send_now(sock: Any, pipe: Any, data: bytes) -> int:
+    """Hand ``data`` to nng as one message for ``pipe`` without waiting. Returns 0, or nng's
+    error code (``_EAGAIN``: its queue is full), in which case nothing was sent."""
+    msg_p = _ffi.new("nng_msg **")
+    rv: int = _lib.nng_msg_alloc(msg_p, len(data))
+    if rv:
+        return rv
+    msg = msg_p[0]
+    _ffi.memmove(_lib.nng_msg_body(msg), data, len(data))
+    _lib.nng_msg_set_pipe(msg, pipe)
+    rv = _lib.nng_sendmsg(sock, msg, _NONBLOCK)
+    if rv:
+        _lib.nng_msg_free(msg)  # nng takes the message only when it accepts it
+    return rv
 
 
 def _close_pipe(pipe: Any) -> None:
@@ -137,6 +188,22 @@ def _close_pipe(pipe: Any) -> None:
         pipe.close()
     except pynng.NNGException:
         pass  # already gone
+
+
+def _take(pieces: deque[memoryview], room: int, out: list[bytes | bytearray | memoryview]) -> int:
+    """Move up to ``room`` bytes from the front of ``pieces`` to ``out``; return how many."""
+    taken = 0
+    while pieces and taken < room:
+        piece = pieces[0]
+        if len(piece) <= room - taken:
+            out.append(pieces.popleft())
+            taken += len(piece)
+        else:
+            cut = room - taken
+            out.append(piece[:cut])
+            pieces[0] = piece[cut:]
+            taken += cut
+    return taken
 
 
 class _Flush(enum.Enum):
@@ -156,8 +223,15 @@ class NngConnection(Connection):
         *,
         credit: int | None,
         acks_owed: int = 0,
+        protection: tuple[_protect.Sealer, _protect.Opener] | None = None,
     ) -> None:
         self.peer = peer
+        # Seals what this side sends (under _lock, so records go out in sequence order) and
+        # checks what it receives; None where the link needs no sealing (see NngTransport).
+        self._sealer: _protect.Sealer | None = None
+        self._opener: _protect.Opener | None = None
+        if protection is not None:
+            self._sealer, self._opener = protection
         self.sink: FrameSink | None = None
         self._endpoint = endpoint
         self._pipe = pipe
@@ -167,7 +241,9 @@ class NngConnection(Connection):
         # Frames accepted by send_nowait and not yet in a message, oldest first, with sizes.
         self._pending: deque[tuple[int, Frame]] = deque()
         # A built message nng refused (queue full); it goes before anything in _pending.
-        self._stalled: Any = None
+        self._stalled: bytes | None = None
+        # What is left of a frame too large for one message, which the next message continues.
+        self._spill: deque[memoryview] = deque()
         # Messages the peer may still be sent unacknowledged; None on a dialer (no window).
         self._credit = credit
         # Messages received from the peer and not yet acknowledged; only dialers owe acks.
@@ -178,6 +254,9 @@ class NngConnection(Connection):
         self._error: BaseException | None = None
         # Trio thread only.
         self._lost_notified = False
+        # A frame spanning several messages, as received so far, and how many bytes it lacks.
+        self._partial: bytearray | None = None
+        self._partial_need = 0
 
     @property
     def closed(self) -> bool:
@@ -215,6 +294,7 @@ class NngConnection(Connection):
                 return
             self._closed = True
             self._pending.clear()
+            self._spill.clear()
             self._stalled = None
         self._endpoint.release(self)
         self._notify_lost(None)
@@ -229,39 +309,53 @@ class NngConnection(Connection):
         """Hand nng every message the window allows. Caller holds ``_lock``."""
         while True:
             if self._stalled is None:
-                if (not self._pending and not self._acks_owed) or self._credit == 0:
+                idle = not self._pending and not self._spill and not self._acks_owed
+                if idle or self._credit == 0:
                     return _Flush.DONE
-                self._stalled = pynng.Message(self._build_locked(), self._pipe)
+                built = self._build_locked()
+                self._stalled = built if self._sealer is None else bytes(self._sealer.seal(built))
                 if self._credit is not None:
                     self._credit -= 1
-            try:
-                self._endpoint.sock.send_msg(self._stalled, block=False)
-            except pynng.TryAgain:
+            rv = _send_now(self._endpoint.sock.socket, self._pipe.pipe, self._stalled)
+            if rv == _EAGAIN:
                 return _Flush.BLOCKED
-            except pynng.NNGException as exc:
+            if rv:
                 self._closed = True
-                self._error = _broken(f"sending to {self.peer} failed", exc)
+                self._error = _broken(f"sending to {self.peer} failed", _nng_error(rv))
                 self._pending.clear()
+                self._spill.clear()
                 self._stalled = None
                 return _Flush.FAILED
             self._stalled = None
 
     def _build_locked(self) -> bytes:
+        """The next message: the acks owed, then the rest of a frame in progress, then whole
+        frames, filled up to ``_BATCH_BYTES``. A frame that does not fit in what is left of
+        the message waits for the next one, unless no message could carry it whole: then
+        it starts here and its remainder continues the next messages (so no message exceeds
+        the receive cap)."""
         parts: list[bytes | bytearray | memoryview] = [_U32.pack(self._acks_owed)]
         self._acks_owed = 0
-        size = 0
+        room = _BATCH_BYTES
+        if self._spill:
+            room -= _take(self._spill, room, parts)
         pending = self._pending
-        while pending:
+        while pending and not self._spill:
             n, frame = pending[0]
-            if size and size + _U32.size + n > _BATCH_BYTES:
-                break
+            if _U32.size + n > room and (
+                _U32.size + n <= _BATCH_BYTES or room < _BATCH_BYTES // 4
+            ):
+                break  # it travels whole in the next message, or starts in a roomier one
             pending.popleft()
             parts.append(_U32.pack(n))
-            if isinstance(frame, list):
-                parts.extend(frame)
+            room -= _U32.size
+            pieces = frame if isinstance(frame, list) else [frame]
+            if n <= room:
+                parts.extend(pieces)
+                room -= n
             else:
-                parts.append(frame)
-            size += _U32.size + n
+                self._spill.extend(memoryview(piece).cast("B") for piece in pieces)
+                room -= _take(self._spill, room, parts)
         return b"".join(parts)
 
     def _flush_scheduled(self) -> _Flush:
@@ -284,10 +378,17 @@ class NngConnection(Connection):
             self._scheduled = True
         self._endpoint.mark_dirty(self)
 
-    def _received(self, data: bytes) -> None:
+    def _received(self, data: bytes | bytearray | memoryview) -> None:
         """Deliver one post-handshake message. Trio thread (the reader)."""
         if self._closed:
             return
+        if self._opener is not None:
+            try:
+                data = self._open(data)
+            except _protect.ProtectionError as exc:
+                log.error("closing connection to %s: %s", self.peer, exc)
+                self._fail(ConnectionBroken(f"connection to {self.peer}: {exc}"))
+                return
         view = memoryview(data)
         end = len(view)
         if end < _U32.size:
@@ -301,6 +402,16 @@ class NngConnection(Connection):
                 self._acks_owed += 1
         max_frame = self._endpoint.max_frame
         offset = _U32.size
+        if self._partial is not None:
+            # The rest of a frame that began in an earlier message.
+            take = min(self._partial_need, end - offset)
+            self._partial += view[offset : offset + take]
+            self._partial_need -= take
+            offset += take
+            if not self._partial_need:  # else the frame took the whole message
+                frame, self._partial = self._partial, None
+                if not self._deliver(memoryview(frame)):
+                    return
         while offset < end:
             if end - offset < _U32.size:
                 self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn header)"))
@@ -313,20 +424,53 @@ class NngConnection(Connection):
                 )
                 return
             if end - offset < n:
-                self._fail(ConnectionBroken(f"malformed message from {self.peer} (torn frame)"))
-                return
-            assert self.sink is not None
-            try:
-                self.sink.frame_received(self, view[offset : offset + n])
-            except Exception as exc:
-                log.error("closing connection to %s after bad frame: %r", self.peer, exc)
-                self._fail(exc)
+                if _U32.size + n <= _BATCH_BYTES:  # would have travelled whole
+                    self._fail(
+                        ConnectionBroken(f"malformed message from {self.peer} (torn frame)")
+                    )
+                    return
+                # A large frame continues in the next messages: grow its buffer as the bytes
+                # arrive, never by what the header claims.
+                self._partial = bytearray(view[offset:end])
+                self._partial_need = n - (end - offset)
+                break
+            if not self._deliver(view[offset : offset + n]):
                 return
             offset += n
-            if self._closed:
-                return
-        if self._credit is None:
+        if self._credit is None and self._acks_owed >= _WINDOW:
             self._schedule_acks()
+
+    def _open(self, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+        """Check and open the sealed records of one message: together they are exactly one
+        message's worth of plaintext. Raises ProtectionError."""
+        assert self._opener is not None
+        view, offset, header_bytes = memoryview(data), 0, _protect.HEADER_BYTES
+        while offset + header_bytes <= len(view):
+            header = view[offset : offset + header_bytes]
+            body = self._opener.body_length(header)
+            offset += header_bytes
+            if offset + body > len(view):
+                break
+            plain = self._opener.open(header, view[offset : offset + body])
+            offset += body
+            if plain is not None:
+                if offset != len(view):
+                    raise _protect.ProtectionError(
+                        f"{len(view) - offset} bytes follow the records of a message"
+                    )
+                return plain
+        raise _protect.ProtectionError("a message ended inside a record")
+
+    def _deliver(self, frame: memoryview) -> bool:
+        """Hand one frame to the sink; False when the connection is closed after it."""
+        assert self.sink is not None
+        try:
+            self.sink.frame_received(self, frame)
+        except Exception as exc:
+            log.error("closing connection to %s after bad frame: %r", self.peer, exc)
+            self._fail(exc)
+            return False
+        return not self._closed
 
     def _credit_returned(self, acks: int) -> bool:
         """Apply the peer's acknowledgements; False if they were invalid (connection failed)."""
@@ -357,6 +501,7 @@ class NngConnection(Connection):
                 self._closed = True
                 self._error = exc
                 self._pending.clear()
+                self._spill.clear()
                 self._stalled = None
             exc = self._error if self._error is not None else exc
         self._endpoint.release(self)
@@ -394,8 +539,12 @@ class _Endpoint:
     ends (:meth:`close`, or the nursery being cancelled).
     """
 
-    def __init__(self, sock: Any, scheme: str, secret: bytes, max_frame: int) -> None:
+    def __init__(
+        self, sock: Any, scheme: str, secret: bytes, max_frame: int, protect: bool
+    ) -> None:
         self.sock = sock
+        #: Seal frames on this socket's connections (plain nng+tcp; see NngTransport).
+        self.protect = protect
         self.scheme = scheme
         self.max_frame = max_frame
         self.token = trio.lowlevel.current_trio_token()
@@ -403,14 +552,18 @@ class _Endpoint:
         self.tls: Any = None
         self._secret = secret
         self.conns: dict[int, NngConnection] = {}
-        # Pipe events posted from nng threads: (added, pipe). Trio thread only.
-        self._events: deque[tuple[bool, Any]] = deque()
         self._dirty: set[NngConnection] = set()
         self._writer_wakeup = trio.Event()
-        self._reader_wait: trio.CancelScope | None = None
+        self._housekeeping_wakeup = trio.Event()
         self._scope = trio.CancelScope()
         self._closed = False
         self._next_liveness_check = math.inf if scheme != "nng+tls+tcp" else 0.0
+        # Pipes by id, for messages from a pipe that has no connection yet (the handshake).
+        # Written from nng threads; entries leave when the removal reaches the trio thread.
+        self._pipes: dict[int, Any] = {}
+        # The receive path's out-parameter, reused (trio thread only).
+        self._msg_p = _ffi.new("nng_msg **")
+        sock.add_pre_pipe_connect_cb(self._remember_pipe)
         sock.add_post_pipe_connect_cb(functools.partial(self._post_event, True))
         sock.add_post_pipe_remove_cb(functools.partial(self._post_event, False))
 
@@ -422,6 +575,7 @@ class _Endpoint:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._read_loop, recv_fd)
                     nursery.start_soon(self._write_loop, send_fd)
+                    nursery.start_soon(self._housekeeping_loop)
                     task_status.started()
         finally:
             self._closed = True
@@ -447,6 +601,9 @@ class _Endpoint:
 
     # nng threads ----------------------------------------------------------------------------
 
+    def _remember_pipe(self, pipe: Any) -> None:
+        self._pipes[pipe.id] = pipe
+
     def _post_event(self, added: bool, pipe: Any) -> None:
         try:
             self.token.run_sync_soon(self._event_arrived, added, pipe)
@@ -456,56 +613,78 @@ class _Endpoint:
     # trio thread ----------------------------------------------------------------------------
 
     def _event_arrived(self, added: bool, pipe: Any) -> None:
+        """A pipe came or went. A removal is handled after every message the pipe sent
+        before it went (they are already queued in nng): drained here, first."""
         if self._closed:
             return
-        self._events.append((added, pipe))
-        if self._reader_wait is not None:
-            self._reader_wait.cancel()
+        try:
+            if added:
+                self._pipe_added(pipe)
+                self._housekeeping_wakeup.set()
+                return
+            while self._receive_one():
+                pass
+            self._pipes.pop(pipe.id, None)
+            self._pipe_removed(pipe)
+        except pynng.NNGException as exc:
+            self._socket_failed(exc)
+        except Exception:
+            # Raising here would end the whole trio run (this is a run_sync_soon callback).
+            log.exception("nng socket for %s failed handling a pipe event", self.scheme)
+            self._socket_failed(pynng.NNGException("pipe event handling failed", 0))
 
     async def _read_loop(self, fd: int) -> None:
         while True:
-            events = list(self._events)
-            self._events.clear()
-            for added, pipe in events:
-                if added:
-                    self._pipe_added(pipe)
-            # Messages already queued precede any removal taken above: deliver them first.
             try:
                 await self._drain()
             except pynng.NNGException as exc:
-                log.error("nng socket for %s failed: %s", self.scheme, exc)
-                for conn in list(self.conns.values()):
-                    conn._fail(_broken("nng socket failed", exc))
-                self.close()
+                self._socket_failed(exc)
                 return
-            for added, pipe in events:
-                if not added:
-                    self._pipe_removed(pipe)
-            if self._events:
-                continue
-            deadline = self._housekeeping()
-            with trio.CancelScope(deadline=deadline) as wait:
-                self._reader_wait = wait
-                await trio.lowlevel.wait_readable(fd)
-            self._reader_wait = None
+            await trio.lowlevel.wait_readable(fd)
+
+    def _socket_failed(self, exc: pynng.NNGException) -> None:
+        log.error("nng socket for %s failed: %s", self.scheme, exc)
+        for conn in list(self.conns.values()):
+            conn._fail(_broken("nng socket failed", exc))
+        self.close()
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            with trio.move_on_at(self._housekeeping()):
+                await self._housekeeping_wakeup.wait()
+            self._housekeeping_wakeup = trio.Event()
 
     async def _drain(self) -> None:
+        """Receive every message nng has queued (raises pynng.NNGException if the socket
+        fails), with a checkpoint now and then so that a flood cannot starve other tasks."""
         handled = 0
-        while True:
-            try:
-                msg = self.sock.recv_msg(block=False)
-            except pynng.TryAgain:
-                return
-            pipe = msg.pipe
-            if pipe is not None:
-                conn = self.conns.get(pipe.id)
-                if conn is not None:
-                    conn._received(msg.bytes)
-                else:
-                    self._handshake_message(pipe, msg.bytes)
+        while self._receive_one():
             handled += 1
             if handled % _DRAIN_BATCH == 0:
                 await trio.lowlevel.checkpoint()
+
+    def _receive_one(self) -> bool:
+        """Receive and handle one message; False when none is queued."""
+        msg_p = self._msg_p
+        rv = _lib.nng_recvmsg(self.sock.socket, msg_p, _NONBLOCK)
+        if rv == _EAGAIN:
+            return False
+        if rv:
+            raise _nng_error(rv)
+        msg = msg_p[0]
+        try:
+            pipe_id: int = _lib.nng_pipe_id(_lib.nng_msg_get_pipe(msg))
+            data: bytes = _ffi.buffer(_lib.nng_msg_body(msg), _lib.nng_msg_len(msg))[:]
+        finally:
+            _lib.nng_msg_free(msg)
+        conn = self.conns.get(pipe_id)
+        if conn is not None:
+            conn._received(data)
+        else:
+            pipe = self._pipes.get(pipe_id)
+            if pipe is not None:
+                self._handshake_message(pipe, data)
+        return True
 
     async def _write_loop(self, fd: int) -> None:
         while True:
@@ -520,7 +699,9 @@ class _Endpoint:
 
     def _send_handshake(self, pipe: Any, data: bytes) -> None:
         """Raises pynng.NNGException when nng does not take it at once."""
-        self.sock.send_msg(pynng.Message(data, pipe), block=False)
+        rv = _send_now(self.sock.socket, pipe.pipe, data)
+        if rv:
+            raise _nng_error(rv)
 
     def _ended(self) -> None:
         """The tasks are done and the socket is about to close."""
@@ -535,13 +716,13 @@ class _Endpoint:
         raise NotImplementedError
 
     def _housekeeping(self) -> float:
-        """Do what is due now; return when the reader must next wake up for it.
+        """Do what is due now; return when the housekeeping task must next run.
 
         nng 1.11's TLS transport can lose a peer's close: when the last data and the close
         arrive together it shuts the TCP connection but never fails the pipe, so no removal
         event ever comes. Such a pipe no longer has a peer address, which is cheap to ask.
         """
-        if not self.conns:
+        if self.scheme != "nng+tls+tcp":
             return math.inf
         now = trio.current_time()
         if now >= self._next_liveness_check:
@@ -564,9 +745,15 @@ class _ServerHandshake:
 
 class _ListenEndpoint(_Endpoint):
     def __init__(
-        self, sock: Any, scheme: str, secret: bytes, max_frame: int, sinks: SinkFactory
+        self,
+        sock: Any,
+        scheme: str,
+        secret: bytes,
+        max_frame: int,
+        protect: bool,
+        sinks: SinkFactory,
     ) -> None:
-        super().__init__(sock, scheme, secret, max_frame)
+        super().__init__(sock, scheme, secret, max_frame, protect)
         self._sinks = sinks
         # Read from nng threads (pre-connect callback); a plain bool is enough.
         self._accepting = True
@@ -594,6 +781,7 @@ class _ListenEndpoint(_Endpoint):
 
     def _vet_pipe(self, pipe: Any) -> None:
         if not self._accepting:
+            self._pipes.pop(pipe.id, None)
             pipe.close()
 
     def _peer(self, pipe: Any) -> str:
@@ -640,8 +828,14 @@ class _ListenEndpoint(_Endpoint):
             self._refuse(pipe, exc)
             return
         peer = self._peer(pipe)
+        protection = None
+        if self.protect:
+            nonce_c = data[len(_auth.MAGIC) : len(_auth.MAGIC) + _auth.NONCE_BYTES]
+            protection = _protect.keys_for(
+                "server", self._secret, pending.nonce, nonce_c, self.max_frame
+            )
         # The proof just sent is the first message of the window.
-        conn = NngConnection(self, pipe, peer, credit=_WINDOW - 1)
+        conn = NngConnection(self, pipe, peer, credit=_WINDOW - 1, protection=protection)
         self.conns[pipe.id] = conn
         try:
             conn.sink = self._sinks(conn)
@@ -669,10 +863,11 @@ class _DialEndpoint(_Endpoint):
         scheme: str,
         secret: bytes,
         max_frame: int,
+        protect: bool,
         address: str,
         sink: FrameSink,
     ) -> None:
-        super().__init__(sock, scheme, secret, max_frame)
+        super().__init__(sock, scheme, secret, max_frame, protect)
         self._address = address
         self._sink = sink
         self._hello: bytes | None = None
@@ -701,6 +896,7 @@ class _DialEndpoint(_Endpoint):
     def _vet_pipe(self, pipe: Any) -> None:
         # One pipe per dialer, ever: a redial would be a new, unauthenticated peer.
         if self._had_pipe:
+            self._pipes.pop(pipe.id, None)
             pipe.close()
         self._had_pipe = True
 
@@ -728,12 +924,21 @@ class _DialEndpoint(_Endpoint):
         except pynng.NNGException as exc:
             self._settle(_broken(where, exc))
             return
-        # The server's proof is the first message of its window: acknowledge it.
-        conn = NngConnection(self, pipe, self._address, credit=None, acks_owed=1)
+        protection = None
+        if self.protect:
+            assert self._hello is not None and self._nonce_c is not None
+            protection = _protect.keys_for(
+                "client", self._secret, self._hello[len(_auth.MAGIC) :], self._nonce_c,
+                self.max_frame,
+            )
+        # The server's proof is the first message of its window: it is acknowledged with
+        # the first message this side sends.
+        conn = NngConnection(
+            self, pipe, self._address, credit=None, acks_owed=1, protection=protection
+        )
         conn.sink = self._sink
         self.conns[pipe.id] = conn
         self._settle(conn)
-        conn._schedule_acks()
 
     def _pipe_removed(self, pipe: Any) -> None:
         conn = self.conns.get(pipe.id)
@@ -771,14 +976,22 @@ class NngTransport(Transport):
         secret: bytes,
         max_frame: int,
         tls: TlsSettings | None = None,
+        *,
+        protect_tcp: bool = True,
     ) -> None:
         self._nursery = nursery
         self._secret = secret
         self._max_frame = max_frame
-        self._tls = tls if tls is not None else TlsSettings.from_env()
-        # A batch may exceed max_frame when max_frame is small; one frame travels with its
-        # length and the message's ack header.
-        self._recv_max = max(max_frame + _U32.size, _BATCH_BYTES) + _U32.size
+        #: Seal every frame on plain nng+tcp links with the record layer of tcp:// links
+        #: (:mod:`._protect`); nng+tls+tcp has TLS, nng+ipc a private directory.
+        self._protect_tcp = protect_tcp
+        # None: read REGENCY_TLS_* each time a TLS socket opens, so a process can be given
+        # its certificates after its transport started.
+        self._tls = tls
+        # No message exceeds _BATCH_BYTES plus its ack header and one frame header, so nng
+        # refuses anything larger when it reads the length, before buffering a byte of it:
+        # a peer that has not authenticated can make us hold at most this much per pipe.
+        self._recv_max = _RECV_MAX
 
     async def listen(self, address: str, sinks: SinkFactory) -> Listener:
         scheme, url, _ = _parse(address)
@@ -793,7 +1006,9 @@ class NngTransport(Transport):
             send_buffer_size=_LISTENER_SEND_BUFFER,
             tls_config=tls,
         )
-        endpoint = _ListenEndpoint(sock, scheme, self._secret, self._max_frame, sinks)
+        endpoint = _ListenEndpoint(
+            sock, scheme, self._secret, self._max_frame, self._protects(scheme), sinks
+        )
         endpoint.tls = tls
         await self._nursery.start(endpoint.run)
         try:
@@ -807,7 +1022,12 @@ class NngTransport(Transport):
 
     async def connect(self, address: str, sink: FrameSink) -> Connection:
         scheme, url, host = _parse(address)
-        tls = self._tls_config(scheme, server=False, host=host)
+        try:
+            tls = self._tls_config(scheme, server=False, host=host)
+        except (ValueError, OSError, pynng.NNGException) as exc:
+            # A dial without usable TLS settings cannot verify its peer: that is a failed
+            # authentication (retrying cannot help), not a bug at the call site.
+            raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
         sock = pynng.Pair1(
             recv_max_size=self._recv_max,
             recv_buffer_size=_RECV_BUFFER,
@@ -816,7 +1036,9 @@ class NngTransport(Transport):
             reconnect_time_max=_NO_REDIAL_MS,
             tls_config=tls,
         )
-        endpoint = _DialEndpoint(sock, scheme, self._secret, self._max_frame, address, sink)
+        endpoint = _DialEndpoint(
+            sock, scheme, self._secret, self._max_frame, self._protects(scheme), address, sink
+        )
         endpoint.tls = tls
         await self._nursery.start(endpoint.run)
         try:
@@ -838,11 +1060,14 @@ class NngTransport(Transport):
             endpoint.close()
             raise
 
+    def _protects(self, scheme: str) -> bool:
+        return scheme == "nng+tcp" and self._protect_tcp
+
     def _tls_config(self, scheme: str, *, server: bool, host: str) -> Any:
         """The pynng TLSConfig for one socket, or None for schemes without TLS."""
         if scheme != "nng+tls+tcp":
             return None
-        tls = self._tls
+        tls = self._tls if self._tls is not None else TlsSettings.from_env()
         if server:
             for field, value in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
                 if not value:

@@ -291,3 +291,6 @@ def test_data_listener_binds_where_the_runtime_is_reachable() -> None:
     assert _listen_host("tcp://10.1.2.3:4000", "127.0.0.1") == "10.1.2.3"
     assert _listen_host("tcp://[::1]:4000", "127.0.0.1") == "::1"
     assert _listen_host("unix:///tmp/x/p.sock", "192.168.0.7") == "192.168.0.7"
+    assert _listen_host("nng+tcp://10.1.2.3:4000", "127.0.0.1") == "10.1.2.3"
+    assert _listen_host("nng+tls+tcp://10.1.2.3:4000", "127.0.0.1") == "10.1.2.3"
+    assert _listen_host("nng+ipc:///tmp/x/p.nng", "192.168.0.7") == "192.168.0.7"

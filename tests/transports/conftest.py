@@ -14,21 +14,12 @@ from collections.abc import Iterator
 import pytest
 import trustme
 
+from regency.testing import nng_tls_unavailable
 from regency.transports._nng import ENV_CA, ENV_CERT, ENV_KEY
 
 
-def _nng_tls_unavailable() -> str | None:
-    """Why this pynng build cannot do TLS, or None when it can."""
-    import pynng
-
-    engine = pynng.ffi.string(pynng.lib.nng_tls_engine_name()).decode()
-    if engine in ("", "none"):
-        return f"this pynng build has no TLS engine (nng_tls_engine_name() = {engine!r})"
-    return None
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    reason = _nng_tls_unavailable()
+    reason = nng_tls_unavailable()
     if reason is None:
         return
     for item in items:

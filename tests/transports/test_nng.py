@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import socket
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -15,7 +17,13 @@ import pytest
 import trio
 import trustme
 
-from regency.transports import Connection, ConnectionBroken, open_transport
+from regency.transports import (
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    _nng,
+    open_transport,
+)
 from regency.transports._nng import TlsSettings
 
 from .test_conformance import SECRET, Recorder, Server
@@ -185,8 +193,9 @@ async def test_tls_without_settings_names_them() -> None:
         ):
             await transport.listen("nng+tls+tcp://127.0.0.1:0", Server())
         with pytest.raises(
-            ValueError,
-            match=r"dialing nng\+tls\+tcp needs TlsSettings.ca_file .* or set REGENCY_TLS_CA",
+            AuthenticationError,
+            match=r"cannot connect to nng\+tls\+tcp://127.0.0.1:1: dialing nng\+tls\+tcp needs "
+            r"TlsSettings.ca_file .* or set REGENCY_TLS_CA",
         ):
             await transport.connect("nng+tls+tcp://127.0.0.1:1", Recorder())
 
@@ -203,7 +212,8 @@ async def test_tls_refuses_a_listener_it_cannot_verify(tls_environment: dict[str
             with (
                 trio.fail_after(5),
                 pytest.raises(
-                    ConnectionBroken, match=re.escape(f"cannot connect to {listener.address}: ")
+                    AuthenticationError,
+                    match=re.escape(f"cannot connect to {listener.address}: "),
                 ),
             ):
                 await client_side.connect(listener.address, Recorder())
@@ -212,3 +222,175 @@ async def test_tls_refuses_a_listener_it_cannot_verify(tls_environment: dict[str
 def test_tls_settings_from_env() -> None:
     env = {"REGENCY_TLS_CERT": "/c.pem", "REGENCY_TLS_KEY": "/k.pem", "REGENCY_TLS_CA": ""}
     assert TlsSettings.from_env(env) == TlsSettings("/c.pem", "/k.pem", None)
+
+
+@pytest.mark.parametrize("kind", NNG)
+async def test_frames_larger_than_a_message_span_several_both_ways(
+    kind: str, sockdir: str
+) -> None:
+    # No nng message exceeds _BATCH_BYTES (+ headers): larger frames are cut across messages
+    # and joined again; sizes around every boundary, as bytes and as lists of parts.
+    b = _nng._BATCH_BYTES
+    sizes = [b - 8, b - 4, b - 3, b, b + 1, 3 * b + 7, 10, 3 * b // 4, 1, 5 << 20, 0, b // 2]
+    sent: list[bytes] = [os.urandom(n) for n in sizes]
+    async with open_transport(SECRET) as transport:
+        server = Server()  # echoes every frame: listener to dialer too
+        listener = await transport.listen(address_for(kind, sockdir), server)
+        client = Recorder()
+        conn = await transport.connect(listener.address, client)
+        for i, frame in enumerate(sent):
+            if i % 2:
+                conn.send_nowait([frame[: len(frame) // 3], memoryview(frame)[len(frame) // 3 :]])
+            else:
+                conn.send_nowait(frame)
+        await client.wait_for(lambda: len(client.frames) == len(sent))
+        assert [len(f) for f in client.frames] == sizes
+        assert client.frames == sent
+        assert server.sinks[0].frames == sent
+
+
+LISTENER = """
+import sys, trio
+from regency.transports import open_transport
+
+class Count:
+    frames = 0
+    def frame_received(self, conn, frame):
+        Count.frames += 1
+    def connection_lost(self, conn, exc):
+        print("lost:", exc, file=sys.stderr, flush=True)
+
+async def main():
+    async with open_transport(sys.argv[1].encode()) as transport:
+        listener = await transport.listen("nng+tcp://127.0.0.1:0", lambda c: Count())
+        print(listener.address, flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def _wait_removed(sock: pynng.Socket) -> threading.Event:
+    gone = threading.Event()
+    sock.add_post_pipe_remove_cb(lambda pipe: gone.set())
+    return gone
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
+def test_peers_cannot_make_a_listener_buffer_more_than_a_message() -> None:
+    import subprocess
+    import sys
+
+    from regency.transports import _auth, _protect
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, SECRET.decode()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip().removeprefix("nng+")
+        before = _peak_rss_mib(server.pid)
+        # 1. A peer that never authenticated sends a 256 MiB message: nng refuses it at its
+        #    length header (the receive cap), buffering none of it.
+        with pynng.Pair1(recv_max_size=0) as raw:
+            gone = _wait_removed(raw)
+            raw.dial(url, block=True)
+            raw.recv()  # the server's greeting
+            raw.send(bytes(256 << 20))
+            assert gone.wait(30), "the listener kept the pipe that sent 256 MiB unauthenticated"
+        grown = _peak_rss_mib(server.pid) - before
+        assert grown < 32, f"an unauthenticated 256 MiB message grew the listener by {grown} MiB"
+        # 2. An authenticated peer declares a frame of nearly 2 GiB and sends one message of
+        #    it: the listener holds what arrived, not what the header claims.
+        with pynng.Pair1(recv_max_size=0) as raw:
+            gone = _wait_removed(raw)
+            raw.dial(url, block=True)
+            hello = raw.recv()
+            proof, nonce_c = _auth.client_proof(SECRET, hello)
+            raw.send(proof)
+            nonce_s = hello[len(_auth.MAGIC) :]
+            _auth.check_server_proof(SECRET, nonce_c, nonce_s, raw.recv())
+            # nng+tcp seals every message with the connection's keys.
+            sealer, _ = _protect.keys_for("client", SECRET, nonce_s, nonce_c)
+            body = bytes(_nng._BATCH_BYTES - 4)
+            raw.send(bytes(sealer.seal(struct.pack("<II", 1, (1 << 31) - 1) + body)))
+            raw.send(bytes(sealer.seal(struct.pack("<I", 0) + body)))
+            # Acknowledging messages never sent closes the connection: once it is closed, the
+            # listener has handled everything before.
+            raw.send(bytes(sealer.seal(struct.pack("<I", 5))))
+            assert gone.wait(30), "the listener did not close a connection that broke protocol"
+        # The sealed messages were opened and taken in: the connection ended on the bad acks.
+        assert server.stderr is not None
+        assert select.select([server.stderr], [], [], 30)[0], "the listener reported no loss"
+        lost = server.stderr.readline()
+        assert "acknowledged messages it was never sent" in lost, lost
+        grown = _peak_rss_mib(server.pid) - before
+        assert grown < 32, f"a 2 GiB frame header grew the listener by {grown} MiB at once"
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.communicate()
+
+
+class _Relay:
+    """An on-path relay for nng+tcp without the job secret: forwards every message both ways
+    (so the handshake succeeds) and can add messages of its own toward the listener."""
+
+    def __init__(self, target: str) -> None:
+        self.port = free_port()
+        self.down = pynng.Pair1(listen=f"tcp://127.0.0.1:{self.port}", recv_max_size=0)
+        self.up = pynng.Pair1(dial=target.removeprefix("nng+"), recv_max_size=0)
+        for a, b in ((self.down, self.up), (self.up, self.down)):
+            threading.Thread(target=self._forward, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _forward(src: pynng.Socket, dst: pynng.Socket) -> None:
+        while True:
+            try:
+                dst.send(src.recv())
+            except pynng.NNGException:
+                return
+
+    def close(self) -> None:
+        self.down.close()
+        self.up.close()
+
+
+@pytest.mark.parametrize("protect", [True, False], ids=["sealed", "unsealed"])
+async def test_a_relay_cannot_inject_a_frame_on_nng_tcp(protect: bool) -> None:
+    injected = b"frame the relay made up"
+    async with trio.open_nursery() as nursery:
+        transport = _nng.NngTransport(nursery, SECRET, 1 << 20, protect_tcp=protect)
+        server = Server()
+        listener = await transport.listen("nng+tcp://127.0.0.1:0", server)
+        relay = _Relay(listener.address)
+        try:
+            client = Recorder()
+            conn = await transport.connect(f"nng+tcp://127.0.0.1:{relay.port}", client)
+            conn.send_nowait(b"genuine")
+            await client.wait_for(lambda: client.frames == [b"genuine"])
+            sink = server.sinks[0]
+            # The relay adds a message in the unsealed format after the genuine one.
+            relay.up.send(struct.pack("<II", 0, len(injected)) + injected)
+            await sink.wait_for(lambda: len(sink.frames) > 1 or sink.lost)
+            if protect:
+                assert sink.frames == [b"genuine"]
+                assert isinstance(sink.lost[0], ConnectionBroken)
+                assert re.search(r"record \d+ (failed authentication|declares a body)", str(sink.lost[0])), sink.lost[0]
+            else:  # what the sealing is for: unsealed, the made-up frame is delivered
+                assert sink.frames == [b"genuine", injected]
+        finally:
+            relay.close()
+        nursery.cancel_scope.cancel()
