@@ -150,7 +150,7 @@ def test_bad_worker_arguments_are_refused(kwargs: dict[str, object], message: st
         ({"workers": ["tcp://h:1"], "ca": "x"}, ValueError, "ca must be 'trust_all_connections'"),
         ({"workers": "tcp://h:1", "ca": "trust_all_connections"}, TypeError, "not one string"),
         ({"workers": [], "ca": "trust_all_connections"}, ValueError, "at least one worker"),
-        ({"workers": ["h:1"], "ca": "trust_all_connections"}, ValueError, "tcp://HOST:PORT"),
+        ({"workers": ["h:1"], "ca": "trust_all_connections"}, ValueError, "SCHEME://HOST:PORT"),
     ],
 )
 def test_bad_attach_arguments_are_refused(

@@ -83,8 +83,9 @@ p.lines.call("visible", 3).get()
 # A proc spawned by an actor forwards to the job's controller too.
 p.slice(gpus=0).nested.call_one("N").get()
 print("NESTED DONE", flush=True)
-# Everything printed before stop() is at the controller when stop() returns.
-p.lines.call("bulk", 400)
+# Everything printed before stop() is at the controller when stop() returns. (The call is
+# waited for: a proc told to stop does not finish the endpoints still queued on it.)
+p.lines.call("bulk", 400).get()
 pm.stop().get()
 print("STOPPED", flush=True)
 """

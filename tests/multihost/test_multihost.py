@@ -238,7 +238,8 @@ def test_a_controller_that_cannot_verify_a_tls_worker_is_refused_at_once(
     )
     first, after = out.stdout.splitlines()[:2]
     assert first.startswith(
-        f"ConnectionError attaching to the worker at {hosts[3].worker_address}: "
+        f"ConnectionError attach_to_workers: attaching to the worker at "
+        f"{hosts[3].worker_address}: "
     ), out.stdout + out.stderr
     assert first.endswith("Cryptographic error (nng error 26)"), first
     assert float(after.split()[1]) < 5  # refused, not retried until delivery_timeout
