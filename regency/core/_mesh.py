@@ -15,6 +15,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
+from .._tensor_engine._procmesh import TensorEngineMesh
 from ..supervision import ROOT, MeshStopped, ProcStopped
 from . import _codec
 from . import _messages as M
@@ -564,7 +565,7 @@ _MESH_ATTRIBUTES = frozenset(
 )
 
 
-class ProcMesh(MeshAlgebra):
+class ProcMesh(TensorEngineMesh, MeshAlgebra):
     """Processes, arranged as a mesh; spawn actors on them."""
 
     __slots__ = ("_procs", "_ready", "_shape")

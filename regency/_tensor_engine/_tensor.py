@@ -1,0 +1,380 @@
+"""``regency.Tensor``: a handle to one tensor per proc of a mesh, with local metadata.
+
+A handle is a torch wrapper subclass holding a fake tensor (shape, dtype, strides; no data).
+Every aten op that reaches a handle, or that runs while a mesh is active, is computed on fake
+tensors here (so shape errors raise at the call) and issued to the mesh's workers, which run
+the same op on the real tensors. Autograd sits above the dispatcher, so it runs here over the
+handles and its backward ops are issued like any other.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from . import _context
+from ._engine import ISSUER, Engine, engine_for, forget, new_ref
+from ._errors import (
+    BORROWED,
+    DROPPED,
+    LOCAL_TENSOR,
+    MUTATING_BORROW,
+    WRONG_MESH,
+    WRONG_STREAM,
+    bad_argument,
+)
+from ._records import Ref
+from ._stream import Borrow, Stream, get_active_stream
+
+fake_mode = FakeTensorMode()
+
+
+@contextmanager
+def faking() -> Iterator[None]:
+    """Run torch on fake tensors only (metadata), whatever modes the caller has active."""
+    with _disable_current_modes(), fake_mode:
+        yield
+
+_LIFTS = frozenset(
+    {
+        torch.ops.aten.lift_fresh.default,
+        torch.ops.aten.lift_fresh_copy.default,
+        torch.ops.aten.lift.default,
+    }
+)
+_names: dict[Any, str] = {}
+_writes: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _op_name(func: Any) -> str:
+    name = _names.get(func)
+    if name is None:
+        name = _names[func] = func.name()
+    return name
+
+
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The arguments ``func`` writes to (its schema's mutable aliases)."""
+    positions = _writes.get(func)
+    if positions is None:
+        positions = tuple(
+            (i, a.name)
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
+        _writes[func] = positions
+    out = []
+    for i, name in positions:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        out.extend(v for v in pytree.tree_leaves(value) if isinstance(v, Tensor))
+    return out
+
+
+class Tensor(torch.Tensor):
+    """A tensor that lives on every proc of a mesh (``regency.Tensor``, Monarch's
+    ``monarch.Tensor``): ``.mesh``, ``.stream``, ``.drop()``, ``.to_mesh()``, ``.reduce()``."""
+
+    _fake: torch.Tensor
+    _ref: int
+    _mesh: Any
+    _engine: Engine
+    _stream: Stream
+    _dropped: bool
+    #: "rw", or "r" (immutably borrowed, or a borrow that may not write), or "" (lent mutably)
+    _access: str
+    _loans: int
+    _finalizer: Any
+
+    @staticmethod
+    def __new__(
+        cls, fake: torch.Tensor, mesh: Any, engine: Engine, stream: Stream, ref: int | None = None
+    ) -> Tensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            fake.size(),
+            strides=fake.stride(),
+            storage_offset=fake.storage_offset(),
+            dtype=fake.dtype,
+            layout=fake.layout,
+            device=fake.device,
+            requires_grad=fake.requires_grad,
+        )
+        r._fake = fake
+        r._ref = new_ref() if ref is None else ref
+        r._mesh = mesh
+        r._engine = engine
+        r._stream = stream
+        r._dropped = False
+        r._access = "rw"
+        r._loans = 0
+        r._finalizer = weakref.finalize(
+            r, forget, engine, r._ref, frozenset(mesh._shape.ranks)
+        )
+        return r  # type: ignore[no-any-return]
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        return dispatch(func, args, kwargs or {})
+
+    # -- what a handle is ------------------------------------------------------------------
+
+    @property
+    def mesh(self) -> Any:
+        """The proc mesh (or slice) this tensor lives on."""
+        return self._mesh
+
+    @property
+    def stream(self) -> Stream:
+        return self._stream
+
+    @property
+    def dropped(self) -> bool:
+        return self._dropped
+
+    @property
+    def ref(self) -> int:
+        return self._ref
+
+    def drop(self) -> None:
+        """Free this tensor on its mesh now; later use raises ``TypeError`` (DROPPED)."""
+        if self._dropped:
+            return
+        self._dropped = True
+        if self._finalizer.detach() is not None:
+            forget(self._engine, self._ref, frozenset(self._mesh._shape.ranks))
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        state = ", dropped" if self._dropped else ""
+        return (
+            f"regency.Tensor(shape={tuple(self._fake.shape)}, dtype={self.dtype}, "
+            f"mesh={self._mesh!r}, stream={self._stream.name!r}{state})"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "a regency.Tensor lives on its mesh and cannot be pickled; fetch its value with "
+            "regency.inspect(t) or pass it to a regency.remote function"
+        )
+
+    # -- collectives and moves (implemented in _collectives) -----------------------------------
+
+    def reduce(
+        self,
+        dims: str | tuple[str, ...] | list[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+        _inplace: bool = False,
+        out: Any = None,
+    ) -> Tensor:
+        """Reduce over the mesh ``dims`` (``"sum"``, ``"avg"``, ``"product"``, ``"min"``,
+        ``"max"``, ``"band"``, ``"bor"``, ``"bxor"``, or ``"stack"``); ``scatter`` splits the
+        result along dim 0 among the reduced ranks."""
+        from ._collectives import reduce_one
+
+        return reduce_one(self, dims, reduction, scatter, mesh, _inplace, out)
+
+    def reduce_(
+        self,
+        dims: str | tuple[str, ...] | list[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> Tensor:
+        """:meth:`reduce` in place."""
+        return self.reduce(dims, reduction, scatter, mesh, _inplace=True)
+
+    def to_mesh(self, mesh: Any, stream: Stream | None = None) -> Tensor:
+        """A copy on ``mesh`` (another slice of the same procs): dims match by name and size;
+        a dim this tensor's mesh lacks is broadcast."""
+        from ._collectives import to_mesh_one
+
+        return to_mesh_one(self, self._mesh, mesh, stream)
+
+    def slice_mesh(self, **dims: Any) -> MeshSliceTensor:
+        """The copies on a slice of this tensor's mesh, to send with ``.to_mesh(...)``."""
+        return MeshSliceTensor(self, self._mesh.slice(**dims))
+
+
+class MeshSliceTensor:
+    """A tensor restricted to a slice of its mesh; its one use is ``.to_mesh(mesh)``."""
+
+    def __init__(self, tensor: Tensor, slicing: Any) -> None:
+        self.tensor, self.slicing = tensor, slicing
+
+    def to_mesh(self, mesh: Any, stream: Stream | None = None) -> Tensor:
+        from ._collectives import to_mesh_one
+
+        return to_mesh_one(self.tensor, self.slicing, mesh, stream)
+
+
+def same_place(a: Any, b: Any) -> bool:
+    """Two meshes are the same place when they cover the same procs (labels aside)."""
+    return bool(a is b or (a._procs == b._procs and a._shape.ranks == b._shape.ranks))
+
+
+def check_handles(
+    call: str,
+    handles: list[Tensor],
+    mesh: Any,
+    stream: Stream,
+    written: list[Tensor] | None = None,
+) -> None:
+    """Raise the ``TypeError`` for the first handle this op cannot take."""
+    for h in handles:
+        if h._dropped:
+            raise bad_argument(call, DROPPED, f"{h!r} was dropped and cannot be used")
+        if not same_place(h._mesh, mesh):
+            raise bad_argument(
+                call, WRONG_MESH, f"{h!r} is on {h._mesh!r}, but the op runs on {mesh!r}"
+            )
+        if h._stream is not stream:
+            raise bad_argument(
+                call,
+                WRONG_STREAM,
+                f"{h!r} is on stream {h._stream.name!r}, but the op runs on stream "
+                f"{stream.name!r}; borrow it with {stream.name}.borrow(t)",
+            )
+        if h._access != "rw":
+            if h._access == "":
+                raise bad_argument(
+                    call, BORROWED, f"{h!r} is borrowed mutably by another stream until its "
+                    "borrow is dropped"
+                )
+            if written is None:
+                continue
+            if any(w is h for w in written):
+                raise bad_argument(
+                    call, MUTATING_BORROW, f"{h!r} is borrowed immutably and cannot be written "
+                    "until the borrow is dropped"
+                )
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any = None) -> Any:
+    """Issue ``func(*args, **kwargs)`` to the workers; return handles for its results."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    handles: list[Tensor] = []
+    locals_at: list[int] = []
+    for i, a in enumerate(flat):
+        if isinstance(a, Tensor):
+            handles.append(a)
+        elif isinstance(a, torch.Tensor):
+            locals_at.append(i)
+    active = _context.active_mesh_or_none()
+    if handles:
+        mesh = handles[0]._mesh
+    elif mesh is None:
+        mesh = active
+    if mesh is None:
+        raise bad_argument(str(func), LOCAL_TENSOR, "no mesh is active")
+    if active is not None and not same_place(active, mesh):
+        raise bad_argument(
+            str(func), WRONG_MESH, f"{handles[0]!r} is used while {active!r} is active"
+        )
+    stream = get_active_stream()
+    if handles:
+        needs_write_check = any(h._access != "rw" for h in handles)
+        check_handles(
+            str(func),
+            handles,
+            mesh,
+            stream,
+            _written(func, args, kwargs) if needs_write_check else None,
+        )
+    template = list(flat)
+    fakes = list(flat)
+    for i in locals_at:
+        local = flat[i]
+        if func not in _LIFTS and local.dim() != 0:
+            raise bad_argument(
+                str(func),
+                LOCAL_TENSOR,
+                f"a local tensor of shape {tuple(local.shape)} was mixed with tensors on "
+                f"{mesh!r}; create it inside mesh.activate() instead",
+            )
+        fakes[i] = fake_mode.from_tensor(local)
+    for i, a in enumerate(flat):
+        if isinstance(a, Tensor):
+            fakes[i] = a._fake
+            template[i] = Ref(a._ref)
+    fa, fk = pytree.tree_unflatten(fakes, spec)
+    try:
+        with fake_mode:
+            out = func(*fa, **fk)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise RuntimeError(
+            f"{func} needs the values of a regency.Tensor, which live on its mesh; fetch them "
+            "with regency.inspect(t), or run the code in a regency.remote function"
+        ) from exc
+    by_fake = {id(h._fake): h for h in handles}
+    engine = handles[0]._engine if handles else engine_for(mesh)
+    leaves, out_spec = pytree.tree_flatten(out)
+    outs: list[int] = []
+    results: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            h = by_fake.get(id(leaf))
+            if h is None:
+                h = Tensor(leaf, mesh, engine, stream)
+            outs.append(h._ref)
+            results.append(h)
+        else:
+            results.append(leaf)
+    ISSUER.issue(
+        engine,
+        mesh._shape,
+        ("op", ISSUER.next_seq(), _op_name(func), pytree.tree_unflatten(template, spec), outs),
+    )
+    return pytree.tree_unflatten(results, out_spec)
+
+
+class ActiveMeshMode(TorchDispatchMode):
+    """While a mesh is active: factory ops (no tensor inputs) create tensors on it."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if _context.active_mesh_or_none() is None:
+            has_handle = any(isinstance(a, Tensor) for a in pytree.tree_leaves((args, kwargs)))
+            if not has_handle:
+                return func(*args, **kwargs)  # no_mesh: plain local torch
+        return dispatch(func, args, kwargs)
+
+
+def borrow_tensor(t: Tensor, stream: Stream, mutable: bool) -> tuple[Tensor, Borrow]:
+    check_handles(f"borrow({t!r})", [t], t._mesh, t._stream, [t] if mutable else None)
+    if mutable and t._loans:
+        raise RuntimeError(
+            f"cannot borrow {t!r} mutably: it is already borrowed immutably; drop that borrow first"
+        )
+    with faking():
+        fake = torch.ops.aten.alias.default(t._fake)
+    borrowed = Tensor(fake, t._mesh, t._engine, stream)
+    borrowed._access = "rw" if mutable else "r"
+    t._access = "" if mutable else "r"
+    t._loans += 1
+    ISSUER.issue(t._engine, t._mesh._shape, ("alias", borrowed._ref, t._ref))
+    return borrowed, Borrow(t, borrowed, mutable)
+
+
+def new_on(
+    mesh: Any, fake: torch.Tensor, stream: Stream | None = None
+) -> Tensor:
+    """A handle for a tensor that an op not issued through :func:`dispatch` defines."""
+    return Tensor(fake, mesh, engine_for(mesh), stream or get_active_stream())
