@@ -85,7 +85,7 @@ def _env_for(procs: tuple[tuple[str, str], ...], shape: Shape | None) -> list[di
 def issue_site() -> tuple[traceback.FrameSummary, ...]:
     """Where the user's code issued the current op: the innermost frames outside the engine
     and torch, outermost first (cheap: no source lines are read)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(3)
     while frame is not None and frame.f_code.co_filename.startswith(_ENGINE_FILES[0]):
         frame = frame.f_back  # type: ignore[assignment]
     frames: list[traceback.FrameSummary] = []
@@ -105,7 +105,8 @@ def issue_site() -> tuple[traceback.FrameSummary, ...]:
 class Engine:
     """The tensor workers of one proc mesh and the controller's view of them."""
 
-    def __init__(self, mesh: ProcMesh) -> None:
+    def __init__(self, mesh: ProcMesh, issuer: Issuer) -> None:
+        self.issuer = issuer
         procs: tuple[tuple[str, str], ...] = mesh._procs
         self.procs = procs
         self.size = len(procs)
@@ -174,29 +175,63 @@ class Engine:
             self.workers.run.broadcast([("del", refs)])
 
     def fetch(self, rank: int, refs: list[int]) -> Future[list[Any]]:
-        ISSUER.flush()
+        self.issuer.flush()
         return self.workers.slice(rank=rank).fetch.call_one(refs)  # type: ignore[no-any-return]
 
     def call_fetch(self, rank: int, seq: int, fn: Any, args: Any) -> Future[Any]:
-        ISSUER.flush()
+        self.issuer.flush()
         return self.workers.slice(rank=rank).call_fetch.call_one(seq, fn, args)  # type: ignore[no-any-return]
 
 
-_engines: dict[tuple[tuple[str, str], ...], Engine] = {}
-_engines_lock = threading.Lock()
+class _RuntimeState:
+    """The engines and the op buffer of one runtime (a simulation holds several runtimes,
+    and one test process runs many simulations whose procs have the same names)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[tuple[tuple[str, str], ...], Engine] = {}
+        self.issuer = Issuer()
+
+
+_states: weakref.WeakKeyDictionary[Any, _RuntimeState] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def _state() -> _RuntimeState:
+    rt = current_runtime()
+    state = _states.get(rt)
+    if state is None:
+        with _states_lock:
+            state = _states.setdefault(rt, _RuntimeState())
+    return state
 
 
 def engine_for(mesh: ProcMesh) -> Engine:
     """The engine of ``mesh``'s proc mesh, started on first use."""
     procs = mesh._procs
-    engine = _engines.get(procs)
+    state = _state()
+    engine = state.engines.get(procs)
     if engine is None:
-        with _engines_lock:
-            engine = _engines.get(procs)
+        with _states_lock:
+            engine = state.engines.get(procs)
             if engine is None:
-                engine = Engine(mesh)
-                _engines[procs] = engine
+                engine = Engine(mesh, state.issuer)
+                state.engines[procs] = engine
     return engine
+
+
+#: Where each op was issued (by sequence number), for RemoteException.
+SITES: dict[int, tuple[traceback.FrameSummary, ...]] = {}
+_site_order: deque[int] = deque()
+
+
+def next_seq() -> int:
+    """A new op sequence number; records where the user's code issued the op."""
+    seq = next(_seqs)
+    SITES[seq] = issue_site()
+    _site_order.append(seq)
+    if len(_site_order) > _SITES_KEPT:
+        SITES.pop(_site_order.popleft(), None)
+    return seq
 
 
 class Issuer:
@@ -208,17 +243,6 @@ class Issuer:
         self._shape: Shape | None = None
         self._ranks: tuple[int, ...] = ()
         self._ops: list[tuple[Any, ...]] = []
-        self.sites: dict[int, tuple[traceback.FrameSummary, ...]] = {}
-        self._site_order: deque[int] = deque()
-
-    def next_seq(self) -> int:
-        seq = next(_seqs)
-        self.sites[seq] = issue_site()
-        order = self._site_order
-        order.append(seq)
-        if len(order) > _SITES_KEPT:
-            self.sites.pop(order.popleft(), None)
-        return seq
 
     def issue(self, engine: Engine, shape: Shape, op: tuple[Any, ...]) -> None:
         with self._lock:
@@ -236,7 +260,25 @@ class Issuer:
                 self._engine.send(self._shape, ops)
 
 
-ISSUER = Issuer()
+class _Issuing:
+    """``ISSUER``: issue through an engine's own buffer, or flush this runtime's."""
+
+    sites = SITES
+
+    @staticmethod
+    def next_seq() -> int:
+        return next_seq()
+
+    @staticmethod
+    def issue(engine: Engine, shape: Shape, op: tuple[Any, ...]) -> None:
+        engine.issuer.issue(engine, shape, op)
+
+    @staticmethod
+    def flush() -> None:
+        _state().issuer.flush()
+
+
+ISSUER = _Issuing()
 
 
 def forget(engine_ref: weakref.ref[Engine] | Engine, ref: int, ranks: frozenset[int]) -> None:

@@ -211,6 +211,36 @@ class Tensor(torch.Tensor):
         return MeshSliceTensor(self, self._mesh.slice(**dims))
 
 
+def _operator(forward: Any, swap: bool = False, inplace: bool = False) -> Any:
+    """A Python operator that lets our argument errors through: torch turns a ``TypeError``
+    raised inside ``t + x`` into ``NotImplemented``, which would lose the reason."""
+
+    def op(self: Tensor, other: Any) -> Any:
+        result = forward(other, self) if swap else forward(self, other)
+        return self if inplace else result
+
+    return op
+
+
+for _name, _fn, _swap, _inplace in (
+    ("__add__", torch.add, False, False),
+    ("__radd__", torch.add, True, False),
+    ("__iadd__", torch.Tensor.add_, False, True),
+    ("__sub__", torch.sub, False, False),
+    ("__rsub__", torch.sub, True, False),
+    ("__isub__", torch.Tensor.sub_, False, True),
+    ("__mul__", torch.mul, False, False),
+    ("__rmul__", torch.mul, True, False),
+    ("__imul__", torch.Tensor.mul_, False, True),
+    ("__truediv__", torch.div, False, False),
+    ("__rtruediv__", torch.div, True, False),
+    ("__itruediv__", torch.Tensor.div_, False, True),
+    ("__matmul__", torch.matmul, False, False),
+    ("__rmatmul__", torch.matmul, True, False),
+):
+    setattr(Tensor, _name, _operator(_fn, _swap, _inplace))
+
+
 class MeshSliceTensor:
     """A tensor restricted to a slice of its mesh; its one use is ``.to_mesh(mesh)``."""
 
@@ -248,7 +278,8 @@ def check_handles(
                 call,
                 WRONG_STREAM,
                 f"{h!r} is on stream {h._stream.name!r}, but the op runs on stream "
-                f"{stream.name!r}; borrow it with {stream.name}.borrow(t)",
+                f"{stream.name!r}; run the op inside that stream's activate(), or borrow the "
+                f"tensor onto stream {stream.name!r}",
             )
         if h._access != "rw":
             if h._access == "":

@@ -86,19 +86,27 @@ class _Failed(Exception):
         self.failure = failure
 
 
-#: The global rank of the worker running a remote function now (workers run one op at a
-#: time; in a simulation, one thread at a time).
-_running_rank = -1
+#: The worker running a remote function now (workers run one op at a time; in a simulation,
+#: one thread at a time).
+_running: TensorWorker | None = None
 
 
 def current_worker_rank() -> int:
     """The global rank (in its proc mesh) of the worker running this remote function."""
-    return _running_rank
+    if _running is None:
+        raise RuntimeError("current_worker_rank() is only available inside a remote function")
+    return _running.rank
+
+
+def live_refs() -> int:
+    """How many tensors the worker running this remote function holds (for tests)."""
+    assert _running is not None
+    return len(_running.refs)
 
 
 def rank_value(table: dict[int, int]) -> Any:
     """``ProcMesh.rank_tensor``: this proc's entry of ``table`` (global rank to value)."""
-    return torch.tensor(table[_running_rank], dtype=torch.int64)
+    return torch.tensor(table[current_worker_rank()], dtype=torch.int64)
 
 
 class TensorWorker(Actor):
@@ -167,8 +175,8 @@ class TensorWorker(Actor):
     @endpoint
     def call_fetch(self, seq: int, fn: Any, args: Any) -> Any:
         """Run a remote function here and return its result (or a Failure)."""
-        global _running_rank
-        _running_rank = self.rank
+        global _running
+        _running = self
         try:
             a, k = self._resolve(args)
             return resolve_function(fn)(*a, **k)
@@ -202,9 +210,9 @@ class TensorWorker(Actor):
         )
 
     def _call(self, seq: int, fn: Any, args: Any, outs: list[int], is_op: bool) -> None:
-        global _running_rank
+        global _running
         refs = self.refs
-        _running_rank = self.rank
+        _running = self
         try:
             a, k = self._resolve(args)
             f = resolve_op(fn) if is_op else resolve_function(fn)
