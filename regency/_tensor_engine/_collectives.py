@@ -162,9 +162,11 @@ def to_mesh_one(t: Tensor, source: Any, mesh: Any, stream: Stream | None) -> Ten
     sends: list[tuple[int, int]] = []
     for local, dst_rank in enumerate(dst_shape.ranks):
         coords = dst_shape.coords(local)
-        src_local = src_shape._local_rank(
-            {d: coords[d] for d in src_shape.labels}, "to_mesh"
-        ) if src_shape.labels else 0
+        src_local = (
+            src_shape._local_rank({d: coords[d] for d in src_shape.labels}, "to_mesh")
+            if src_shape.labels
+            else 0
+        )
         sends.append((src_shape.ranks[src_local], dst_rank))
     involved = tuple(sorted({r for pair in sends for r in pair}))
     engine = engine_for(mesh)
@@ -174,8 +176,15 @@ def to_mesh_one(t: Tensor, source: Any, mesh: Any, stream: Stream | None) -> Ten
     ISSUER.issue(
         engine,
         Shape(("rank",), (len(involved),), involved),
-        ("move", ISSUER.next_seq(), t._ref, result._ref, sends, involved,
-         (tuple(fake.shape), fake.dtype)),
+        (
+            "move",
+            ISSUER.next_seq(),
+            t._ref,
+            result._ref,
+            sends,
+            involved,
+            (tuple(fake.shape), fake.dtype),
+        ),
     )
     return result
 
@@ -190,9 +199,11 @@ def reduce(
 ) -> Any:
     """:meth:`Tensor.reduce` on every tensor of a pytree."""
     return pytree.tree_map(
-        lambda t: reduce_one(t, dims, reduction, scatter, mesh, _inplace, None)
-        if isinstance(t, Tensor)
-        else t,
+        lambda t: (
+            reduce_one(t, dims, reduction, scatter, mesh, _inplace, None)
+            if isinstance(t, Tensor)
+            else t
+        ),
         tensors,
     )
 
@@ -212,9 +223,7 @@ def to_mesh(tensors: Any, mesh: Any, stream: Stream | None = None) -> Any:
 
 def slice_mesh(tensors: Any, **dims: Any) -> Any:
     """:meth:`Tensor.slice_mesh` on every tensor of a pytree."""
-    return pytree.tree_map(
-        lambda t: t.slice_mesh(**dims) if isinstance(t, Tensor) else t, tensors
-    )
+    return pytree.tree_map(lambda t: t.slice_mesh(**dims) if isinstance(t, Tensor) else t, tensors)
 
 
 __all__ = ["reduce", "reduce_", "same_place", "slice_mesh", "to_mesh"]

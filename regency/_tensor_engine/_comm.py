@@ -89,7 +89,8 @@ class GlooComm(Comm):
         self._dist = dist
         self.rank = rank
         self._timeout = datetime.timedelta(seconds=timeout)
-        self._store = dist.TCPStore(host, port, is_master=False, timeout=self._timeout)
+        store_cls = dist.TCPStore  # type: ignore[attr-defined]
+        self._store = store_cls(host, port, is_master=False, timeout=self._timeout)
         self._prefix = prefix
         self._groups: dict[Group, Any] = {}
         dist_ops = dist.ReduceOp
@@ -120,7 +121,7 @@ class GlooComm(Comm):
 
     def allreduce(self, t: torch.Tensor, group: Group, op: str, tag: int) -> None:
         opts = self._dist.AllreduceOptions()
-        opts.reduceOp = self._ops[op]
+        opts.reduceOp = self._ops[op]  # type: ignore[assignment]
         self._group(group).allreduce([t], opts).wait()
         if op == "avg":
             finish_avg(t, len(group))

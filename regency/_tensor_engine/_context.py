@@ -31,12 +31,12 @@ def activated(mesh: Any) -> Iterator[Any]:
     from ._tensor import ActiveMeshMode
 
     _mesh_stack.append(mesh)
-    mode = ActiveMeshMode()
-    mode.__enter__()
+    mode = ActiveMeshMode()  # type: ignore[no-untyped-call]
+    mode.__enter__()  # type: ignore[no-untyped-call]
     try:
         yield mesh
     finally:
-        mode.__exit__(None, None, None)
+        mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         _mesh_stack.pop()
         ISSUER.flush()
 

@@ -123,8 +123,11 @@ class Engine:
 
             local = all(_host_of(a) == "localhost" for _, a in procs)
             host = "127.0.0.1" if local else _host_of(rt.address)
-            self._store = dist.TCPStore(
-                host, 0, is_master=True, wait_for_workers=False,
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                host,
+                0,
+                is_master=True,
+                wait_for_workers=False,
                 timeout=datetime.timedelta(seconds=rt.config.spawn_timeout * 10),
             )
             store = (host, self._store.port, f"engine-{id(self):x}")

@@ -74,9 +74,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) ->
                 result.set_exception(raise_failure(value))
                 return
         by_id = {id(h): v for h, v in zip(handles, values, strict=True)}
-        result.set_result(
-            pytree.tree_map(lambda leaf: by_id.get(id(leaf), leaf), obj)
-        )
+        result.set_result(pytree.tree_map(lambda leaf: by_id.get(id(leaf), leaf), obj))
 
     inner.add_done_callback(done)
     return result
@@ -103,7 +101,6 @@ def call_on_shard_and_fetch(
 
     if not isinstance(remote_fn, Remote):
         raise TypeError(
-            f"call_on_shard_and_fetch takes a function made with regency.remote "
-            f"(got {remote_fn!r})"
+            f"call_on_shard_and_fetch takes a function made with regency.remote (got {remote_fn!r})"
         )
     return remote_fn._fetch_one(args, kwargs, shard)

@@ -21,7 +21,5 @@ def grad_generator(
     grads_in = [grad_roots] if isinstance(grad_roots, torch.Tensor) else list(grad_roots)
     if not wrt:
         return
-    grads = torch.autograd.grad(
-        roots_l, wrt, grad_outputs=grads_in or None, allow_unused=True
-    )
+    grads = torch.autograd.grad(roots_l, wrt, grad_outputs=grads_in or None, allow_unused=True)
     yield from grads

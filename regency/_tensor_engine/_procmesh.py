@@ -39,9 +39,7 @@ class TensorEngineMesh:
         from ._context import activated
 
         with activated(self):
-            return Remote(
-                "regency._tensor_engine._worker.rank_value", _rank_value_propagate
-            )(table)
+            return Remote("regency._tensor_engine._worker.rank_value", _rank_value_propagate)(table)
 
     def rank_tensors(self) -> dict[str, Any]:
         """``{dim: rank_tensor(dim)}`` for every dim of the mesh."""

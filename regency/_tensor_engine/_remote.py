@@ -30,13 +30,10 @@ class Remote:
 
     def __init__(self, fn: Any, propagate: Any) -> None:
         if not (callable(fn) or (isinstance(fn, str) and "." in fn)):
-            raise TypeError(
-                f"remote takes a function or a 'pkg.module.function' path (got {fn!r})"
-            )
+            raise TypeError(f"remote takes a function or a 'pkg.module.function' path (got {fn!r})")
         if not (propagate is None or callable(propagate) or propagate in ("inspect", "cached")):
             raise ValueError(
-                "propagate must be a function, 'inspect', 'cached' or None "
-                f"(got {propagate!r})"
+                f"propagate must be a function, 'inspect', 'cached' or None (got {propagate!r})"
             )
         self._fn = fn
         self._propagate = propagate
@@ -64,11 +61,16 @@ class Remote:
                 fakes[i] = a._fake
             elif isinstance(a, torch.Tensor):
                 raise bad_argument(
-                    call, LOCAL_TENSOR, f"a local tensor of shape {tuple(a.shape)} was passed "
-                    f"to a remote function on {mesh!r}"
+                    call,
+                    LOCAL_TENSOR,
+                    f"a local tensor of shape {tuple(a.shape)} was passed "
+                    f"to a remote function on {mesh!r}",
                 )
-        return mesh, pytree.tree_unflatten(template, spec), handles, pytree.tree_unflatten(
-            fakes, spec
+        return (
+            mesh,
+            pytree.tree_unflatten(template, spec),
+            handles,
+            pytree.tree_unflatten(fakes, spec),
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -88,4 +88,6 @@ class Borrow:
 
     def __repr__(self) -> str:
         state = "dropped" if self.dropped else "live"
-        return f"<Borrow of {self._origin!r} ({'mutable' if self.mutable else 'immutable'}, {state})>"
+        return (
+            f"<Borrow of {self._origin!r} ({'mutable' if self.mutable else 'immutable'}, {state})>"
+        )

@@ -46,6 +46,7 @@ def faking() -> Iterator[None]:
     with _disable_current_modes(), fake_mode:
         yield
 
+
 _LIFTS = frozenset(
     {
         torch.ops.aten.lift_fresh.default,
@@ -74,7 +75,7 @@ def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[A
             if a.alias_info is not None and a.alias_info.is_write
         )
         _writes[func] = positions
-    out = []
+    out: list[Any] = []
     for i, name in positions:
         value = args[i] if i < len(args) else kwargs.get(name)
         out.extend(v for v in pytree.tree_leaves(value) if isinstance(v, Tensor))
@@ -118,15 +119,13 @@ class Tensor(torch.Tensor):
         r._dropped = False
         r._access = "rw"
         r._loans = 0
-        r._finalizer = weakref.finalize(
-            r, forget, engine, r._ref, frozenset(mesh._shape.ranks)
-        )
-        return r  # type: ignore[no-any-return]
+        r._finalizer = weakref.finalize(r, forget, engine, r._ref, frozenset(mesh._shape.ranks))
+        return r
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
         return dispatch(func, args, kwargs or {})
@@ -284,15 +283,18 @@ def check_handles(
         if h._access != "rw":
             if h._access == "":
                 raise bad_argument(
-                    call, BORROWED, f"{h!r} is borrowed mutably by another stream until its "
-                    "borrow is dropped"
+                    call,
+                    BORROWED,
+                    f"{h!r} is borrowed mutably by another stream until its borrow is dropped",
                 )
             if written is None:
                 continue
             if any(w is h for w in written):
                 raise bad_argument(
-                    call, MUTATING_BORROW, f"{h!r} is borrowed immutably and cannot be written "
-                    "until the borrow is dropped"
+                    call,
+                    MUTATING_BORROW,
+                    f"{h!r} is borrowed immutably and cannot be written "
+                    "until the borrow is dropped",
                 )
 
 
@@ -374,12 +376,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any
     return pytree.tree_unflatten(results, out_spec)
 
 
-class ActiveMeshMode(TorchDispatchMode):
+class ActiveMeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """While a mesh is active: factory ops (no tensor inputs) create tensors on it."""
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if _context.active_mesh_or_none() is None:
             has_handle = any(isinstance(a, Tensor) for a in pytree.tree_leaves((args, kwargs)))
@@ -404,8 +404,6 @@ def borrow_tensor(t: Tensor, stream: Stream, mutable: bool) -> tuple[Tensor, Bor
     return borrowed, Borrow(t, borrowed, mutable)
 
 
-def new_on(
-    mesh: Any, fake: torch.Tensor, stream: Stream | None = None
-) -> Tensor:
+def new_on(mesh: Any, fake: torch.Tensor, stream: Stream | None = None) -> Tensor:
     """A handle for a tensor that an op not issued through :func:`dispatch` defines."""
     return Tensor(fake, mesh, engine_for(mesh), stream or get_active_stream())

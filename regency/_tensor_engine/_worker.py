@@ -27,9 +27,7 @@ import importlib
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core import Actor, current_rank, current_runtime, endpoint
 from ._records import Failure, Ref
@@ -42,7 +40,7 @@ if TYPE_CHECKING:
 # torch loads in the worker's __init__ (on the actor's thread), not when the proc unpickles
 # the spawn message on its event loop: importing torch takes seconds, and the loop must keep
 # answering heartbeats meanwhile.
-torch: Any = None
+torch: Any = None  # type: ignore[no-redef]
 pytree: Any = None
 
 
@@ -54,6 +52,7 @@ def _import_torch() -> None:
 
         pytree = _pytree
         torch = _torch
+
 
 _OPS: dict[str, Any] = {}
 
@@ -258,8 +257,10 @@ class TensorWorker(Actor):
         group = next(g for g in groups if self.rank in g)
         value = self.refs.get(src)
         if isinstance(value, Failure) or value is None:
-            failure = value if isinstance(value, Failure) else Failure(
-                seq, self.rank, "LookupError", f"tensor ref {src} is not here", ""
+            failure = (
+                value
+                if isinstance(value, Failure)
+                else Failure(seq, self.rank, "LookupError", f"tensor ref {src} is not here", "")
             )
             value = torch.zeros(meta[0], dtype=meta[1])  # take part so the others go on
         n = len(group)
@@ -305,8 +306,10 @@ class TensorWorker(Actor):
         incoming: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}
         for frm, to in sends:
             if frm == me:
-                outgoing[to] = value if isinstance(value, torch.Tensor) else torch.zeros(
-                    meta[0], dtype=meta[1]
+                outgoing[to] = (
+                    value
+                    if isinstance(value, torch.Tensor)
+                    else torch.zeros(meta[0], dtype=meta[1])
                 )
             if to == me:
                 incoming[frm] = meta
@@ -318,9 +321,16 @@ class TensorWorker(Actor):
         # A failed source still sends (zeros, so nobody hangs) and then says it failed.
         flag = torch.tensor([0 if failure is None else 1])
         status = self.comm.exchange(
-            group, -seq - 1, dict.fromkeys(outgoing, flag), dict.fromkeys(incoming, ((1,), flag.dtype))
+            group,
+            -seq - 1,
+            dict.fromkeys(outgoing, flag),
+            dict.fromkeys(incoming, ((1,), flag.dtype)),
         )
         for frm in incoming:
-            self.refs[out] = got[frm] if not int(status[frm][0]) else Failure(
-                seq, frm, "RuntimeError", f"the source of to_mesh (rank {frm}) had failed", ""
+            self.refs[out] = (
+                got[frm]
+                if not int(status[frm][0])
+                else Failure(
+                    seq, frm, "RuntimeError", f"the source of to_mesh (rank {frm}) had failed", ""
+                )
             )

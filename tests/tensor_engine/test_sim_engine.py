@@ -324,9 +324,13 @@ def test_streams_and_borrows() -> None:
                 reasons.append(str(caught.value))
                 plain = t + 0  # the origin can still be read
             t.add_(1)  # the borrow ended with the block
-        return reasons, regency.inspect(after).tolist(), regency.inspect(t).tolist(), (
-            regency.inspect(plain).tolist()
-        ), copy.stream.name
+        return (
+            reasons,
+            regency.inspect(after).tolist(),
+            regency.inspect(t).tolist(),
+            (regency.inspect(plain).tolist()),
+            copy.stream.name,
+        )
 
     reasons, after, t, plain, copy_stream = run(program, hosts=1)
     assert "BORROWED" in reasons[0]
