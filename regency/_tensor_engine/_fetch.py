@@ -16,6 +16,11 @@ from ._tensor import Tensor, same_place
 
 def _rank_of(mesh: Any, shard: dict[str, int] | None, coords: dict[str, int]) -> int:
     """The global rank at ``shard``/``coords`` of ``mesh`` (0 along every dim not given)."""
+    if shard is not None and not isinstance(shard, dict):
+        raise TypeError(
+            f"shard must be a dict of coordinates (got {shard!r}); a dim named 'shard' is "
+            "given as shard={'shard': 1}"
+        )
     given = dict(shard or {})
     given.update(coords)
     shape = mesh._shape
