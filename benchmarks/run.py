@@ -51,6 +51,12 @@ def main() -> None:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
     _table("Simulator (issue #4)", bench_sim.run())
+    try:
+        from benchmarks import bench_tensor_engine
+    except ImportError as exc:
+        print(f"\n(tensor-engine figures skipped: {exc})")
+    else:
+        _table("Tensor engine, CPU and gloo (issue #14)", bench_tensor_engine.run())
 
 
 if __name__ == "__main__":

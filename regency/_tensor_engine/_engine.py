@@ -82,24 +82,40 @@ def _env_for(procs: tuple[tuple[str, str], ...], shape: Shape | None) -> list[di
     return envs
 
 
-def issue_site() -> tuple[traceback.FrameSummary, ...]:
-    """Where the user's code issued the current op: the innermost frames outside the engine
-    and torch, outermost first (cheap: no source lines are read)."""
-    frame = sys._getframe(3)
-    while frame is not None and frame.f_code.co_filename.startswith(_ENGINE_FILES[0]):
-        frame = frame.f_back  # type: ignore[assignment]
-    frames: list[traceback.FrameSummary] = []
+def issue_site() -> tuple[tuple[Any, int], ...]:
+    """Where the user's code issued the current op: (code, instruction offset) of the
+    innermost frames outside the engine and torch, innermost first. Cheap: line numbers,
+    source and FrameSummary records wait until an error is reported (:func:`site_frames`)."""
+    frame: Any = sys._getframe(3)
+    engine_dir = _ENGINE_FILES[0]
+    while frame is not None and frame.f_code.co_filename.startswith(engine_dir):
+        frame = frame.f_back
+    frames: list[tuple[Any, int]] = []
+    torch_dir = _ENGINE_FILES[1]
     while frame is not None and len(frames) < _STACK_DEPTH:
         code = frame.f_code
-        if _ENGINE_FILES[1] not in code.co_filename:
-            frames.append(
-                traceback.FrameSummary(
-                    code.co_filename, frame.f_lineno or 0, code.co_name, lookup_line=False
-                )
-            )
-        frame = frame.f_back  # type: ignore[assignment]
-    frames.reverse()
+        if torch_dir not in code.co_filename:
+            frames.append((code, frame.f_lasti))
+        frame = frame.f_back
     return tuple(frames)
+
+
+def _line_of(code: Any, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return line or 0
+    return code.co_firstlineno  # type: ignore[no-any-return]
+
+
+def site_frames(seq: int) -> list[traceback.FrameSummary] | None:
+    """The frames where op ``seq`` was issued, outermost first (None if not kept)."""
+    site = SITES.get(seq)
+    if site is None:
+        return None
+    return [
+        traceback.FrameSummary(code.co_filename, _line_of(code, lasti), code.co_name)
+        for code, lasti in reversed(site)
+    ]
 
 
 class Engine:
@@ -223,7 +239,7 @@ def engine_for(mesh: ProcMesh) -> Engine:
 
 
 #: Where each op was issued (by sequence number), for RemoteException.
-SITES: dict[int, tuple[traceback.FrameSummary, ...]] = {}
+SITES: dict[int, tuple[tuple[Any, int], ...]] = {}
 _site_order: deque[int] = deque()
 
 

@@ -19,7 +19,7 @@ class RemoteException(Exception):
     def __init__(
         self,
         failure: Failure,
-        controller_frames: tuple[traceback.FrameSummary, ...] | None,
+        controller_frames: list[traceback.FrameSummary] | None,
         message: str = "A remote function has failed asynchronously",
     ) -> None:
         self.failure = failure
@@ -45,7 +45,7 @@ class RemoteException(Exception):
         )
 
     def __reduce__(self) -> Any:
-        return (RemoteException, (self.failure, tuple(self.controller_frames or ()), self.message))
+        return (RemoteException, (self.failure, self.controller_frames, self.message))
 
 
 #: The reasons an argument is refused at the call site (Monarch's names).

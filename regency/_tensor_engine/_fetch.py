@@ -8,7 +8,7 @@ from typing import Any
 from torch.utils import _pytree as pytree
 
 from ..core import Future
-from ._engine import ISSUER, Engine
+from ._engine import Engine, site_frames
 from ._errors import BORROWED, DROPPED, bad_argument
 from ._records import Failure
 from ._tensor import Tensor, same_place
@@ -36,7 +36,7 @@ def raise_failure(failure: Failure) -> Exception:
     """The RemoteException for ``failure``, with where its op was issued."""
     from ._errors import RemoteException
 
-    return RemoteException(failure, ISSUER.sites.get(failure.seq))
+    return RemoteException(failure, site_frames(failure.seq))
 
 
 def _handles_of(call: str, obj: Any) -> list[Tensor]:

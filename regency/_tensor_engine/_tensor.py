@@ -86,7 +86,9 @@ class Tensor(torch.Tensor):
     """A tensor that lives on every proc of a mesh (``regency.Tensor``, Monarch's
     ``monarch.Tensor``): ``.mesh``, ``.stream``, ``.drop()``, ``.to_mesh()``, ``.reduce()``."""
 
-    _fake: torch.Tensor
+    _fake_obj: torch.Tensor | None
+    #: (shape, stride, storage offset, dtype, device): all that ops need to know on a cache hit
+    _meta: tuple[Any, ...]
     _ref: int
     _mesh: Any
     _engine: Engine
@@ -99,19 +101,29 @@ class Tensor(torch.Tensor):
 
     @staticmethod
     def __new__(
-        cls, fake: torch.Tensor, mesh: Any, engine: Engine, stream: Stream, ref: int | None = None
+        cls,
+        fake: torch.Tensor | None,
+        mesh: Any,
+        engine: Engine,
+        stream: Stream,
+        ref: int | None = None,
+        meta: tuple[Any, ...] | None = None,
     ) -> Tensor:
+        if meta is None:
+            assert fake is not None
+            meta = meta_of_fake(fake)
+        shape, stride, offset, dtype, device = meta
         r = torch.Tensor._make_wrapper_subclass(
             cls,
-            fake.size(),
-            strides=fake.stride(),
-            storage_offset=fake.storage_offset(),
-            dtype=fake.dtype,
-            layout=fake.layout,
-            device=fake.device,
-            requires_grad=fake.requires_grad,
+            shape,
+            strides=stride,
+            storage_offset=offset,
+            dtype=dtype,
+            device=device,
+            requires_grad=False,
         )
-        r._fake = fake
+        r._fake_obj = fake
+        r._meta = meta
         r._ref = new_ref() if ref is None else ref
         r._mesh = mesh
         r._engine = engine
@@ -129,6 +141,17 @@ class Tensor(torch.Tensor):
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
         return dispatch(func, args, kwargs or {})
+
+    @property
+    def _fake(self) -> torch.Tensor:
+        """The fake tensor (made from the metadata when an op's cache entry skipped it)."""
+        fake = self._fake_obj
+        if fake is None:
+            shape, stride, _, dtype, device = self._meta
+            with faking():
+                fake = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            self._fake_obj = fake
+        return fake
 
     # -- what a handle is ------------------------------------------------------------------
 
@@ -298,17 +321,92 @@ def check_handles(
                 )
 
 
+def meta_of_fake(fake: torch.Tensor) -> tuple[Any, ...]:
+    return (tuple(fake.shape), fake.stride(), fake.storage_offset(), fake.dtype, fake.device)
+
+
+class _Uncacheable(Exception):
+    """An argument the metadata cache cannot key on (a local tensor, an odd object)."""
+
+
+_SCALARS = (int, float, bool, str, complex, type(None))
+_TORCH_VALUES = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _walk(a: Any, handles: list[Tensor]) -> tuple[Any, Any]:
+    """(cache key, argument with Refs) of one argument; collects handles in order."""
+    if isinstance(a, Tensor):
+        handles.append(a)
+        return a._meta, Ref(a._ref)
+    t = type(a)
+    if t in _SCALARS:
+        return (t, a), a
+    if t is list or t is tuple:
+        keys, parts = [], []
+        for x in a:
+            k, v = _walk(x, handles)
+            keys.append(k)
+            parts.append(v)
+        return (t, tuple(keys)), (parts if t is list else tuple(parts))
+    if isinstance(a, _TORCH_VALUES):
+        return a, a
+    raise _Uncacheable
+
+
+#: (op, argument metadata) -> (output spec, per output leaf: ("h", index of the input handle it
+#: returns), ("n", metadata of a new tensor) or ("v", a non-tensor value)). Fake tensors are
+#: the slow part of issuing an op; a loop of ops sees the same metadata again and again.
+_meta_cache: dict[Any, tuple[Any, tuple[tuple[str, Any], ...]]] = {}
+_META_CACHE_LIMIT = 100_000
+
+
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any = None) -> Any:
     """Issue ``func(*args, **kwargs)`` to the workers; return handles for its results."""
-    flat, spec = pytree.tree_flatten((args, kwargs))
     handles: list[Tensor] = []
-    locals_at: list[int] = []
-    for i, a in enumerate(flat):
-        if isinstance(a, Tensor):
-            handles.append(a)
-        elif isinstance(a, torch.Tensor):
-            locals_at.append(i)
+    try:
+        akey, atemplate = _walk(args, handles)
+        kkeys, ktemplate = [], {}
+        for name, value in kwargs.items():
+            k, v = _walk(value, handles)
+            kkeys.append((name, k))
+            ktemplate[name] = v
+    except _Uncacheable:
+        return _dispatch_slow(func, args, kwargs, mesh, None, None)
+    key = (func, akey, tuple(kkeys))
+    entry = _meta_cache.get(key)
+    if entry is None:
+        return _dispatch_slow(func, args, kwargs, mesh, key, handles)
     active = _context.active_mesh_or_none()
+    mesh = _place(func, handles, mesh, active)
+    stream = get_active_stream()
+    if handles:
+        _check_fast(func, args, kwargs, handles, mesh, stream)
+    engine = handles[0]._engine if handles else engine_for(mesh)
+    out_spec, items = entry
+    outs: list[int] = []
+    results: list[Any] = []
+    for kind, x in items:
+        if kind == "h":
+            h = handles[x]
+        elif kind == "n":
+            h = Tensor(None, mesh, engine, stream, meta=x)
+        else:
+            results.append(x)
+            continue
+        outs.append(h._ref)
+        results.append(h)
+    ISSUER.issue(
+        engine,
+        mesh._shape,
+        ("op", ISSUER.next_seq(), _op_name(func), (atemplate, ktemplate), outs),
+    )
+    if out_spec is None:
+        return results[0]
+    return pytree.tree_unflatten(results, out_spec)
+
+
+def _place(func: Any, handles: list[Tensor], mesh: Any, active: Any) -> Any:
+    """The mesh an op runs on: its tensors', else the active one."""
     if handles:
         mesh = handles[0]._mesh
     elif mesh is None:
@@ -319,16 +417,48 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any
         raise bad_argument(
             str(func), WRONG_MESH, f"{handles[0]!r} is used while {active!r} is active"
         )
+    return mesh
+
+
+def _check_fast(
+    func: Any, args: Any, kwargs: Any, handles: list[Tensor], mesh: Any, stream: Stream
+) -> None:
+    needs_write_check = False
+    for h in handles:
+        if (
+            h._dropped
+            or h._stream is not stream
+            or h._access != "rw"
+            or (h._mesh is not mesh and not same_place(h._mesh, mesh))
+        ):
+            needs_write_check = True
+            break
+    if needs_write_check:
+        check_handles(str(func), handles, mesh, stream, _written(func, args, kwargs))
+
+
+def _dispatch_slow(
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mesh: Any,
+    key: Any,
+    walked: list[Tensor] | None,
+) -> Any:
+    """Run the op on fake tensors (and remember its output metadata under ``key``)."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    handles: list[Tensor] = []
+    locals_at: list[int] = []
+    for i, a in enumerate(flat):
+        if isinstance(a, Tensor):
+            handles.append(a)
+        elif isinstance(a, torch.Tensor):
+            locals_at.append(i)
+    active = _context.active_mesh_or_none()
+    mesh = _place(func, handles, mesh, active)
     stream = get_active_stream()
     if handles:
-        needs_write_check = any(h._access != "rw" for h in handles)
-        check_handles(
-            str(func),
-            handles,
-            mesh,
-            stream,
-            _written(func, args, kwargs) if needs_write_check else None,
-        )
+        _check_fast(func, args, kwargs, handles, mesh, stream)
     template = list(flat)
     fakes = list(flat)
     for i in locals_at:
@@ -359,15 +489,27 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any
     leaves, out_spec = pytree.tree_flatten(out)
     outs: list[int] = []
     results: list[Any] = []
+    items: list[tuple[str, Any]] = []
+    position = {id(h): i for i, h in reversed(list(enumerate(walked or ())))}
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             h = by_fake.get(id(leaf))
             if h is None:
                 h = Tensor(leaf, mesh, engine, stream)
+                items.append(("n", h._meta))
+            else:
+                items.append(("h", position.get(id(h), -1)))
             outs.append(h._ref)
             results.append(h)
         else:
             results.append(leaf)
+            items.append(("v", leaf))
+    if (
+        key is not None
+        and all(i != ("h", -1) for i in items)
+        and len(_meta_cache) < _META_CACHE_LIMIT
+    ):
+        _meta_cache[key] = (None if out_spec.is_leaf() else out_spec, tuple(items))
     ISSUER.issue(
         engine,
         mesh._shape,

@@ -78,6 +78,16 @@ def resolve_function(fn: Any) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
+def _compact(value: Any) -> Any:
+    """A tensor that views part of a larger storage would pickle the whole storage: send a
+    copy of just its elements instead."""
+    if isinstance(value, torch.Tensor) and (
+        value.untyped_storage().nbytes() > value.numel() * value.element_size()
+    ):
+        return value.clone()
+    return value
+
+
 class _Failed(Exception):
     """An input was a failure: the op is skipped and its outputs inherit it."""
 
@@ -169,7 +179,7 @@ class TensorWorker(Actor):
     def fetch(self, refs: list[int]) -> list[Any]:
         """The values of ``refs`` here (a :class:`Failure` for a failed one)."""
         missing = Failure(-1, self.rank, "LookupError", "the tensor was deleted", "")
-        return [self.refs.get(ref, missing) for ref in refs]
+        return [_compact(self.refs.get(ref, missing)) for ref in refs]
 
     @endpoint
     def call_fetch(self, seq: int, fn: Any, args: Any) -> Any:
