@@ -7,6 +7,9 @@ procs viewed as 2x2; the search for the largest batch stops at 16 rows of 1 Mi f
 the DDP step for real and printing a parameter. Run: ``python examples/distributed_tensors.py``.
 """
 
+# Monarch's code is kept as written, unannotated zips and all.
+# ruff: noqa: B905, B007
+
 import torch
 import torch.nn as nn
 

@@ -57,6 +57,25 @@ def _import_torch() -> None:
 _OPS: dict[str, Any] = {}
 
 
+def _keep_freed_memory() -> None:
+    """Let glibc reuse freed tensor memory instead of returning it to the kernel: a fresh
+    64 MiB result would otherwise pay 16k page faults every time (measured: a 64 MiB clone
+    took 3x as long as the gloo allreduce it fed). Only the worker's process is affected."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4
+        libc.mallopt(m_mmap_max, 0)  # big blocks from the heap, not fresh mmaps
+        libc.mallopt(m_trim_threshold, 1 << 62)  # and the heap is never trimmed
+    except (OSError, AttributeError):
+        pass
+
+
 def resolve_op(name: str) -> Any:
     """``"aten::add.Tensor"`` to ``torch.ops.aten.add.Tensor`` (cached)."""
     op = _OPS.get(name)
@@ -125,6 +144,7 @@ class TensorWorker(Actor):
         self, env_by_rank: list[dict[str, str]], store: tuple[str, int, str] | None, timeout: float
     ) -> None:
         _import_torch()
+        _keep_freed_memory()
         self.rank = current_rank().rank
         self.refs: dict[int, Any] = {}
         simulated = current_runtime().sync_runner is not None

@@ -167,7 +167,9 @@ class ZygoteLauncher(ProcLauncher):
         read_fd, write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "regency.core._zygote", str(write_fd)],
+                # A controller that imported torch forks procs with torch imported too.
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd)]
+                + (["torch"] if "torch" in sys.modules else []),
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 close_fds=True,

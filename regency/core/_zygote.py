@@ -46,6 +46,9 @@ def main() -> None:
 
     from . import _mesh, _runtime  # noqa: F401
 
+    if "torch" in sys.argv[2:]:  # seconds of import paid once, not per proc (tensor engine)
+        import torch  # noqa: F401
+
     gc.freeze()
     children: set[int] = set()
     wake_r, wake_w = os.pipe()
