@@ -55,8 +55,12 @@ class TensorEngineMesh:
             proc = self._procs[rank][0]  # type: ignore[attr-defined]
             rows.append([*(str(coords[d]) for d in shape.labels), str(rank), proc])
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        last = len(header) - 1  # proc names read better left-aligned
         return "\n".join(
-            "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            "  ".join(
+                cell.ljust(w) if i == last else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
             for row in rows
         )
 

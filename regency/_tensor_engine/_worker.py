@@ -147,9 +147,16 @@ class TensorWorker(Actor):
         _keep_freed_memory()
         self.rank = current_rank().rank
         self.refs: dict[int, Any] = {}
-        simulated = current_runtime().sync_runner is not None
+        rt = current_runtime()
+        simulated = rt.sync_runner is not None
         if not simulated:  # simulated procs share one os.environ
             os.environ.update(env_by_rank[self.rank])
+        #: Simulated procs share one process, hence torch's one default generator: each worker
+        #: keeps its own state, seeded from the simulation, swapped in around its batches.
+        self._rng_state: Any = None
+        if simulated:
+            generator = torch.Generator().manual_seed(rt.rng.getrandbits(63))
+            self._rng_state = generator.get_state()
         self._store, self._timeout = store, timeout
         self._comm: Comm | None = None
         self._channel: Any = None
@@ -178,6 +185,16 @@ class TensorWorker(Actor):
 
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
+        if self._rng_state is None:
+            self._run(batch)
+            return
+        torch.set_rng_state(self._rng_state)
+        try:
+            self._run(batch)
+        finally:
+            self._rng_state = torch.get_rng_state()
+
+    def _run(self, batch: list[tuple[Any, ...]]) -> None:
         for op in batch:
             kind = op[0]
             if kind == "op" or kind == "fn":

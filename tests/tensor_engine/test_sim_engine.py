@@ -374,3 +374,43 @@ def test_autograd_over_handles_and_grad_generator() -> None:
     assert grad == [[3.0] * 4] * 2
     assert bias_grad == pytest.approx(local_bias_grad)  # gpu 0's model, recomputed here
     assert total == pytest.approx(expected_total)  # each proc has its own random weights
+
+
+def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
+    def program(hosts: Any) -> Any:
+        mesh = hosts.spawn_procs(per_host={"gpu": 1})
+        other = hosts.spawn_procs(per_host={"gpu": 1})
+        with mesh.activate():
+            t = torch.tensor([1.0, 2.0])  # data from the controller becomes a constant there
+            w = torch.ones(2, requires_grad=True)
+            scaled = t * torch.tensor(3.0)  # a local scalar tensor rides along by value
+            with pytest.raises(RuntimeError, match=r"needs the values of a regency\.Tensor"):
+                t.sum().item()
+            with pytest.raises(TypeError, match="cannot be pickled"):
+                import pickle
+
+                pickle.dumps(t)
+            with pytest.raises(TypeError, match="requires grad"):
+                w.reduce("gpu")
+        with pytest.raises(ValueError, match="different spawn_procs calls"):
+            t.to_mesh(other)
+        with pytest.raises(TypeError, match="shard must be a dict"):
+            regency.fetch_shard(t, 0)
+        with pytest.raises(ValueError, match=r"shard dims must be among \('hosts', 'gpu'\)"):
+            regency.inspect(t, rank=0)
+        return regency.inspect(scaled).tolist()
+
+    assert run(program, hosts=1) == [3.0, 6.0]
+
+
+def test_a_tensor_program_replays_from_its_seed() -> None:
+    def program(hosts: Any) -> Any:
+        mesh = hosts.spawn_procs(per_host={"gpu": 2})
+        with mesh.activate():
+            x = torch.rand(4)
+            y = x.reduce(("hosts", "gpu"), "sum")
+        return regency.inspect(y, hosts=1, gpu=1).tolist()
+
+    first = simulate(program, seed=5, hosts=2)
+    second = simulate(program, seed=5, hosts=2)
+    assert first.value == second.value and first.trace_hash == second.trace_hash
