@@ -160,8 +160,11 @@ class GlooComm(Comm):
 class ChannelComm(Comm):
     """Tensors as actor messages to each member's channel (the simulator's collectives)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, timeout: float) -> None:
         self.rank = rank
+        #: Seconds (virtual, in a simulation) to wait for a peer: a crashed peer fails the
+        #: collective instead of hanging the worker.
+        self.timeout = timeout
         self.port, self._inbox = Channel[Any].open()
         self.peers: dict[int, Port[Any]] = {}
         self._stash: dict[tuple[int, int], torch.Tensor] = {}
@@ -183,7 +186,12 @@ class ChannelComm(Comm):
             if src == self.rank:
                 continue
             while (tag, src) not in self._stash:
-                got_tag, sender, value = self._inbox.recv().get()
+                try:
+                    got_tag, sender, value = self._inbox.recv().get(self.timeout)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"rank {src} sent nothing for {self.timeout} s in a collective"
+                    ) from None
                 self._stash[(got_tag, sender)] = value
             received[src] = self._stash.pop((tag, src))
         return received

@@ -163,7 +163,7 @@ class TensorWorker(Actor):
         if store is None:
             from ._comm import ChannelComm
 
-            self._channel = ChannelComm(self.rank)
+            self._channel = ChannelComm(self.rank, timeout)
 
     @property
     def comm(self) -> Comm:

@@ -414,3 +414,28 @@ def test_a_tensor_program_replays_from_its_seed() -> None:
     first = simulate(program, seed=5, hosts=2)
     second = simulate(program, seed=5, hosts=2)
     assert first.value == second.value and first.trace_hash == second.trace_hash
+
+
+def test_a_crashed_proc_fails_collectives_instead_of_hanging(roots: Any) -> None:
+    from regency.core import SupervisionError
+    from regency.sim import current
+
+    def program(hosts: Any) -> Any:
+        mesh = hosts.spawn_procs(per_host={"gpu": 1})
+        with mesh.activate():
+            x = torch.ones(2)
+        regency.inspect(x, hosts=1)
+        current().crash_proc(mesh._procs[1][1])
+        with mesh.activate():
+            total = x.reduce("hosts")
+            alone = x * 3
+        with pytest.raises(RemoteException) as caught:
+            regency.inspect(total, hosts=0)
+        with pytest.raises(SupervisionError):
+            regency.inspect(alone, hosts=1)
+        return caught.value.worker_error_string, regency.inspect(alone, hosts=0).tolist()
+
+    error, alone = run(program)
+    assert "rank 1 sent nothing for 300.0 s in a collective" in error
+    assert alone == [3.0, 3.0]  # the surviving worker goes on
+    assert roots.wait_for("tensor_engine").ranks == (1,)
