@@ -22,7 +22,6 @@ from collections import deque
 from typing import Any
 
 from ..core import Future, ProcMesh, Shape, current_runtime
-from ._records import Failure
 from ._worker import TensorWorker
 
 #: Ops buffered before a flush; large enough that a loop of small ops costs few messages.
@@ -282,8 +281,6 @@ class Issuer:
 class _Issuing:
     """``ISSUER``: issue through an engine's own buffer, or flush this runtime's."""
 
-    sites = SITES
-
     @staticmethod
     def next_seq() -> int:
         return next_seq()
@@ -305,7 +302,3 @@ def forget(engine_ref: weakref.ref[Engine] | Engine, ref: int, ranks: frozenset[
     engine = engine_ref() if isinstance(engine_ref, weakref.ref) else engine_ref
     if engine is not None:
         engine.dels.append((ref, ranks))
-
-
-def failure_of(value: Any) -> Failure | None:
-    return value if isinstance(value, Failure) else None

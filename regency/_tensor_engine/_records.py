@@ -6,8 +6,6 @@ kinds and their fields are listed in :mod:`._worker`, next to the code that runs
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 
@@ -36,8 +34,3 @@ class Failure:
     type_name: str
     message: str
     traceback: str
-
-
-def meta_of(value: Any) -> tuple[tuple[int, ...], Any]:
-    """(shape, dtype) of a tensor: enough to stand in for it in a collective."""
-    return (tuple(value.shape), value.dtype)

@@ -544,8 +544,3 @@ def borrow_tensor(t: Tensor, stream: Stream, mutable: bool) -> tuple[Tensor, Bor
     t._loans += 1
     ISSUER.issue(t._engine, t._mesh._shape, ("alias", borrowed._ref, t._ref))
     return borrowed, Borrow(t, borrowed, mutable)
-
-
-def new_on(mesh: Any, fake: torch.Tensor, stream: Stream | None = None) -> Tensor:
-    """A handle for a tensor that an op not issued through :func:`dispatch` defines."""
-    return Tensor(fake, mesh, engine_for(mesh), stream or get_active_stream())
