@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("REGENCY_LOG_LEVEL", "INFO"),
         format="[worker] %(levelname)s %(name)s: %(message)s",
     )
-    from .core._runtime import derive_secret
+    from .core._controller import derive_secret
     from .core._worker import serve_worker
 
     if args.secret_file:

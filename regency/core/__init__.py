@@ -4,6 +4,9 @@ Transport-agnostic: the runtime reaches the network only through :mod:`regency.t
 and starts processes only through a :class:`ProcLauncher`.
 """
 
+from ._actor_mesh import ActorMesh
+from ._adverbs import Accumulator, Endpoint, as_endpoint, send
+from ._channel import Channel, Port, PortReceiver
 from ._config import Config, configure, current_config
 from ._context import (
     ActorInstance,
@@ -13,6 +16,7 @@ from ._context import (
     current_rank,
     current_size,
 )
+from ._controller import current_runtime
 from ._endpoint import Actor, EndpointSpec, endpoint
 from ._errors import (
     ActorError,
@@ -23,22 +27,8 @@ from ._errors import (
 )
 from ._future import Future
 from ._launcher import LocalLauncher, ProcLauncher
-from ._mesh import (
-    Accumulator,
-    ActorMesh,
-    Channel,
-    Endpoint,
-    HostMesh,
-    Port,
-    PortReceiver,
-    ProcMesh,
-    as_endpoint,
-    proc_mesh,
-    send,
-    this_host,
-    this_proc,
-)
-from ._runtime import Runtime, current_runtime
+from ._proc_mesh import HostMesh, ProcMesh, proc_mesh, this_host, this_proc
+from ._runtime import Runtime
 from ._shape import Extent, MeshAlgebra, Point, Shape, ValueMesh
 
 __all__ = [

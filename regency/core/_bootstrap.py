@@ -66,7 +66,8 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
     import trio
 
     from . import _codec, _config
-    from ._runtime import Runtime, set_current_runtime
+    from ._current import set_current_runtime
+    from ._runtime import Runtime
 
     _config._current = None  # the environment may have changed since a zygote imported us
     rt = Runtime(

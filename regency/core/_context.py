@@ -11,7 +11,7 @@ import attrs
 from ._shape import Extent, Point
 
 if TYPE_CHECKING:
-    from ._mesh import ProcMesh
+    from ._proc_mesh import ProcMesh
 
 
 @attrs.frozen
@@ -27,7 +27,7 @@ class ActorInstance:
 
     @property
     def proc(self) -> ProcMesh:
-        from ._mesh import ProcMesh
+        from ._proc_mesh import ProcMesh
 
         return ProcMesh._single(self.proc_id, self._proc_address)
 
@@ -81,7 +81,7 @@ def context() -> Context:
     ctx = current.get()
     if ctx is not None:
         return ctx
-    from ._runtime import current_runtime
+    from ._controller import current_runtime
 
     rt = current_runtime()
     return root_context(rt.proc_id, rt.address)

@@ -13,12 +13,14 @@ from urllib.parse import urlsplit
 
 import trio
 
-from . import _codec, _runtime
+from . import _codec, _controller, _current
 from . import _messages as M
+from ._children import Child
+from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._launcher import ProcHandle
-from ._runtime import Child, Runtime, current_runtime, derive_secret
+from ._runtime import Runtime
 
 
 class HostRef(NamedTuple):
@@ -134,7 +136,7 @@ def attach_to_workers(
     process's job secret, so call this before anything else starts Regency here. ``lease``:
     seconds a worker keeps our procs alive without hearing from us.
     """
-    from ._mesh import HostMesh
+    from ._proc_mesh import HostMesh
     from ._shape import Shape
 
     if not workers:
@@ -153,8 +155,8 @@ def attach_to_workers(
     else:
         key = None
     if key is not None:
-        if _runtime.current_runtime_or_none() is None:
-            _runtime.secret_override = key
+        if _current.current_runtime_or_none() is None:
+            _controller.secret_override = key
         elif current_runtime().secret != key:
             raise RuntimeError(
                 "attach_to_workers(secret=...) must come before anything else starts Regency "
@@ -219,7 +221,7 @@ def launch_remote(
 def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
     """Stop our procs on these hosts and detach from their workers; once no worker is left,
     this runtime's address is its local one again."""
-    from ._mesh import _stop_procs
+    from ._children import _stop_procs
 
     done: Future[None] = Future()
     state: _Hosts | None = getattr(rt, "hosts", None)

@@ -260,8 +260,9 @@ class ActorCell:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):  # an async plain method via as_endpoint
-                coro = result
-                result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                result = trio.from_thread.run(
+                    self.rt.run_coroutine, result, trio_token=self.rt.token
+                )
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
@@ -287,7 +288,7 @@ class ActorCell:
             else:
                 result = fn(self.obj, *args, **kwargs)
             if inspect.iscoroutine(result):
-                result = await result
+                result = await self.rt.run_coroutine(result)
         except trio.Cancelled:
             raise  # the runtime is shutting down
         except BaseException as exc:
@@ -364,8 +365,9 @@ class ActorCell:
             if fn is not None:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
-                    coro = result
-                    result = trio.from_thread.run(lambda: coro, trio_token=self.rt.token)
+                    result = trio.from_thread.run(
+                        self.rt.run_coroutine, result, trio_token=self.rt.token
+                    )
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
         finally:
@@ -384,7 +386,7 @@ class ActorCell:
             elif fn is not None:
                 result = fn(failure)
             if inspect.iscoroutine(result):
-                result = await result
+                result = await self.rt.run_coroutine(result)
         except trio.Cancelled:
             raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
@@ -461,7 +463,7 @@ class ActorCell:
 
             async def bounded() -> None:
                 with trio.move_on_after(timeout):
-                    await self._as_actor(cleanup, exc)
+                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
 
             self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
         else:
@@ -486,7 +488,7 @@ class ActorCell:
         with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
             try:
                 if inspect.iscoroutinefunction(cleanup):
-                    await self._as_actor(cleanup, exc)
+                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
                 elif self.rt.sync_runner is not None:
                     await self.rt.sync_runner(lambda: self._as_actor(cleanup, exc))
                 else:

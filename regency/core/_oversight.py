@@ -92,7 +92,7 @@ def stop_program(failure: S.MeshFailure, grace: float = EXIT_GRACE) -> None:
 
     def hard_exit() -> None:
         time.sleep(grace)
-        from ._runtime import current_runtime_or_none
+        from ._current import current_runtime_or_none
 
         rt = current_runtime_or_none()
         if rt is not None:
@@ -186,7 +186,7 @@ class Oversight:
     def stop_owned(self, owner: str) -> Future[None]:
         """Stop every mesh and proc ``owner`` owns (children first). The future resolves when
         they have acknowledged or ``stop_timeout`` passed."""
-        from ._mesh import _Acks
+        from ._replies import _Acks
 
         done: Future[None] = Future()
         keys = self.machine.owned_by(owner)
@@ -209,7 +209,7 @@ class Oversight:
             acks.set_result(None)
 
         async def finish() -> None:
-            from ._mesh import _stop_procs
+            from ._children import _stop_procs
 
             with trio.move_on_after(rt.config.stop_timeout):
                 while not acks.done():

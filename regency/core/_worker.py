@@ -26,9 +26,10 @@ import trio
 
 from . import _codec
 from . import _messages as M
+from ._current import set_current_runtime
 from ._errors import RemoteFailure
 from ._launcher import ProcHandle
-from ._runtime import Runtime, set_current_runtime
+from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
 

@@ -44,7 +44,7 @@ def main() -> None:
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
-    from . import _mesh, _runtime  # noqa: F401
+    from . import _proc_mesh, _runtime  # noqa: F401
 
     if "torch" in sys.argv[2:]:  # seconds of import paid once, not per proc (tensor engine)
         import torch  # noqa: F401

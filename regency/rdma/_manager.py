@@ -62,7 +62,8 @@ def local_manager() -> ActorMesh[RDMAManager]:
         if state.manager is None:
             # A fresh contextvars.Context: no current actor, so the proc's root owns it. The
             # runtime is passed explicitly: in a simulation it lives in a context variable.
-            from ..core._runtime import current_runtime, use_runtime
+            from ..core._controller import current_runtime
+            from ..core._current import use_runtime
 
             rt = current_runtime()
 

@@ -1,0 +1,243 @@
+"""Endpoints of an actor mesh and their adverbs (``call``, ``call_one``, ``choose``,
+``stream``, ``broadcast``, ``Accumulator``, ``send``): each pickles its arguments once and
+sends one CALL frame per destination rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import _codec
+from . import _messages as M
+from ._controller import current_runtime
+from ._errors import SupervisionError
+from ._future import Future
+from ._replies import _Fold, _MeshReplies, _OneReply, _StreamReplies
+from ._shape import ValueMesh
+
+if TYPE_CHECKING:
+    from ._actor_mesh import ActorMesh
+    from ._channel import Port
+    from ._runtime import Runtime
+
+R = TypeVar("R")
+Acc = TypeVar("Acc")
+
+
+_NO_ARGUMENTS = _codec.dumps(((), {}))
+
+
+def _pickle_args(
+    endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any], whole: Any = None
+) -> list[Any]:
+    """Pickle ``whole`` (default: ``(args, kwargs)``), naming the argument at fault when it
+    cannot be pickled."""
+    if whole is None:
+        if not args and not kwargs:
+            return _NO_ARGUMENTS  # the common no-argument call: pickled once
+        oob = _codec.out_of_band
+        whole = (
+            tuple(oob(a) for a in args),
+            {k: oob(v) for k, v in kwargs.items()} if kwargs else kwargs,
+        )
+    try:
+        return _codec.dumps(whole)
+    except Exception as exc:
+        for position, value in enumerate(args):
+            try:
+                _codec.dumps(value)
+            except Exception as inner:
+                raise TypeError(
+                    f"cannot pickle argument #{position} ({type(value).__name__}) "
+                    f"of endpoint {endpoint}: {inner}"
+                ) from inner
+        for name, value in kwargs.items():
+            try:
+                _codec.dumps(value)
+            except Exception as inner:
+                raise TypeError(
+                    f"cannot pickle argument {name!r} ({type(value).__name__}) "
+                    f"of endpoint {endpoint}: {inner}"
+                ) from inner
+        raise TypeError(f"cannot pickle the arguments of endpoint {endpoint}: {exc}") from exc
+
+
+class Endpoint(Generic[R]):
+    """An endpoint of an actor mesh (or slice): the adverbs send to its ranks.
+
+    Every adverb sends its messages before it returns; the future only collects replies.
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    @property
+    def qualname(self) -> str:
+        return f"{self._mesh._name}.{self._name}"
+
+    def _send(
+        self,
+        rt: Runtime,
+        local_ranks: Sequence[int],
+        port: tuple[str, int] | None,
+        payload: list[Any],
+    ) -> None:
+        route = self._mesh._route()
+        key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
+        for local in local_ranks:
+            frame = _codec.pack((M.CALL, key, name, port, local, labels, sizes), payload)
+            rt.send(route.addresses[local], frame)
+
+    def _issue(
+        self, rt: Runtime, local_ranks: Sequence[int], handler: Any, payload: list[Any]
+    ) -> None:
+        """Open a reply port for ``handler`` and send to ``local_ranks``.
+
+        A rank known to have failed, or a proc known to be unreachable, fails the handler at
+        once; a message too large raises here, at the call site.
+        """
+        port = rt.open_port(handler)
+        try:
+            self._check_alive(rt, local_ranks)
+            self._send(rt, local_ranks, port, payload)
+        except SupervisionError as exc:
+            rt.close_port(port[1])
+            handler.fail(exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
+
+    def _check_alive(self, rt: Runtime, local_ranks: Sequence[int]) -> None:
+        machine, key, ranks = rt.oversight.machine, self._mesh._key, self._mesh._shape.ranks
+        for local in local_ranks:
+            if machine.failed(key, ranks[local]):
+                cause = machine.cause_of(key, ranks[local])
+                why = f": {cause.summary}" if cause is not None else ""
+                raise SupervisionError(
+                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why}"
+                )
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Send to every rank; the future resolves to a ValueMesh of the replies."""
+        rt = current_runtime()
+        payload = _pickle_args(self.qualname, args, kwargs)
+        fut: Future[ValueMesh[R]] = Future()
+        route = self._mesh._route()
+        self._issue(
+            rt,
+            range(len(route.addresses)),
+            _MeshReplies(fut, self.qualname, self._mesh._shape, route),
+            payload,
+        )
+        return fut
+
+    def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
+        fut: Future[R] = Future()
+        route = self._mesh._route()
+        handler = _OneReply(fut, self.qualname, route.dest_sets[local], route.ranks[local])
+        self._issue(rt, (local,), handler, payload)
+        return fut
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the only rank of a one-rank mesh."""
+        n = len(self._mesh._shape)
+        if n != 1:
+            raise ValueError(
+                f"call_one needs a mesh of exactly 1 rank (got {n} ranks: "
+                f"{self._mesh._shape.dim_sizes()}); slice it first or use call()"
+            )
+        rt = current_runtime()
+        return self._call_rank(rt, 0, _pickle_args(self.qualname, args, kwargs))
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call one rank chosen uniformly at random."""
+        rt = current_runtime()
+        payload = _pickle_args(self.qualname, args, kwargs)
+        return self._call_rank(rt, rt.rng.randrange(len(self._mesh._shape)), payload)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Send to every rank; yield one future per rank, in the order replies arrive."""
+        rt = current_runtime()
+        payload = _pickle_args(self.qualname, args, kwargs)
+        route = self._mesh._route()
+        futs: list[Future[R]] = [Future() for _ in route.addresses]
+        handler = _StreamReplies(futs, self.qualname, route)
+        self._issue(rt, range(len(futs)), handler, payload)
+        return iter(futs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every rank; wait for nothing. A rank known to have failed raises
+        ``SupervisionError`` here."""
+        rt = current_runtime()
+        payload = _pickle_args(self.qualname, args, kwargs)
+        ranks = range(len(self._mesh._shape))
+        self._check_alive(rt, ranks)
+        self._send(rt, ranks, None, payload)
+
+    def _fold(
+        self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
+    ) -> Future[Any]:
+        rt = current_runtime()
+        payload = _pickle_args(self.qualname, args, kwargs)
+        route = self._mesh._route()
+        fut: Future[Any] = Future()
+        n = len(route.addresses)
+        handler = _Fold(fut, self.qualname, n, acc, combine, route)
+        self._issue(rt, range(n), handler, payload)
+        return fut
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.qualname} over {self._mesh._shape.dim_sizes()}>"
+
+
+class _PlainMethod:
+    """An undecorated method looked up on a mesh: only ``as_endpoint`` can use it."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh, self._name = mesh, name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AttributeError(
+            f"{self._mesh._cls.__name__}.{self._name} is not an endpoint; decorate it with "
+            f"@endpoint, or call it through as_endpoint(mesh.{self._name}).{attr}(...)"
+        )
+
+
+def as_endpoint(method: Any) -> Endpoint[Any]:
+    """Call an undecorated actor method through a mesh (Monarch's ``as_endpoint``)."""
+    if isinstance(method, Endpoint):
+        return method
+    if isinstance(method, _PlainMethod):
+        return Endpoint(method._mesh, method._name)
+    raise TypeError(f"as_endpoint takes a method looked up on an actor mesh (got {method!r})")
+
+
+class Accumulator(Generic[R, Acc]):
+    """Left fold of an endpoint's replies over all ranks, in arrival order."""
+
+    def __init__(self, endpoint: Endpoint[R], identity: Acc, combine: Callable[[Acc, R], Acc]):
+        self._endpoint, self._identity, self._combine = endpoint, identity, combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[Acc]:
+        return self._endpoint._fold(self._identity, self._combine, args, kwargs)
+
+
+def send(
+    endpoint: Endpoint[Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Port[Any] | None = None,
+    selection: str = "all",
+) -> None:
+    """Send to an endpoint's ranks; replies, if any, go to ``port`` (Monarch's ``send``)."""
+    if selection not in ("all", "choose"):
+        raise ValueError(f"selection must be one of ('all', 'choose') (got {selection!r})")
+    rt = current_runtime()
+    payload = _pickle_args(endpoint.qualname, args, kwargs)
+    n = len(endpoint._mesh._shape)
+    ranks: Sequence[int] = [rt.rng.randrange(n)] if selection == "choose" else range(n)
+    endpoint._send(rt, ranks, port._ref if port is not None else None, payload)
+
+
+# -- meshes --------------------------------------------------------------------------------

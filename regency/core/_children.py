@@ -1,0 +1,287 @@
+"""Child procs: the :class:`Child` record, and planning, launching and watching the procs
+a runtime starts (:class:`ChildProcs`, a part of :class:`Runtime`), stopping them, and
+waiting for them to start."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..supervision import ProcStopped
+from . import _codec
+from . import _messages as M
+from ._config import Config, current_config
+from ._errors import SupervisionError, UndeliverableError
+from ._future import Future
+from ._launcher import ProcHandle, ProcLauncher
+
+if TYPE_CHECKING:
+    from ._outbox import Outbox
+    from ._runtime import Runtime
+
+log = logging.getLogger("regency.runtime")
+
+
+class Child:
+    """A proc this runtime launched."""
+
+    def __init__(self, proc_id: str, address: str) -> None:
+        self.proc_id = proc_id
+        self.address = address
+        self.handle: ProcHandle | None = None
+        self.returncode: int | None = None
+        self.exited = trio.Event()
+        #: trio time of the last HELLO or heartbeat; None until the proc has started.
+        self.last_seen: float | None = None
+        #: Why the runtime killed this proc, if it did.
+        self.killed_for: str | None = None
+        #: Silence after which it counts as stuck (the setting it was started with).
+        self.heartbeat_timeout = 10.0
+        #: Who starts it, when not the runtime's own launcher.
+        self.launcher: ProcLauncher | None = None
+
+    def describe_exit(self) -> str:
+        code = self.returncode
+        if code is None:
+            return f"proc {self.proc_id} is running"
+        if code < 0:
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                name = ""
+            how = f"was killed by signal {-code}{name}"
+        else:
+            how = f"exited with status {code}"
+        if self.killed_for:
+            how += f" after it {self.killed_for}"
+        return f"proc {self.proc_id} {how}"
+
+
+def _free_tcp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ChildProcs:
+    """The procs a runtime launched (a part of :class:`Runtime`)."""
+
+    proc_id: str
+    address: str
+    secret: bytes
+    jobdir: str
+    config: Config
+    launcher: ProcLauncher | None
+    #: Sends to a planned child wait for its HELLO: set then, or when it exits.
+    child_ready: dict[str, trio.Event]
+    children: dict[str, Child]
+    on_child_exit: list[Callable[[Child], None]]
+    _child_ids: itertools.count[int]
+
+    def on_runtime_thread(self) -> bool:
+        raise NotImplementedError
+
+    def outbox(self, address: str) -> Outbox:
+        raise NotImplementedError
+
+    def _default_address(self, proc_id: str) -> str:
+        decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
+        if decided is not None:
+            return decided
+        if self.config.default_transport == "unix":
+            return f"unix://{self.jobdir}/{proc_id}.sock"
+        if self.config.default_transport == "tcp":
+            return f"tcp://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
+        if self.config.default_transport == "nng+ipc":
+            return f"nng+ipc://{self.jobdir}/{proc_id}.nng"
+        scheme = self.config.default_transport
+        return f"{scheme}://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
+
+    def plan_procs(self, count: int, name: str) -> list[Child]:
+        """Name and address ``count`` new procs. Thread-safe; starts nothing.
+
+        Picks up ``regency.configure()`` changes made since the runtime started.
+        """
+        self.config = current_config()
+        children = []
+        for _ in range(count):
+            proc_id = self.new_proc_id(name)
+            children.append(self.plan_child(proc_id, self._default_address(proc_id)))
+        return children
+
+    def plan_on_launchers(
+        self, launchers: list[ProcLauncher], per_launcher: int, name: str
+    ) -> list[Child]:
+        """Plan ``per_launcher`` procs on each of ``launchers`` (hosts this runtime can
+        start procs on directly, like the simulator's)."""
+        children = []
+        for launcher in launchers:
+            for _ in range(per_launcher):
+                proc_id = self.new_proc_id(name)
+                address = launcher.address_for(proc_id) or self._default_address(proc_id)
+                child = self.plan_child(proc_id, address)
+                child.launcher = launcher
+                children.append(child)
+        return children
+
+    def new_proc_id(self, name: str) -> str:
+        return f"{self.proc_id}.{name}{next(self._child_ids)}"
+
+    def plan_child(self, proc_id: str, address: str) -> Child:
+        self.config = current_config()  # the child gets, and is watched by, today's settings
+        child = Child(proc_id, address)
+        child.heartbeat_timeout = self.config.heartbeat_timeout
+        # Sends to the child wait for its HELLO; the event exists before any send.
+        self.child_ready[address] = trio.Event()
+        return child
+
+    def bootstrap_record(self, child: Child, boot: str | None) -> dict[str, Any]:
+        """What a new proc needs to become one (see :mod:`regency.core._bootstrap`)."""
+        return {
+            "proc_id": child.proc_id,
+            "address": child.address,
+            "parent_address": self.address,
+            "secret": self.secret.hex(),
+            "jobdir": self.jobdir,
+            "config": self.config.to_env(),
+            "sys_path": list(sys.path),
+            "parent_pid": os.getpid(),
+            "boot": boot,
+        }
+
+    def launch_procs(
+        self, children: list[Child], env: dict[str, str] | None, boot: str | None
+    ) -> None:
+        """Start planned procs (on the trio thread); they connect back when ready."""
+        assert self.on_runtime_thread()
+        assert self.launcher is not None
+        for child in children:
+            self.children[child.address] = child
+            launcher = child.launcher or self.launcher
+            try:
+                child.handle = launcher.launch(
+                    self.bootstrap_record(child, boot),
+                    dict(env or {}),
+                    functools.partial(self._child_exited, child),
+                )
+            except Exception as exc:
+                log.error("could not start proc %s: %s", child.proc_id, exc)
+                child.killed_for = f"could not be started ({exc})"
+                self._child_exited(child, 1)
+
+    def _child_exited(self, child: Child, code: int) -> None:
+        if child.returncode is not None:
+            return  # already known (a remote proc declared lost, then reported)
+        child.returncode = code
+        child.exited.set()
+        ready = self.child_ready.pop(child.address, None)
+        if ready is not None:
+            ready.set()  # wakes senders waiting for it; they find the outbox broken
+        error = ProcessLookupError(child.describe_exit())
+        self.outbox(child.address)._broken(error)
+        for hook in self.on_child_exit:
+            hook(child)
+
+
+    def _shutdown_children(self) -> None:
+        for child in self.children.values():
+            if child.handle is not None and child.returncode is None:
+                child.handle.kill()
+
+    def _check_heartbeats(self, now: float) -> None:
+        """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
+        for child in list(self.children.values()):
+            if child.last_seen is None or child.returncode is not None:
+                continue
+            silent = now - child.last_seen
+            if silent > child.heartbeat_timeout and child.handle is not None:
+                child.killed_for = f"sent no heartbeat for {silent:.1f} s (stuck)"
+                log.error("proc %s %s; killing it", child.proc_id, child.killed_for)
+                child.last_seen = None
+                child.handle.kill()
+                if child.handle.remote:
+                    # Its host may be unreachable: the kill cannot be confirmed.
+                    self._child_exited(child, -signal.SIGKILL)
+
+
+async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -> None:
+    try:
+        with trio.fail_after(rt.config.spawn_timeout):
+            for child in children:
+                event = rt.child_ready.get(child.address)
+                if event is not None:
+                    async with trio.open_nursery() as n:
+
+                        async def exited(c: Child = child) -> None:
+                            await c.exited.wait()
+                            n.cancel_scope.cancel()
+
+                        n.start_soon(exited)
+                        await event.wait()
+                        n.cancel_scope.cancel()
+                if child.returncode is not None:
+                    raise SupervisionError(
+                        f"proc {child.proc_id} exited with {child.returncode} before it started"
+                    )
+    except trio.TooSlowError:
+        ready.set_exception(
+            TimeoutError(f"procs did not start within spawn_timeout={rt.config.spawn_timeout} s")
+        )
+    except Exception as exc:
+        ready.set_exception(exc)
+    else:
+        ready.set_result(None)
+
+
+async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> None:
+    for address in addresses:
+        rt.oversight.feed(ProcStopped(address))  # stopping is not failing
+    children = [rt.children[a] for a in addresses if a in rt.children]
+    for child in children:
+        if child.returncode is None:
+            try:
+                rt.send(child.address, _codec.pack((M.STOP_PROC, None)))
+            except UndeliverableError:
+                pass
+    with trio.move_on_after(rt.config.stop_timeout):
+        for child in children:
+            await child.exited.wait()
+    for child in children:
+        if child.returncode is None and child.handle is not None:
+            child.handle.kill()
+    with trio.move_on_after(rt.config.stop_timeout):
+        for child in children:
+            await child.exited.wait()
+    for child in children:
+        if child.returncode is None:  # a remote proc whose worker is gone, or never started
+            rt._child_exited(child, -signal.SIGKILL)
+    done.set_result(None)
+
+
+def stop_owned_procs(rt: Runtime, timeout: float) -> None:
+    """At exit: ask every child proc to stop, then kill what is left."""
+    if not rt.children:
+        return
+    done: Future[None] = Future()
+    addresses = list(rt.children)
+
+    try:
+        rt.start_soon(_stop_procs, rt, addresses, done)
+        done.get(timeout)
+    except Exception:
+        for child in list(rt.children.values()):
+            if child.handle is not None and child.returncode is None:
+                child.handle.kill()
+
+
+# -- ports and channels --------------------------------------------------------------------

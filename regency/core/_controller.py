@@ -1,0 +1,112 @@
+"""Controller boot: the first :func:`current_runtime` in a script starts this process's
+runtime on its own thread (or the simulated cluster, by configuration), and the job secret."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import tempfile
+import threading
+from typing import TYPE_CHECKING
+
+import trio
+
+from . import _current
+from ._config import current_config
+from ._current import _runtime_var
+from ._oversight import install_interrupt_handler
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+_runtime_lock = threading.Lock()
+
+
+def derive_secret(text: str) -> bytes:
+    """The job secret from a passphrase (``REGENCY_SECRET``, a secret file, an argument)."""
+    text = text.strip()
+    if len(text) < 16:
+        raise ValueError(f"a job secret must be at least 16 characters (got {len(text)})")
+    return hashlib.sha256(text.encode()).digest()
+
+
+#: Set by ``attach_to_workers(secret=...)`` before the runtime starts.
+secret_override: bytes | None = None
+
+
+def job_secret() -> bytes:
+    """The secret given to ``attach_to_workers``, else ``REGENCY_SECRET`` (multi-host jobs
+    share it), else a fresh random secret."""
+    if secret_override is not None:
+        return secret_override
+    text = os.environ.get("REGENCY_SECRET")
+    return derive_secret(text) if text else secrets.token_bytes(32)
+
+
+def current_runtime() -> Runtime:
+    """This process's runtime; in a controller the first call starts it on its own thread."""
+    rt = _runtime_var.get() or _current._runtime
+    if rt is not None:
+        return rt
+    with _runtime_lock:
+        if _current._runtime is None:
+            _start_controller()
+        assert _current._runtime is not None
+        return _current._runtime
+
+
+def _start_controller() -> None:
+    import atexit
+
+    from ._runtime import Runtime
+
+    config = current_config()
+    if config.runtime == "sim":
+        from ..sim._cluster import start_simulated_controller
+
+        install_interrupt_handler()
+        _current._runtime = start_simulated_controller(config.seed)
+        return
+
+    jobdir = tempfile.mkdtemp(prefix="regency-")
+    os.chmod(jobdir, 0o700)
+    rt = Runtime(
+        f"c{os.getpid()}",
+        secret=job_secret(),
+        jobdir=jobdir,
+        config=current_config(),
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            trio.run(rt.serve)
+        except BaseException as exc:  # surfaced to the thread that started us
+            errors.append(exc)
+            rt.started.set()
+
+    install_interrupt_handler()
+    thread = threading.Thread(target=run, name="regency-runtime", daemon=True)
+    thread.start()
+    rt.started.wait()
+    if errors:
+        raise RuntimeError(f"regency runtime failed to start: {errors[0]!r}") from errors[0]
+    _current._runtime = rt
+    atexit.register(_shutdown_controller, rt, thread, jobdir)
+
+
+def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> None:
+    from ._children import stop_owned_procs
+    from ._hosts import detach_all
+
+    try:
+        stop_owned_procs(rt, timeout=1.0)
+        rt.call_soon(lambda: detach_all(rt))
+    finally:
+        rt.stop()
+        thread.join(timeout=2.0)
+        _current._runtime = None
+        import shutil
+
+        shutil.rmtree(jobdir, ignore_errors=True)

@@ -1,0 +1,69 @@
+"""Reply ports: the :class:`PortHandler` interface and the runtime's table of open ports
+(:class:`PortTable`, a part of :class:`Runtime`)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Protocol
+
+from .. import transports
+from . import _codec
+from . import _messages as M
+
+log = logging.getLogger("regency.runtime")
+
+
+class PortHandler(Protocol):
+    """Receives what arrives on one reply port. Called on the runtime's trio thread."""
+
+    #: Addresses of the procs this port waits on; a lost link to one fails the port.
+    dests: frozenset[str]
+
+    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+        """Handle one message; return True when the port is finished and can be closed."""
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        """The port can no longer complete (``address``, a destination, is unreachable)."""
+
+
+
+class PortTable:
+    """This runtime's open reply ports (a part of :class:`Runtime`)."""
+
+    address: str
+    ports: dict[int, PortHandler]
+    _port_ids: itertools.count[int]
+
+    def send(self, address: str, frame: transports.Frame) -> None:
+        raise NotImplementedError
+
+    def open_port(self, handler: PortHandler) -> tuple[str, int]:
+        port_id = next(self._port_ids)
+        self.ports[port_id] = handler
+        return (self.address, port_id)
+
+    def close_port(self, port_id: int) -> None:
+        self.ports.pop(port_id, None)
+
+    def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
+        """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
+        address, port_id = port
+        payload = _codec.dumps(_codec.out_of_band(value))
+        frame = _codec.pack_port(port_id, index, status, payload)
+        if frame is None:
+            frame = _codec.pack((M.PORT, port_id, index, status), payload)
+        self.send(address, frame)
+
+    def _to_port(self, port_id: int, index: int, status: int, parts: list[memoryview]) -> None:
+        handler = self.ports.get(port_id)
+        if handler is None:
+            return  # a late reply to a port that finished or timed out
+        try:
+            finished = handler.deliver(index, status, parts)
+        except Exception as exc:
+            log.exception("reply port %s failed", port_id)
+            handler.fail(exc)
+            finished = True
+        if finished:
+            self.ports.pop(port_id, None)

@@ -1,0 +1,225 @@
+"""Proc and host meshes: start procs on hosts, spawn actor meshes on procs."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .._tensor_engine._procmesh import TensorEngineMesh
+from . import _codec
+from . import _messages as M
+from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner
+from ._adverbs import _pickle_args
+from ._children import _stop_procs, _wait_ready
+from ._controller import current_runtime
+from ._endpoint import Actor, endpoints_of
+from ._future import Future, resolved
+from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
+from ._replies import _Acks
+from ._shape import MeshAlgebra, Shape
+
+A = TypeVar("A", bound=Actor)
+
+
+class ProcMesh(TensorEngineMesh, MeshAlgebra):
+    """Processes, arranged as a mesh; spawn actors on them."""
+
+    __slots__ = ("_procs", "_ready", "_shape")
+
+    def __init__(
+        self, procs: tuple[ProcRef, ...], shape: Shape, ready: Future[None] | None = None
+    ) -> None:
+        self._procs, self._shape, self._ready = procs, shape, ready
+
+    @classmethod
+    def _single(cls, proc_id: str, address: str) -> ProcMesh:
+        return cls(((proc_id, address),), Shape.full([], []))
+
+    def _with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(self._procs, shape, self._ready)
+
+    def __reduce__(self) -> Any:
+        return (ProcMesh, (self._procs, self._shape))
+
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Spawn ``cls(*args, **kwargs)`` on every proc. Returns at once; ``__init__`` runs
+        before the first message any rank handles."""
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
+        shadowed = sorted(set(endpoints_of(cls)) & _MESH_ATTRIBUTES)
+        if shadowed:
+            warnings.warn(
+                f"endpoints {shadowed} of {cls.__name__} are hidden by ActorMesh attributes "
+                f"of the same name; call them as mesh.endpoint({shadowed[0]!r}).call(...) "
+                "or rename them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        rt = current_runtime()
+        payload = _pickle_args(f"{cls.__name__}.__init__", args, kwargs, (cls, args, kwargs))
+        key = rt.new_name(f"{name}.")
+        shape = self._shape
+        init: Future[None] = Future()
+        dests = frozenset(self._procs[r][1] for r in shape.ranks)
+        port = rt.open_port(_Acks(init, len(shape), f"spawning {name}", dests))
+        labels, sizes = list(shape.labels), list(shape.sizes)
+        # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
+        procs = tuple(self._procs[r] for r in shape.ranks)
+        mesh = ActorMesh(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
+        owner = _owner(rt)
+        addresses = tuple(address for _, address in procs)
+        rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
+        for local, address in enumerate(addresses):
+            rt.send(
+                address,
+                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
+            )
+        return mesh
+
+    @property
+    def initialized(self) -> Future[None]:
+        """Resolves once every proc has started and connected back."""
+        if self._ready is None:
+            fut: Future[None] = Future()
+            fut.set_result(None)
+            return fut
+        return self._ready
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every proc of this mesh; resolves when they have exited."""
+        rt = current_runtime()
+        done: Future[None] = Future()
+        addresses = [self._procs[r][1] for r in self._shape.ranks]
+        rt.start_soon(_stop_procs, rt, addresses, done)
+        return done
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._shape.dim_sizes()}>"
+
+    # Monarch's older `await proc_mesh(...)` / `proc_mesh(...).get()` forms.
+    def get(self, timeout: float | None = None) -> ProcMesh:
+        self.initialized.get(timeout)
+        return self
+
+    def __await__(self) -> Any:
+        async def wait() -> ProcMesh:
+            await self.initialized
+            return self
+
+        return wait().__await__()
+
+
+
+class HostMesh(MeshAlgebra):
+    """Hosts, arranged as a mesh; start procs on them."""
+
+    __slots__ = ("_hosts", "_shape")
+
+    def __init__(self, shape: Shape, hosts: tuple[HostRef, ...] | None = None) -> None:
+        self._shape = shape
+        #: Remote hosts by global rank (``attach_to_workers``); None for this host.
+        self._hosts = hosts
+
+    def _with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh(shape, self._hosts)
+
+    def __reduce__(self) -> Any:
+        return (HostMesh, (self._shape, self._hosts))
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ProcMesh:
+        """Start one OS process per point of ``per_host`` on each host. Returns at once."""
+        per_host = dict(per_host or {})
+        for _dim, size in per_host.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"per_host sizes must be positive integers (got {per_host})")
+        if env is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise TypeError("env must map str to str")
+        shape = Shape.full(
+            [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
+        )
+        rt = current_runtime()
+        remote = False
+        if self._hosts is not None:
+            count = len(shape) // max(len(self._shape), 1)
+            hosts = [self._hosts[r] for r in self._shape.ranks]
+            if all(h.worker in rt.host_launchers for h in hosts):
+                children = rt.plan_on_launchers(
+                    [rt.host_launchers[h.worker] for h in hosts], count, name or "p"
+                )
+            else:
+                remote = True
+                children = plan_remote(rt, hosts, count, name or "p")
+        else:
+            children = rt.plan_procs(len(shape), name or "p")
+        ready: Future[None] = Future()
+        boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
+
+        owner = _owner(rt)[1]
+
+        def launch() -> None:
+            rt.oversight.procs_spawned(owner, [c.address for c in children])
+            try:
+                if remote:
+                    launch_remote(rt, children, env, boot)
+                else:
+                    rt.launch_procs(children, env, boot)
+            except Exception as exc:  # not raised: this runs as a loop callback
+                ready.set_exception(exc)
+                for child in children:
+                    if child.returncode is None:
+                        child.killed_for = f"could not be started ({exc})"
+                        rt._child_exited(child, 1)
+                return
+            rt.nursery.start_soon(_wait_ready, rt, children, ready)
+
+        rt.call_soon(launch)
+        return ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+
+    def shutdown(self) -> Future[None]:
+        """Stop this mesh's procs on its hosts and detach from their workers (hosts from
+        ``attach_to_workers``; on this host it stops nothing)."""
+        if self._hosts is None:
+            return resolved(None)
+        rt = current_runtime()
+        return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks])
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._shape.dim_sizes()}>"
+
+
+
+def this_host() -> HostMesh:
+    """The host this code runs on, as a mesh with no dims."""
+    return HostMesh(Shape.full([], []))
+
+
+def this_proc() -> ProcMesh:
+    """This process, as a one-proc mesh: actors spawned here share the caller's process."""
+    rt = current_runtime()
+    return ProcMesh._single(rt.proc_id, rt.address)
+
+
+def proc_mesh(
+    *,
+    gpus: int | None = None,
+    hosts: int | None = None,
+    env: dict[str, str] | None = None,
+    **dims: int,
+) -> ProcMesh:
+    """Monarch's older constructor: ``await proc_mesh(gpus=8)`` or ``proc_mesh(gpus=8).get()``."""
+    per_host: dict[str, int] = {}
+    if hosts not in (None, 1):
+        raise ValueError(f"proc_mesh on this host supports hosts=1 only (got hosts={hosts})")
+    if gpus is not None:
+        per_host["gpus"] = gpus
+    per_host.update(dims)
+    return this_host().spawn_procs(per_host=per_host, env=env)

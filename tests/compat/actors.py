@@ -1,0 +1,120 @@
+"""Monarch-style actors for the compatibility tests (importable by child procs).
+
+They are written the way Monarch code is: asyncio inside async endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import trio
+
+from regency.actor import Actor, endpoint
+
+
+class AsyncioWorker(Actor):
+    """Uses the asyncio primitives Monarch programs use, in async endpoints."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[int] = asyncio.Queue()
+        self.cond = asyncio.Condition()
+        self.ready = False
+        self.background: asyncio.Task[None] | None = None
+        self.ticks = 0
+
+    @endpoint
+    async def sleep_then(self, seconds: float, value: int) -> int:
+        await asyncio.sleep(seconds)
+        return value
+
+    @endpoint
+    async def gather(self, n: int) -> list[int]:
+        async def one(i: int) -> int:
+            await asyncio.sleep(0.001 * (n - i))
+            return i * i
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+    @endpoint
+    async def produce_later(self, value: int, delay: float) -> None:
+        """A background producer: an actor handles one message at a time, so the consumer
+        waits for a task, not for another message (as in Monarch)."""
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            await self.queue.put(value)
+
+        asyncio.create_task(later())  # noqa: RUF006 (the runtime keeps it alive)
+
+    @endpoint
+    async def consume(self, timeout: float) -> int:
+        return await asyncio.wait_for(self.queue.get(), timeout)
+
+    @endpoint
+    async def wait_ready(self) -> str:
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.ready)
+        return "ready"
+
+    @endpoint
+    async def set_ready_later(self, delay: float) -> None:
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            async with self.cond:
+                self.ready = True
+                self.cond.notify_all()
+
+        asyncio.create_task(later())  # noqa: RUF006 (the runtime keeps it alive)
+
+    @endpoint
+    async def start_ticker(self) -> None:
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(0.01)
+                self.ticks += 1
+
+        self.background = asyncio.create_task(tick())
+
+    @endpoint
+    async def ticks_after(self, seconds: float) -> int:
+        before = self.ticks
+        await asyncio.sleep(seconds)
+        return self.ticks - before
+
+    @endpoint
+    async def start_failing_task(self) -> None:
+        async def fail() -> None:
+            await asyncio.sleep(0)
+            raise ValueError("the background task failed on purpose")
+
+        asyncio.create_task(fail(), name="doomed-task")  # noqa: RUF006
+
+    @endpoint
+    async def mixed(self) -> float:
+        """trio and asyncio in one endpoint."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await trio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        event = asyncio.Event()
+        loop.call_later(0.01, event.set)
+        await event.wait()
+        return loop.time() - start
+
+    @endpoint
+    async def to_thread(self, x: int) -> int:
+        return await asyncio.to_thread(lambda: x + 1)
+
+    @endpoint
+    async def cancelled_wait(self) -> str:
+        try:
+            await asyncio.wait_for(asyncio.sleep(10), 0.01)
+        except TimeoutError:
+            return "timed out"
+        return "no timeout"
+
+    @endpoint
+    async def raises(self) -> Any:
+        await asyncio.sleep(0)
+        raise KeyError("from asyncio code")
