@@ -83,12 +83,17 @@ def finish_avg(t: torch.Tensor, n: int) -> None:
 class GlooComm(Comm):
     """One gloo process group per group of ranks, created on first use from a shared store."""
 
-    def __init__(self, host: str, port: int, prefix: str, rank: int, timeout: float) -> None:
+    def __init__(
+        self, host: str, port: int, prefix: str, rank: int, timeout: float, me: str
+    ) -> None:
         import torch.distributed as dist
 
         self._dist = dist
         self.rank = rank
         self._timeout = datetime.timedelta(seconds=timeout)
+        # gloo would advertise whatever this machine's hostname resolves to, which is wrong in
+        # containers and network namespaces: bind to the address this proc already serves on.
+        self._device = dist.ProcessGroupGloo.create_device(hostname=me)
         store_cls = dist.TCPStore  # type: ignore[attr-defined]
         self._store = store_cls(host, port, is_master=False, timeout=self._timeout)
         self._prefix = prefix
@@ -110,11 +115,14 @@ class GlooComm(Comm):
         if pg is None:
             dist = self._dist
             name = f"{self._prefix}/{'.'.join(map(str, group))}"
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = [self._device]
+            options._timeout = self._timeout
             pg = dist.ProcessGroupGloo(
                 dist.PrefixStore(name, self._store),
                 group.index(self.rank),
                 len(group),
-                self._timeout,
+                options,
             )
             self._groups[group] = pg
         return pg

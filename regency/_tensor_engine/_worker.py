@@ -175,7 +175,9 @@ class TensorWorker(Actor):
 
                 assert self._store is not None
                 host, port, prefix = self._store
-                self._comm = GlooComm(host, port, prefix, self.rank, self._timeout)
+                scheme, _, rest = current_runtime().address.partition("://")
+                me = rest.rpartition(":")[0].strip("[]") if scheme == "tcp" else "127.0.0.1"
+                self._comm = GlooComm(host, port, prefix, self.rank, self._timeout, me)
         return self._comm
 
     @endpoint
