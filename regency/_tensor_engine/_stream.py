@@ -8,6 +8,7 @@ while it is borrowed immutably neither side may write to it, until ``Borrow.drop
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -85,6 +86,16 @@ class Borrow:
         origin._loans -= 1
         if origin._loans == 0:
             origin._access = "rw"
+
+    def __del__(self) -> None:
+        if not self.dropped:
+            warnings.warn(
+                f"{self!r} was collected without borrow.drop(); dropped now, so that its "
+                "origin is usable again (call drop() where the borrow should end)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.drop()
 
     def __repr__(self) -> str:
         state = "dropped" if self.dropped else "live"

@@ -323,6 +323,11 @@ def test_streams_and_borrows() -> None:
                 reasons.append(str(caught.value))
                 plain = t + 0  # the origin can still be read
             t.add_(1)  # the borrow ended with the block
+            _, forgotten = comms.borrow(t, mutable=True)
+            with pytest.warns(RuntimeWarning, match="collected without borrow.drop"):
+                del forgotten
+                gc.collect()
+            t.add_(0)  # usable again
         return (
             reasons,
             regency.inspect(after).tolist(),
