@@ -165,6 +165,21 @@ class GlooComm(Comm):
         return received
 
 
+def _pack(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], bytes]:
+    """A CPU tensor as plain bytes: a pickled tensor names its storage by memory address, so
+    its size would vary from run to run and a simulation would not replay byte for byte."""
+    import ctypes
+
+    c = t.detach().contiguous()
+    return (c.dtype, tuple(c.shape), ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()))
+
+
+def _unpack(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
 class ChannelComm(Comm):
     """Tensors as actor messages to each member's channel (the simulator's collectives)."""
 
@@ -175,7 +190,7 @@ class ChannelComm(Comm):
         self.timeout = timeout
         self.port, self._inbox = Channel[Any].open()
         self.peers: dict[int, Port[Any]] = {}
-        self._stash: dict[tuple[int, int], torch.Tensor] = {}
+        self._stash: dict[tuple[int, int], Any] = {}
 
     def exchange(
         self,
@@ -189,7 +204,7 @@ class ChannelComm(Comm):
             if dst == self.rank:
                 received[dst] = t.clone()
             else:
-                self.peers[dst].send((tag, self.rank, t.contiguous().clone()))
+                self.peers[dst].send((tag, self.rank, _pack(t)))
         for src in incoming:
             if src == self.rank:
                 continue
@@ -201,7 +216,7 @@ class ChannelComm(Comm):
                         f"rank {src} sent nothing for {self.timeout} s in a collective"
                     ) from None
                 self._stash[(got_tag, sender)] = value
-            received[src] = self._stash.pop((tag, src))
+            received[src] = _unpack(*self._stash.pop((tag, src)))
         return received
 
     def allgather(self, t: torch.Tensor, group: Group, tag: int) -> list[torch.Tensor]:

@@ -32,13 +32,6 @@ _SITES_KEPT = 100_000
 
 _ENGINE_FILES = (__file__.rpartition("/")[0], "/torch/")
 
-_refs = itertools.count(1)
-_seqs = itertools.count(1)
-
-
-def new_ref() -> int:
-    return next(_refs)
-
 
 def _host_of(address: str) -> str:
     scheme, _, rest = address.partition("://")
@@ -85,7 +78,7 @@ def issue_site() -> tuple[tuple[Any, int], ...]:
     """Where the user's code issued the current op: (code, instruction offset) of the
     innermost frames outside the engine and torch, innermost first. Cheap: line numbers,
     source and FrameSummary records wait until an error is reported (:func:`site_frames`)."""
-    frame: Any = sys._getframe(3)
+    frame: Any = sys._getframe(2)
     engine_dir = _ENGINE_FILES[0]
     while frame is not None and frame.f_code.co_filename.startswith(engine_dir):
         frame = frame.f_back
@@ -104,17 +97,6 @@ def _line_of(code: Any, lasti: int) -> int:
         if start <= lasti < end:
             return line or 0
     return code.co_firstlineno  # type: ignore[no-any-return]
-
-
-def site_frames(seq: int) -> list[traceback.FrameSummary] | None:
-    """The frames where op ``seq`` was issued, outermost first (None if not kept)."""
-    site = SITES.get(seq)
-    if site is None:
-        return None
-    return [
-        traceback.FrameSummary(code.co_filename, _line_of(code, lasti), code.co_name)
-        for code, lasti in reversed(site)
-    ]
 
 
 class Engine:
@@ -237,30 +219,44 @@ def engine_for(mesh: ProcMesh) -> Engine:
     return engine
 
 
-#: Where each op was issued (by sequence number), for RemoteException.
-SITES: dict[int, tuple[tuple[Any, int], ...]] = {}
-_site_order: deque[int] = deque()
-
-
-def next_seq() -> int:
-    """A new op sequence number; records where the user's code issued the op."""
-    seq = next(_seqs)
-    SITES[seq] = issue_site()
-    _site_order.append(seq)
-    if len(_site_order) > _SITES_KEPT:
-        SITES.pop(_site_order.popleft(), None)
-    return seq
-
-
 class Issuer:
-    """The one buffer of ops not yet sent, for one destination at a time."""
+    """The one buffer of ops not yet sent, for one destination at a time; the runtime's ref
+    and op numbers (per runtime, so that a simulation replays byte for byte); and where each
+    op was issued, for RemoteException."""
 
     def __init__(self) -> None:
+        self._refs = itertools.count(1)
+        self._seqs = itertools.count(1)
+        self._sites: dict[int, tuple[tuple[Any, int], ...]] = {}
+        self._site_order: deque[int] = deque()
         self._lock = threading.RLock()
         self._engine: Engine | None = None
         self._shape: Shape | None = None
         self._ranks: tuple[int, ...] = ()
         self._ops: list[tuple[Any, ...]] = []
+
+    def new_ref(self) -> int:
+        return next(self._refs)
+
+    def next_seq(self) -> int:
+        """A new op sequence number; records where the user's code issued the op."""
+        seq = next(self._seqs)
+        self._sites[seq] = issue_site()
+        order = self._site_order
+        order.append(seq)
+        if len(order) > _SITES_KEPT:
+            self._sites.pop(order.popleft(), None)
+        return seq
+
+    def site_frames(self, seq: int) -> list[traceback.FrameSummary] | None:
+        """The frames where op ``seq`` was issued, outermost first (None if not kept)."""
+        site = self._sites.get(seq)
+        if site is None:
+            return None
+        return [
+            traceback.FrameSummary(code.co_filename, _line_of(code, lasti), code.co_name)
+            for code, lasti in reversed(site)
+        ]
 
     def issue(self, engine: Engine, shape: Shape, op: tuple[Any, ...]) -> None:
         with self._lock:
@@ -283,7 +279,7 @@ class _Issuing:
 
     @staticmethod
     def next_seq() -> int:
-        return next_seq()
+        return _state().issuer.next_seq()
 
     @staticmethod
     def issue(engine: Engine, shape: Shape, op: tuple[Any, ...]) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from torch.utils import _pytree as pytree
 
 from ..core import Future
-from ._engine import Engine, site_frames
+from ._comm import _unpack
+from ._engine import Engine, Issuer
 from ._errors import BORROWED, DROPPED, bad_argument
-from ._records import Failure
+from ._records import Failure, Packed
 from ._tensor import Tensor, same_place
 
 
@@ -32,11 +34,11 @@ def _rank_of(mesh: Any, shard: dict[str, int] | None, coords: dict[str, int]) ->
     return int(shape.ranks[local])
 
 
-def raise_failure(failure: Failure) -> Exception:
+def raise_failure(failure: Failure, issuer: Issuer) -> Exception:
     """The RemoteException for ``failure``, with where its op was issued."""
     from ._errors import RemoteException
 
-    return RemoteException(failure, site_frames(failure.seq))
+    return RemoteException(failure, issuer.site_frames(failure.seq))
 
 
 def _handles_of(call: str, obj: Any) -> list[Tensor]:
@@ -76,8 +78,12 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **coords: int) ->
             return
         for value in values:
             if isinstance(value, Failure):
-                result.set_exception(raise_failure(value))
+                result.set_exception(raise_failure(value, engine.issuer))
                 return
+        values = [
+            _unpack(*attrs.astuple(v, recurse=False)) if isinstance(v, Packed) else v
+            for v in values
+        ]
         by_id = {id(h): v for h, v in zip(handles, values, strict=True)}
         result.set_result(pytree.tree_map(lambda leaf: by_id.get(id(leaf), leaf), obj))
 

@@ -6,6 +6,8 @@ kinds and their fields are listed in :mod:`._worker`, next to the code that runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 
@@ -22,6 +24,16 @@ class Ref:
 
     def __repr__(self) -> str:
         return f"Ref({self.id})"
+
+
+@attrs.frozen
+class Packed:
+    """A fetched CPU tensor as (dtype, shape, bytes): in a simulation, where a pickled
+    tensor's size (it names its storage by address) would break byte-for-byte replay."""
+
+    dtype: Any
+    shape: tuple[int, ...]
+    data: bytes
 
 
 @attrs.frozen

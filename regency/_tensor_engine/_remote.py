@@ -111,7 +111,7 @@ class Remote:
         engine = handles[0]._engine if handles else engine_for(mesh)
         seq = ISSUER.next_seq()
         ISSUER.flush()
-        return pick(engine.slice_for(mesh._shape).call_fetch), seq, template
+        return pick(engine.slice_for(mesh._shape).call_fetch), seq, template, engine.issuer
 
     def _fetch_one(self, args: Any, kwargs: Any, shard: dict[str, int] | None) -> Future[Any]:
         from ._fetch import _rank_of
@@ -119,11 +119,13 @@ class Remote:
         mesh, template, handles, _ = self._prepare(args, kwargs)
         engine = handles[0]._engine if handles else engine_for(mesh)
         seq = ISSUER.next_seq()
-        return _unwrap(engine.call_fetch(_rank_of(mesh, shard, {}), seq, self._fn, template))
+        return _unwrap(
+            engine.call_fetch(_rank_of(mesh, shard, {}), seq, self._fn, template), engine.issuer
+        )
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
         """Run on every proc; a future of the ValueMesh of what each returned."""
-        endpoint, seq, template = self._fetch_on(args, kwargs, lambda ep: ep)
+        endpoint, seq, template, issuer = self._fetch_on(args, kwargs, lambda ep: ep)
         inner = endpoint.call(seq, self._fn, template)
         out: Future[ValueMesh[Any]] = Future()
 
@@ -137,7 +139,7 @@ class Remote:
                 if isinstance(v, Failure):
                     from ._fetch import raise_failure
 
-                    out.set_exception(raise_failure(v))
+                    out.set_exception(raise_failure(v, issuer))
                     return
             out.set_result(values)
 
@@ -155,13 +157,13 @@ class Remote:
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run on one proc of the mesh, chosen by the runtime; a future of its result."""
-        endpoint, seq, template = self._fetch_on(args, kwargs, lambda ep: ep)
-        return _unwrap(endpoint.choose(seq, self._fn, template))
+        endpoint, seq, template, issuer = self._fetch_on(args, kwargs, lambda ep: ep)
+        return _unwrap(endpoint.choose(seq, self._fn, template), issuer)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
         """Run on every proc; futures of the results in the order they arrive."""
-        endpoint, seq, template = self._fetch_on(args, kwargs, lambda ep: ep)
-        return (_unwrap(f) for f in endpoint.stream(seq, self._fn, template))
+        endpoint, seq, template, issuer = self._fetch_on(args, kwargs, lambda ep: ep)
+        return (_unwrap(f, issuer) for f in endpoint.stream(seq, self._fn, template))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Run on every proc for its effects; nothing comes back (failures are dropped)."""
@@ -170,7 +172,7 @@ class Remote:
         ISSUER.issue(engine, mesh._shape, ("fn", ISSUER.next_seq(), self._fn, template, []))
 
 
-def _unwrap(inner: Future[Any]) -> Future[Any]:
+def _unwrap(inner: Future[Any], issuer: Any) -> Future[Any]:
     out: Future[Any] = Future()
 
     def done() -> None:
@@ -182,7 +184,7 @@ def _unwrap(inner: Future[Any]) -> Future[Any]:
         if isinstance(value, Failure):
             from ._fetch import raise_failure
 
-            out.set_exception(raise_failure(value))
+            out.set_exception(raise_failure(value, issuer))
         else:
             out.set_result(value)
 

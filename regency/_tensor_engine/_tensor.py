@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _context
-from ._engine import ISSUER, Engine, engine_for, forget, new_ref
+from ._engine import ISSUER, Engine, engine_for, forget
 from ._errors import (
     BORROWED,
     DROPPED,
@@ -124,7 +124,7 @@ class Tensor(torch.Tensor):
         )
         r._fake_obj = fake
         r._meta = meta
-        r._ref = new_ref() if ref is None else ref
+        r._ref = engine.issuer.new_ref() if ref is None else ref
         r._mesh = mesh
         r._engine = engine
         r._stream = stream
@@ -372,7 +372,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any
             ktemplate[name] = v
     except _Uncacheable:
         return _dispatch_slow(func, args, kwargs, mesh, None, None)
-    key = (func, akey, tuple(kkeys))
+    key = (func, akey, tuple(kkeys), torch.get_default_dtype())  # factories read it
     entry = _meta_cache.get(key)
     if entry is None:
         return _dispatch_slow(func, args, kwargs, mesh, key, handles)
@@ -395,6 +395,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any
             continue
         outs.append(h._ref)
         results.append(h)
+    if not handles and results and isinstance(results[0], Tensor):
+        _pin_dtype(func, ktemplate, results[0].dtype)
     ISSUER.issue(
         engine,
         mesh._shape,
@@ -510,12 +512,29 @@ def _dispatch_slow(
         and len(_meta_cache) < _META_CACHE_LIMIT
     ):
         _meta_cache[key] = (None if out_spec.is_leaf() else out_spec, tuple(items))
+    a_template, k_template = pytree.tree_unflatten(template, spec)
+    if not handles and results and isinstance(results[0], Tensor):
+        _pin_dtype(func, k_template, results[0].dtype)
     ISSUER.issue(
         engine,
         mesh._shape,
-        ("op", ISSUER.next_seq(), _op_name(func), pytree.tree_unflatten(template, spec), outs),
+        ("op", ISSUER.next_seq(), _op_name(func), (a_template, k_template), outs),
     )
     return pytree.tree_unflatten(results, out_spec)
+
+
+_takes_dtype: dict[Any, bool] = {}
+
+
+def _pin_dtype(func: Any, kwargs: dict[str, Any], dtype: torch.dtype) -> None:
+    """A factory left to the default dtype gets the controller's, not the proc's."""
+    takes = _takes_dtype.get(func)
+    if takes is None:
+        takes = _takes_dtype[func] = any(
+            a.name == "dtype" and a.kwarg_only for a in func._schema.arguments
+        )
+    if takes and kwargs.get("dtype") is None:
+        kwargs["dtype"] = dtype
 
 
 class ActiveMeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import Actor, current_rank, current_runtime, endpoint
-from ._records import Failure, Ref
+from ._records import Failure, Packed, Ref
 
 if TYPE_CHECKING:
     import torch
@@ -218,7 +218,12 @@ class TensorWorker(Actor):
     def fetch(self, refs: list[int]) -> list[Any]:
         """The values of ``refs`` here (a :class:`Failure` for a failed one)."""
         missing = Failure(-1, self.rank, "LookupError", "the tensor was deleted", "")
-        return [_compact(self.refs.get(ref, missing)) for ref in refs]
+        values = [_compact(self.refs.get(ref, missing)) for ref in refs]
+        if self._channel is not None:  # simulated: replayable bytes
+            from ._comm import _pack
+
+            values = [Packed(*_pack(v)) if isinstance(v, torch.Tensor) else v for v in values]
+        return values
 
     @endpoint
     def call_fetch(self, seq: int, fn: Any, args: Any) -> Any:

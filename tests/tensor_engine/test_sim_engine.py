@@ -403,6 +403,15 @@ def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
             regency.fetch_shard(t, 0)
         with pytest.raises(ValueError, match=r"shard dims must be among \('hosts', 'gpu'\)"):
             regency.inspect(t, rank=0)
+        with mesh.activate():
+            first = torch.ones(2)
+            torch.set_default_dtype(torch.float64)
+            try:
+                second = torch.ones(2)  # the same op and arguments: not a stale cache entry
+            finally:
+                torch.set_default_dtype(torch.float32)
+        assert (first.dtype, second.dtype) == (torch.float32, torch.float64)
+        assert regency.inspect(second).dtype == torch.float64
         return regency.inspect(scaled).tolist()
 
     assert run(program, hosts=1) == [3.0, 6.0]
