@@ -213,6 +213,8 @@ class TensorWorker(Actor):
                     self.refs[op[1]] = self.refs[op[2]]
             elif kind == "peers":
                 self._channel.peers = dict(enumerate(op[1]))
+            else:  # a controller and a worker of different versions: fail loudly
+                raise ValueError(f"unknown tensor-engine op kind {kind!r}")
 
     @endpoint
     def fetch(self, refs: list[int]) -> list[Any]:
