@@ -13,6 +13,7 @@ per-destination FIFO, each worker sees its ops in issue order.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import sys
 import threading
@@ -194,6 +195,16 @@ class _RuntimeState:
 
 _states: weakref.WeakKeyDictionary[Any, _RuntimeState] = weakref.WeakKeyDictionary()
 _states_lock = threading.Lock()
+_exit_hook = False
+
+
+def _flush_at_exit() -> None:
+    """Ops issued since the last flush still go out when the program ends."""
+    for state in list(_states.values()):
+        try:
+            state.issuer.flush()
+        except Exception:  # a runtime already stopped: nothing can be sent
+            pass
 
 
 def _state() -> _RuntimeState:
@@ -201,6 +212,10 @@ def _state() -> _RuntimeState:
     state = _states.get(rt)
     if state is None:
         with _states_lock:
+            global _exit_hook
+            if not _exit_hook:  # after the runtime's own exit handler, so this one runs first
+                atexit.register(_flush_at_exit)
+                _exit_hook = True
             state = _states.setdefault(rt, _RuntimeState())
     return state
 

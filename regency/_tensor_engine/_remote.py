@@ -166,10 +166,11 @@ class Remote:
         return (_unwrap(f, issuer) for f in endpoint.stream(seq, self._fn, template))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Run on every proc for its effects; nothing comes back (failures are dropped)."""
+        """Run on every proc for its effects, now; nothing comes back (failures are dropped)."""
         mesh, template, handles, _ = self._prepare(args, kwargs)
         engine = handles[0]._engine if handles else engine_for(mesh)
         ISSUER.issue(engine, mesh._shape, ("fn", ISSUER.next_seq(), self._fn, template, []))
+        engine.issuer.flush()
 
 
 def _unwrap(inner: Future[Any], issuer: Any) -> Future[Any]:

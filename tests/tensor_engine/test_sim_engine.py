@@ -261,6 +261,7 @@ def test_remote_functions_and_their_adverbs() -> None:
             r = shaped(t)
             assert rank_of() is None
             rank_of.broadcast()
+            assert not t._engine.issuer._ops  # sent now, not with a later batch
             ranks = rank_of.call().get()
             chosen = rank_of.choose().get()
             streamed = sorted(f.get() for f in rank_of.stream())
