@@ -208,11 +208,11 @@ def _flush_at_exit() -> None:
 
 
 def _state() -> _RuntimeState:
+    global _exit_hook
     rt = current_runtime()
     state = _states.get(rt)
     if state is None:
         with _states_lock:
-            global _exit_hook
             if not _exit_hook:  # after the runtime's own exit handler, so this one runs first
                 atexit.register(_flush_at_exit)
                 _exit_hook = True
