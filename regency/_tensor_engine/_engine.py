@@ -28,7 +28,7 @@ from ._worker import TensorWorker
 #: Ops buffered before a flush; large enough that a loop of small ops costs few messages.
 BATCH_LIMIT = 512
 #: Controller stack frames kept per op for error reports (RemoteException).
-_STACK_DEPTH = 8
+_STACK_DEPTH = 5
 _SITES_KEPT = 100_000
 
 _ENGINE_FILES = (__file__.rpartition("/")[0], "/torch/")

@@ -500,6 +500,13 @@ def _dispatch_slow(
                 h = Tensor(leaf, mesh, engine, stream)
                 items.append(("n", h._meta))
             else:
+                if meta_of_fake(leaf) != h._meta:
+                    h._fake_obj = None  # the fake ran the op: rebuild it from the metadata
+                    raise NotImplementedError(
+                        f"{func} changes the shape or strides of {h!r} in place, which a "
+                        "regency.Tensor cannot follow; use the out-of-place form "
+                        "(t = t.t() rather than t.t_())"
+                    )
                 items.append(("h", position.get(id(h), -1)))
             outs.append(h._ref)
             results.append(h)

@@ -398,6 +398,11 @@ def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
                 pickle.dumps(t)
             with pytest.raises(TypeError, match="requires grad"):
                 w.reduce("gpu")
+            square = torch.ones(2, 3)
+            with pytest.raises(NotImplementedError, match="changes the shape or strides"):
+                square.t_()
+            assert (square + torch.ones(3)).shape == (2, 3)  # still (2, 3) here and there
+            assert regency.inspect(square.mm(torch.ones(3, 1))).shape == (2, 1)
         with pytest.raises(ValueError, match="different spawn_procs calls"):
             t.to_mesh(other)
         with pytest.raises(TypeError, match="shard must be a dict"):
