@@ -6,6 +6,7 @@ Run through ``make bench`` (``benchmarks/run.py``), or directly for one transpor
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +21,11 @@ class Echo(Actor):
 
     @endpoint
     async def aping(self, x: object = None) -> object:
+        return x
+
+    @endpoint
+    async def asyncio_ping(self, x: object = None) -> object:
+        await asyncio.sleep(0)  # asyncio code in the endpoint (Monarch style)
         return x
 
     @endpoint
@@ -48,6 +54,8 @@ def run() -> list[tuple[str, str, float, str]]:
         one.ping.call_one().get()
     rows.append(("call_one round trip, sync endpoint", "<= 100", _median_us(lambda: one.ping.call_one().get(), 2000), "us"))
     rows.append(("call_one round trip, async endpoint", "<= 100", _median_us(lambda: one.aping.call_one().get(), 2000), "us"))
+    one.asyncio_ping.call_one().get(30)  # opens the proc's asyncio loop
+    rows.append(("call_one round trip, async endpoint awaiting asyncio.sleep(0)", "", _median_us(lambda: one.asyncio_ping.call_one().get(), 2000), "us"))
 
     def pipelined() -> float:
         n = 20_000

@@ -7,7 +7,7 @@ transports and limits; the tensor engine's names (``regency.Tensor``, ``regency.
 
 from typing import Any
 
-from .core import configure
+from .config import configure
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,7 @@ Porting a Monarch program is changing ``monarch`` to ``regency`` in its imports;
 docs/porting.md for every difference.
 """
 
+from . import _actor_config as config
 from .core import (
     Accumulator,
     Actor,
@@ -30,6 +31,7 @@ from .core import (
     this_host,
     this_proc,
 )
+from .core._controller import shutdown_context
 from .core._hosts import attach_to_workers
 from .core._oversight import UnhandledFault, default_unhandled_fault_hook
 from .supervision import MeshFailure
@@ -38,6 +40,8 @@ from .supervision import MeshFailure
 #: and stops the program (exit status 1) within a few seconds, also when the main thread
 #: sleeps or waits on a future. Assign your own; one that returns drops the fault.
 unhandled_fault_hook = default_unhandled_fault_hook
+
+config.install_log_prefix()  # inside actors only: the controller's own logs are untouched
 
 __all__ = [
     "Accumulator",
@@ -58,6 +62,7 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "attach_to_workers",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",
@@ -65,6 +70,7 @@ __all__ = [
     "endpoint",
     "proc_mesh",
     "send",
+    "shutdown_context",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

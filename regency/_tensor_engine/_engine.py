@@ -130,7 +130,7 @@ class Engine:
             )
             store = (host, self._store.port, f"engine-{id(self):x}")
         flat = ProcMesh(procs, Shape.full(["rank"], [self.size]))
-        self.workers = flat.spawn("tensor_engine", TensorWorker, env, store, 300.0)
+        self.workers: Any = flat.spawn("tensor_engine", TensorWorker, env, store, 300.0)
         # Wait for every worker's __init__, which imports torch on the actor's thread: a batch
         # holding torch objects (dtypes) that reached a proc earlier would import torch on the
         # proc's event loop while it unpickles, and the loop would miss its heartbeats.

@@ -50,7 +50,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         self._key, self._name, self._cls = key, name, cls
         self._procs, self._shape = procs, shape
         self._init = init
-        self._endpoints: dict[str, Endpoint[Any]] = {}
+        self._endpoints: dict[str, Endpoint[..., Any]] = {}
         self._cached_route: _Route | None = None
 
     def _route(self) -> _Route:
@@ -71,10 +71,10 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         return route
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
-        return ActorMesh(self._key, self._name, self._cls, self._procs, shape, self._init)
+        return type(self)(self._key, self._name, self._cls, self._procs, shape, self._init)
 
     def __reduce__(self) -> Any:
-        return (ActorMesh, (self._key, self._name, self._cls, self._procs, self._shape))
+        return (type(self), (self._key, self._name, self._cls, self._procs, self._shape))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -84,7 +84,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             return cached
         attr = getattr(self._cls, name, None)
         if isinstance(attr, EndpointSpec):
-            ep: Endpoint[Any] = Endpoint(self, name)
+            ep: Endpoint[..., Any] = Endpoint(self, name)
             self._endpoints[name] = ep
             return ep
         if callable(attr):
@@ -94,7 +94,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             f"endpoints: {sorted(endpoints_of(self._cls))}"
         )
 
-    def endpoint(self, name: str) -> Endpoint[Any]:
+    def endpoint(self, name: str) -> Endpoint[..., Any]:
         """The endpoint ``name``, also when a mesh attribute of that name hides it
         (``mesh.size`` is the mesh's size; ``mesh.endpoint("size")`` the endpoint)."""
         if not isinstance(getattr(self._cls, name, None), EndpointSpec):
@@ -153,3 +153,15 @@ def _owner(rt: Runtime) -> tuple[str, str, str]:
 _MESH_ATTRIBUTES = frozenset(
     name for name in dir(ActorMesh) if not name.startswith("_")
 )
+
+
+class _StopEndpointActorMesh(ActorMesh[A]):
+    """The mesh of an actor class with an endpoint named ``stop`` (Monarch's GRPO example has
+    one): ``mesh.stop`` is that endpoint, as the program means; the mesh itself stops with
+    ``ActorMesh.stop(mesh)`` or with its procs."""
+
+    __slots__ = ()
+
+    @property
+    def stop(self) -> Endpoint[..., Any]:
+        return self.endpoint("stop")

@@ -5,7 +5,7 @@ sends one CALL frame per destination rank."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import _codec
 from . import _messages as M
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._channel import Port
     from ._runtime import Runtime
 
+P = ParamSpec("P")
 R = TypeVar("R")
 Acc = TypeVar("Acc")
 
@@ -62,11 +63,17 @@ def _pickle_args(
         raise TypeError(f"cannot pickle the arguments of endpoint {endpoint}: {exc}") from exc
 
 
-class Endpoint(Generic[R]):
+class Endpoint(Generic[P, R]):
     """An endpoint of an actor mesh (or slice): the adverbs send to its ranks.
 
+    ``P`` is the method's parameters (without ``self``) and ``R`` its result (awaited, for
+    ``async def``), so the type checker checks ``mesh.fn.call(x)`` against ``fn``.
     Every adverb sends its messages before it returns; the future only collects replies.
     """
+
+    if TYPE_CHECKING:
+        # Inside an actor, ``self.fn(...)`` is the plain method (see EndpointSpec.__get__).
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any: ...
 
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
@@ -118,7 +125,7 @@ class Endpoint(Generic[R]):
                     f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why}"
                 )
 
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Send to every rank; the future resolves to a ValueMesh of the replies."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
@@ -139,7 +146,7 @@ class Endpoint(Generic[R]):
         self._issue(rt, (local,), handler, payload)
         return fut
 
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only rank of a one-rank mesh."""
         n = len(self._mesh._shape)
         if n != 1:
@@ -150,13 +157,13 @@ class Endpoint(Generic[R]):
         rt = current_runtime()
         return self._call_rank(rt, 0, _pickle_args(self.qualname, args, kwargs))
 
-    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank chosen uniformly at random."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         return self._call_rank(rt, rt.rng.randrange(len(self._mesh._shape)), payload)
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
@@ -166,7 +173,7 @@ class Endpoint(Generic[R]):
         self._issue(rt, range(len(futs)), handler, payload)
         return iter(futs)
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every rank; wait for nothing. A rank known to have failed raises
         ``SupervisionError`` here."""
         rt = current_runtime()
@@ -204,7 +211,7 @@ class _PlainMethod:
         )
 
 
-def as_endpoint(method: Any) -> Endpoint[Any]:
+def as_endpoint(method: Any) -> Endpoint[..., Any]:
     """Call an undecorated actor method through a mesh (Monarch's ``as_endpoint``)."""
     if isinstance(method, Endpoint):
         return method
@@ -216,7 +223,9 @@ def as_endpoint(method: Any) -> Endpoint[Any]:
 class Accumulator(Generic[R, Acc]):
     """Left fold of an endpoint's replies over all ranks, in arrival order."""
 
-    def __init__(self, endpoint: Endpoint[R], identity: Acc, combine: Callable[[Acc, R], Acc]):
+    def __init__(
+        self, endpoint: Endpoint[..., R], identity: Acc, combine: Callable[[Acc, R], Acc]
+    ) -> None:
         self._endpoint, self._identity, self._combine = endpoint, identity, combine
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[Acc]:
@@ -224,7 +233,7 @@ class Accumulator(Generic[R, Acc]):
 
 
 def send(
-    endpoint: Endpoint[Any],
+    endpoint: Endpoint[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     port: Port[Any] | None = None,

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
 
@@ -50,8 +51,9 @@ def main() -> None:
     run(record)
 
 
-def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
-    """Become the proc ``record`` describes; never returns."""
+def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
+    """Become the proc ``record`` describes; never returns (a clean stop raises
+    ``SystemExit`` so that Python finalizes, anything else ends in ``os._exit``)."""
     os.environ.update(record["config"])
     if env:
         os.environ.update(env)
@@ -79,6 +81,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
         parent_address=record["parent_address"],
     )
     set_current_runtime(rt)
+    from .._actor_config import install_log_prefix
+
+    install_log_prefix()
     code = 0
     try:
         if record.get("boot"):
@@ -91,10 +96,30 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> None:
         logging.getLogger("regency.proc").exception("proc %s failed", record["proc_id"])
         code = 1
     finally:
-        # Actor threads may still be blocked in user code: do not wait for them.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        if code != 0:
+            os._exit(code)
+    _finalize_then_exit(rt.config.stop_timeout)
+
+
+def _finalize_then_exit(grace: float) -> NoReturn:
+    """A proc told to stop exits the way a Python program does, so module-level objects'
+    ``__del__`` and ``atexit`` handlers run (Monarch's procs do the same). ``SystemExit``
+    unwinds to the top of the process: in a zygote's child that passes through the zygote's
+    frames, which know to let it by. Actor threads may still be blocked in user code, and a
+    finalizer may block: past ``grace`` seconds the proc exits anyway."""
+
+    def force() -> None:
+        time.sleep(grace)
+        os._exit(0)
+
+    threading.Thread(target=force, name="regency-exit-watch", daemon=True).start()
+    raise _ProcExit(0)
+
+
+class _ProcExit(SystemExit):
+    """A proc's clean exit, unwinding to the top of the process (see _finalize_then_exit)."""
 
 
 if __name__ == "__main__":

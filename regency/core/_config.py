@@ -141,3 +141,15 @@ def overridden(**settings: Any) -> Iterator[Config]:
         _overrides.clear()
         _overrides.update(saved)
         _current = None
+
+
+def runtime_overrides() -> dict[str, Any]:
+    """The settings made with :func:`configure` in this process (a copy)."""
+    return dict(_overrides)
+
+
+def reset_overrides() -> None:
+    """Forget every :func:`configure` setting."""
+    global _current
+    _overrides.clear()
+    _current = None

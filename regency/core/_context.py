@@ -24,6 +24,14 @@ class ActorInstance:
     rank: Point
     proc_id: str
     _proc_address: str
+    #: ``module.Class`` of the actor ("" for the controller's root client).
+    class_name: str = ""
+
+    def __str__(self) -> str:
+        """As Monarch prints an actor: ``<module.Class name{'gpus': 0/2}>``; ``<root>``."""
+        if not self.class_name:
+            return "<root>"
+        return f"<{self.class_name} {self.name}{self.rank}>"
 
     @property
     def proc(self) -> ProcMesh:
@@ -98,6 +106,10 @@ def current_size() -> dict[str, int]:
 
 
 def current_actor_name() -> str:
-    return context().actor_instance.name
+    """This actor instance's unique id: its mesh's key and its rank, ``"<key>[<rank>]"``
+    (the key holds the spawner's proc and the mesh name). Monarch's returns the actor id,
+    unique per instance, too; the mesh's name alone is ``context().actor_instance.name``."""
+    instance = context().actor_instance
+    return f"{instance.actor_id}[{instance.rank.rank}]"
 
 

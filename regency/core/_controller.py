@@ -18,6 +18,7 @@ from ._current import _runtime_var
 from ._oversight import install_interrupt_handler
 
 if TYPE_CHECKING:
+    from ._future import Future
     from ._runtime import Runtime
 
 _runtime_lock = threading.Lock()
@@ -93,20 +94,48 @@ def _start_controller() -> None:
     if errors:
         raise RuntimeError(f"regency runtime failed to start: {errors[0]!r}") from errors[0]
     _current._runtime = rt
+    _booted[id(rt)] = (thread, jobdir)
     atexit.register(_shutdown_controller, rt, thread, jobdir)
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every proc this controller spawned, detach from workers, and stop the runtime
+    (Monarch's ``shutdown_context``). Idempotent; atexit does the same. A later Regency call
+    starts a fresh runtime. Under the simulator the procs stop and the simulated cluster
+    itself ends with the program."""
+    from ._children import stop_owned_procs
+    from ._future import resolved
+    from ._hosts import detach_all
+
+    rt = _current._runtime
+    if rt is not None:
+        booted = _booted.get(id(rt))
+        if booted is not None:
+            _shutdown_controller(rt, *booted)
+        else:  # the simulated controller
+            stop_owned_procs(rt, timeout=rt.config.stop_timeout + 1)
+            rt.call_soon(lambda: detach_all(rt))
+    return resolved(None)
+
+
+#: The real controller's runtime thread and job directory, by runtime, until shut down.
+_booted: dict[int, tuple[threading.Thread, str]] = {}
 
 
 def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> None:
     from ._children import stop_owned_procs
     from ._hosts import detach_all
 
+    if _booted.pop(id(rt), None) is None and _current._runtime is not rt:
+        return  # already shut down (shutdown_context, then atexit)
     try:
         stop_owned_procs(rt, timeout=1.0)
         rt.call_soon(lambda: detach_all(rt))
     finally:
         rt.stop()
         thread.join(timeout=2.0)
-        _current._runtime = None
+        if _current._runtime is rt:
+            _current._runtime = None
         import shutil
 
         shutil.rmtree(jobdir, ignore_errors=True)

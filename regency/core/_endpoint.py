@@ -1,10 +1,34 @@
-"""The ``@endpoint`` decorator and the ``Actor`` base class."""
+"""The ``@endpoint`` decorator and the ``Actor`` base class.
+
+Typing: ``@endpoint`` keeps the method's parameters (a ``ParamSpec``) and its result type
+(the awaited type for ``async def``), and ``ProcMesh.spawn`` returns the actor class's own
+type, as Monarch's does. So, to the type checker, ``mesh.incr`` is an
+``Endpoint[(by: int), None]`` and ``mesh.incr.call_one("x")`` is an error, while at run time
+the mesh's ``__getattr__`` builds the endpoint.
+"""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    overload,
+)
+
+if TYPE_CHECKING:
+    from ._adverbs import Endpoint
+    from ._channel import Port
+    from ._future import Future
+    from ._shape import DimIndex, Extent, SplitArg
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -35,22 +59,57 @@ class EndpointSpec(Generic[P, R]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
+    # On an actor instance (``self.incr`` inside the actor) this is the plain bound method;
+    # the type checker is told "Endpoint", which is what the same name is on a mesh (where
+    # ``spawn`` returns the actor class's type). An endpoint called directly type-checks
+    # through ``Endpoint.__call__``.
     @overload
     def __get__(self, obj: None, objtype: type | None = None) -> EndpointSpec[P, R]: ...
     @overload
-    def __get__(self, obj: object, objtype: type | None = None) -> Callable[P, R]: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> Endpoint[P, R]: ...
     def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
         if obj is None:
             return self
         return self.fn.__get__(obj, objtype)
 
 
+class _EndpointDecorator(Protocol):
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], Awaitable[R]], /) -> EndpointSpec[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], R], /) -> EndpointSpec[P, R]: ...
+
+
+class _PortEndpointDecorator(Protocol):
+    """``@endpoint(explicit_response_port=True)``: the method's first parameter is the
+    reply port, which callers do not pass; the endpoint's result type is the port's."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[Any, Port[R], P], Awaitable[None]], /
+    ) -> EndpointSpec[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, Port[R], P], None], /) -> EndpointSpec[P, R]: ...
+
+
 @overload
-def endpoint(fn: Callable[..., R], /) -> EndpointSpec[..., R]: ...
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]], /) -> EndpointSpec[P, R]: ...
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R], /) -> EndpointSpec[P, R]: ...
 @overload
 def endpoint(
-    *, explicit_response_port: bool = False, propagate: Any = None, instrument: bool = True
-) -> Callable[[Callable[..., R]], EndpointSpec[..., R]]: ...
+    *,
+    explicit_response_port: Literal[True],
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _PortEndpointDecorator: ...
+@overload
+def endpoint(
+    *,
+    explicit_response_port: Literal[False] = False,
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _EndpointDecorator: ...
 def endpoint(
     fn: Callable[..., Any] | None = None,
     /,
@@ -77,6 +136,23 @@ class Actor:
     ``ProcMesh``. Each actor handles one message at a time; sync endpoints run on the
     actor's own thread (so they may block, e.g. on another actor's ``.get()``), async
     endpoints on its proc's trio loop."""
+
+    if TYPE_CHECKING:
+        # What a spawned mesh offers, for the type checker only: ``ProcMesh.spawn`` returns
+        # the actor class's type (as Monarch's does), so these are the mesh's methods.
+        def slice(self, /, **dims: DimIndex) -> Self: ...
+        def flatten(self, name: str) -> Self: ...
+        def split(self, /, **kw: SplitArg) -> Self: ...
+        def rename(self, /, **kw: str) -> Self: ...
+        def size(self, dim: str) -> int: ...
+        @property
+        def sizes(self) -> dict[str, int]: ...
+        @property
+        def extent(self) -> Extent: ...
+        @property
+        def initialized(self) -> Future[None]: ...
+        def endpoint(self, name: str) -> Endpoint[..., Any]: ...
+        def stop(self, reason: str = "stopped by client") -> Future[None]: ...
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointSpec[..., Any]]:

@@ -79,8 +79,10 @@ class LocalLauncher(ProcLauncher):
     that forked, not the process.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, executable: str | None = None) -> None:
         self._nursery = nursery
+        #: The Python interpreter procs run (``HostMesh.with_python_executable``).
+        self._executable = executable or sys.executable
 
     def launch(
         self,
@@ -90,7 +92,7 @@ class LocalLauncher(ProcLauncher):
     ) -> ProcHandle:
         child_env = {**os.environ, **env}
         popen = subprocess.Popen(
-            [sys.executable, "-m", "regency.core._bootstrap"],
+            [self._executable, "-m", "regency.core._bootstrap"],
             stdin=subprocess.PIPE,
             env=child_env,
             close_fds=True,

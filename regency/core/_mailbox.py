@@ -81,12 +81,17 @@ class ActorCell:
         self._init_port = init_port
         #: (address, actor key, name) of the actor that spawned this mesh.
         self.owner = owner
+        cls = payload[0] if isinstance(payload, tuple) else None
         self.instance: ActorInstance = ActorInstance(
-            name, key, self.point, runtime.proc_id, runtime.address
+            name,
+            key,
+            self.point,
+            runtime.proc_id,
+            runtime.address,
+            f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else "?",
         )
         self.obj: Any = None
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
-        cls = payload[0] if isinstance(payload, tuple) else None
         table = endpoints_of(cls) if isinstance(cls, type) else {}
         # With a sync runner (the simulator) every actor is a trio task whose sync code goes
         # through the runner; otherwise an actor with sync endpoints gets its own thread.

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import warnings
+import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._tensor_engine._procmesh import TensorEngineMesh
 from . import _codec
 from . import _messages as M
-from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner
+from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
 from ._adverbs import _pickle_args
 from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
 from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
+from ._launcher import LocalLauncher
 from ._replies import _Acks
 from ._shape import MeshAlgebra, Shape
 
@@ -42,20 +43,23 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
     def __reduce__(self) -> Any:
         return (ProcMesh, (self._procs, self._shape))
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> A:
         """Spawn ``cls(*args, **kwargs)`` on every proc. Returns at once; ``__init__`` runs
-        before the first message any rank handles."""
+        before the first message any rank handles.
+
+        The result is an :class:`ActorMesh`; it is typed as ``cls`` (as in Monarch) so that
+        the type checker checks ``mesh.endpoint_name.call(...)`` against the method."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
-        shadowed = sorted(set(endpoints_of(cls)) & _MESH_ATTRIBUTES)
-        if shadowed:
-            warnings.warn(
-                f"endpoints {shadowed} of {cls.__name__} are hidden by ActorMesh attributes "
-                f"of the same name; call them as mesh.endpoint({shadowed[0]!r}).call(...) "
-                "or rename them",
-                RuntimeWarning,
-                stacklevel=2,
+        names = set(endpoints_of(cls))
+        clashes = sorted(names & _MESH_ATTRIBUTES - {"stop"})
+        if clashes:
+            raise ValueError(
+                f"endpoints {clashes} of {cls.__name__} have the names of ActorMesh "
+                f"attributes, which a mesh needs for itself; rename them (as Monarch, Regency "
+                f"refuses these; an endpoint named 'stop' is allowed, see docs/porting.md)"
             )
+        mesh_class = _StopEndpointActorMesh if "stop" in names else ActorMesh
         rt = current_runtime()
         payload = _pickle_args(f"{cls.__name__}.__init__", args, kwargs, (cls, args, kwargs))
         key = rt.new_name(f"{name}.")
@@ -66,7 +70,7 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         labels, sizes = list(shape.labels), list(shape.sizes)
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
-        mesh = ActorMesh(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
+        mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
         owner = _owner(rt)
         addresses = tuple(address for _, address in procs)
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
@@ -75,7 +79,7 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
                 address,
                 _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
             )
-        return mesh
+        return cast(A, mesh)
 
     @property
     def initialized(self) -> Future[None]:
@@ -114,18 +118,48 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
 class HostMesh(MeshAlgebra):
     """Hosts, arranged as a mesh; start procs on them."""
 
-    __slots__ = ("_hosts", "_shape")
+    __slots__ = ("_hosts", "_python", "_shape")
 
-    def __init__(self, shape: Shape, hosts: tuple[HostRef, ...] | None = None) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        hosts: tuple[HostRef, ...] | None = None,
+        python: str | None = None,
+    ) -> None:
         self._shape = shape
         #: Remote hosts by global rank (``attach_to_workers``); None for this host.
         self._hosts = hosts
+        #: The interpreter procs spawned from here run (None: this one's, via the zygote).
+        self._python = python
 
     def _with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts)
+        return HostMesh(shape, self._hosts, self._python)
 
     def __reduce__(self) -> Any:
-        return (HostMesh, (self._shape, self._hosts))
+        return (HostMesh, (self._shape, self._hosts, self._python))
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This mesh, whose procs run ``python_executable`` (another virtualenv, say) instead
+        of the controller's interpreter. It must be able to import Regency and the program's
+        actor classes. Procs start as fresh interpreters (no zygote)."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(f"python_executable must be a path (got {python_executable!r})")
+        if not (os.path.isfile(python_executable) and os.access(python_executable, os.X_OK)):
+            raise FileNotFoundError(
+                f"python_executable {python_executable!r} is not an executable file"
+            )
+        if self._hosts is not None:
+            raise ValueError(
+                "with_python_executable applies to procs on this host; a worker's procs run the "
+                "interpreter that runs `regency worker` (start the worker with the one you want)"
+            )
+        return HostMesh(self._shape, self._hosts, python_executable)
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Whether this mesh's procs share one OS process: True on the simulated cluster
+        (Monarch's fake in-process hosts serve tests the same way), False otherwise."""
+        return current_runtime().config.runtime == "sim"
 
     def spawn_procs(
         self,
@@ -160,6 +194,7 @@ class HostMesh(MeshAlgebra):
                 children = plan_remote(rt, hosts, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        python = self._python
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 
@@ -167,6 +202,10 @@ class HostMesh(MeshAlgebra):
 
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
+            if python is not None:
+                launcher = LocalLauncher(rt.nursery, executable=python)
+                for child in children:
+                    child.launcher = launcher
             try:
                 if remote:
                     launch_remote(rt, children, env, boot)

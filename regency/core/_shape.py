@@ -298,6 +298,16 @@ class Point(Mapping[str, int]):
         coords = dict(zip(self._extent.labels, self._coords, strict=True))
         return f"Point(rank={self._rank}, {coords!r})"
 
+    def __str__(self) -> str:
+        """As Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 1/2}`` (coordinate/size)."""
+        inner = ", ".join(
+            f"{label!r}: {coord}/{size}"
+            for label, coord, size in zip(
+                self._extent.labels, self._coords, self._extent.sizes, strict=True
+            )
+        )
+        return "{" + inner + "}"
+
     def __reduce__(self) -> tuple[type[Point], tuple[int, Extent]]:
         return (Point, (self._rank, self._extent))
 

@@ -40,6 +40,7 @@ def _report(out: int, message: dict[str, Any]) -> None:
 def main() -> None:
     report_fd = int(sys.argv[1])
     parent = os.getppid()
+    zygote = os.getpid()
     _bootstrap._die_with_parent(parent, watch_stdin=False)
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
@@ -86,11 +87,12 @@ def main() -> None:
                 children.add(pid)
                 _report(report_fd, {"id": request["id"], "pid": pid})
     finally:
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _become(request: dict[str, Any], *fds: int) -> None:
@@ -106,8 +108,11 @@ def _become(request: dict[str, Any], *fds: int) -> None:
         gc.unfreeze()
         _bootstrap._die_with_parent(os.getppid(), watch_stdin=False)
         _bootstrap.run(request["record"], request.get("env"))
-    finally:
-        os._exit(1)
+    except _bootstrap._ProcExit:
+        raise  # a clean stop: unwind to the top so that Python finalizes (zygote's frames pass it)
+    except BaseException:
+        pass
+    os._exit(1)
 
 
 if __name__ == "__main__":

@@ -38,14 +38,19 @@ def is_rdma_available() -> bool:
 
 
 def get_rdma_backend() -> str:
-    """The backend transfers started here use: the forced one if configured, else ``"tcp"``
-    in a simulated cluster (the data connection over the simulated network), else
+    """Monarch's answer: ``"ibverbs"`` where transfers use an RDMA NIC (pyverbs and a device
+    are present, or the verbs backend is forced), else ``"tcp"``: Regency always has a path
+    without a NIC, so it never answers Monarch's ``"none"``. :func:`get_rdma_path` says which
+    of Regency's paths that is."""
+    return "ibverbs" if get_rdma_path() == "ibverbs" else "tcp"
+
+
+def get_rdma_path() -> str:
+    """The path transfers started here take: the forced backend if configured, else
+    ``"tcp"`` in a simulated cluster (the data connection over the simulated network), else
     ``"ibverbs"`` where pyverbs and an RDMA device are present (buffers on this host still
     use same-host copies), else ``"same_host"`` where the platform allows same-host copies
-    (buffers on other hosts go through ``"tcp"``), else ``"tcp"``.
-
-    Monarch answers ``"ibverbs"``, ``"tcp"`` or ``"none"``; Regency never answers ``"none"``.
-    """
+    (buffers on other hosts go through ``"tcp"``), else ``"tcp"``."""
     choice = backend_choice()
     if choice != "auto":
         return choice
@@ -69,6 +74,7 @@ __all__ = [
     "RDMAError",
     "RDMAOwnerLostError",
     "get_rdma_backend",
+    "get_rdma_path",
     "is_ibverbs_available",
     "is_rdma_available",
     "set_backend",

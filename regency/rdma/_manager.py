@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Any
+from typing import Any, cast
 
 from ..core import Actor, ActorMesh, endpoint, this_proc
 from . import _link
@@ -69,7 +69,8 @@ def local_manager() -> ActorMesh[RDMAManager]:
 
             def spawn() -> ActorMesh[RDMAManager]:
                 use_runtime(rt)
-                return this_proc().spawn("rdma_manager", RDMAManager)
+                mesh = this_proc().spawn("rdma_manager", RDMAManager)
+                return cast("ActorMesh[RDMAManager]", mesh)
 
             state.manager = contextvars.Context().run(spawn)
         manager: ActorMesh[RDMAManager] = state.manager

@@ -60,8 +60,9 @@ def is_tensor(obj: object) -> bool:
 def region_of(obj: object, what: str, *, writable: bool) -> Region:
     """Inspect ``obj`` without copying it; raise an error naming ``what`` and the fix.
 
-    ``obj`` must be a 1-D contiguous ``torch.uint8`` CPU tensor or a 1-D C-contiguous
-    memoryview, at least one byte long, and writable when ``writable``.
+    ``obj`` must be a contiguous CPU or CUDA tensor of any dtype and shape (its bytes are
+    used) or a 1-D C-contiguous memoryview, at least one byte long, and writable when
+    ``writable``.
     """
     if is_tensor(obj):
         return _tensor_region(obj, what)
@@ -90,21 +91,14 @@ def _tensor_region(t: Any, what: str) -> Region:
         )
     if t.layout != torch.strided:
         raise ValueError(f"{what} must be a dense (strided) tensor (got layout {t.layout})")
-    if t.dtype != torch.uint8:
-        raise TypeError(
-            f"{what} must be a torch.uint8 tensor (got dtype {t.dtype}); "
-            "pass a byte view: t.view(torch.uint8).flatten()"
-        )
-    if t.dim() != 1:
-        raise ValueError(
-            f"{what} must be a 1-D tensor (got shape {tuple(t.shape)}); "
-            "pass t.view(torch.uint8).flatten()"
-        )
     if not t.is_contiguous():
         raise ValueError(
-            f"{what} must be contiguous (got a 1-D tensor with stride {t.stride()[0]}); "
+            f"{what} must be contiguous (got shape {tuple(t.shape)}, stride {t.stride()}); "
             "copy it first with t.contiguous()"
         )
+    if t.dtype != torch.uint8 or t.dim() != 1:
+        # Any contiguous tensor, as in Monarch: its bytes, viewed without a copy.
+        t = t.reshape(-1).view(torch.uint8)
     nbytes = int(t.numel())
     if nbytes == 0:
         raise ValueError(f"{what} must not be empty (got 0 bytes)")

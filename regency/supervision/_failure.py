@@ -35,7 +35,10 @@ class MeshFailure:
 
     def __str__(self) -> str:
         ranks = ", ".join(map(str, self.ranks))
-        return f"actor mesh {self.mesh_name} failed at rank(s) {ranks}: {self.cause.summary}"
+        return (
+            f"MeshFailure: actor mesh {self.mesh_name} failed at rank(s) {ranks}, and all its "
+            f"descendants have failed: {self.cause.summary}"
+        )
 
     def report(self) -> str:
         """A multi-line report: what failed, why, the remote traceback and the owner chain."""
@@ -44,7 +47,7 @@ class MeshFailure:
             lines.append("  owners: " + " <- ".join(self.owners))
         if self.cause.exit_code is not None:
             code = self.cause.exit_code
-            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            how = f"Killed(sig={-code})" if code < 0 else f"Exited(status={code})"
             lines.append(f"  proc: {how}")
         if self.cause.traceback:
             lines.append("  remote traceback:")

@@ -118,3 +118,60 @@ class AsyncioWorker(Actor):
     async def raises(self) -> Any:
         await asyncio.sleep(0)
         raise KeyError("from asyncio code")
+
+
+class Named(Actor):
+    """Reports who it is, and logs through Python's logging."""
+
+    @endpoint
+    def report(self) -> tuple[str, str, str]:
+        import logging
+        import sys
+
+        from regency.actor import context, current_actor_name, current_rank
+
+        handler = logging.StreamHandler(sys.stderr)
+        logger = logging.getLogger("compat.named")
+        logger.addHandler(handler)
+        logger.error("hello from an actor")
+        logger.removeHandler(handler)
+        return str(context().actor_instance), current_actor_name(), str(current_rank())
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class Finalized(Actor):
+    """Leaves a module-level object whose ``__del__`` writes a file when the proc exits."""
+
+    @endpoint
+    def arm(self, path: str) -> int:
+        import os
+
+        global _witness
+        _witness = _Witness(path)
+        return os.getpid()
+
+
+class _Witness:
+    def __init__(self, path: str) -> None:
+        # Opened now: ``open`` itself is gone by the time finalization reaches __del__.
+        self.file = open(path, "w")  # noqa: SIM115
+
+    def __del__(self) -> None:
+        self.file.write("finalized")
+        self.file.close()
+
+
+_witness: _Witness | None = None
+
+
+class Interpreter(Actor):
+    @endpoint
+    def executable(self) -> str:
+        import sys
+
+        return sys.executable

@@ -222,6 +222,22 @@ class Shadowed(Actor):
         return 7
 
 
+class Stoppable(Actor):
+    """Has an endpoint named ``stop``, as Monarch's GRPO example's Scorer does."""
+
+    def __init__(self) -> None:
+        self.running = True
+
+    @endpoint
+    def stop(self) -> str:
+        self.running = False
+        return "endpoint stop"
+
+    @endpoint
+    def is_running(self) -> bool:
+        return self.running
+
+
 class Asker(Actor):
     """Calls a sibling mesh at once, possibly before its procs listen."""
 

@@ -10,9 +10,18 @@ import textwrap
 import pytest
 
 import regency
-from regency.actor import Channel, ProcMesh, SupervisionError, this_host
+from regency.actor import ActorMesh, Channel, ProcMesh, SupervisionError, this_host
 
-from .actors import Asker, AsyncExiter, Counter, Exiter, Producer, Shadowed, TwiceAnswering
+from .actors import (
+    Asker,
+    AsyncExiter,
+    Counter,
+    Exiter,
+    Producer,
+    Shadowed,
+    Stoppable,
+    TwiceAnswering,
+)
 
 T = 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,19 +75,32 @@ def test_open_ranked_reports_the_sender_rank(procs: ProcMesh) -> None:
     assert got == [(0, 0), (1, 1000)]
 
 
-def test_shadowed_endpoint_warns_and_stays_reachable(procs: ProcMesh) -> None:
-    with pytest.warns(RuntimeWarning, match=r"endpoints \['size'\] of Shadowed are hidden"):
-        mesh = procs.spawn("shadowed", Shadowed)
-    assert mesh.size("gpus") == 2
-    assert mesh.endpoint("size").call().get(T).values() == [7, 7]
-    with pytest.raises(AttributeError, match="Shadowed has no endpoint 'nope'"):
+def test_endpoint_named_like_a_mesh_attribute_is_refused(procs: ProcMesh) -> None:
+    with pytest.raises(
+        ValueError, match=r"endpoints \['size'\] of Shadowed have the names of ActorMesh attributes"
+    ):
+        procs.spawn("shadowed", Shadowed)
+
+
+def test_an_endpoint_named_stop_is_what_mesh_stop_means(procs: ProcMesh) -> None:
+    mesh = procs.spawn("stoppable", Stoppable)
+    assert mesh.stop.call().get(T).values() == ["endpoint stop", "endpoint stop"]
+    one = mesh.slice(gpus=1)
+    assert one.stop.call_one().get(T) == "endpoint stop"
+    assert mesh.is_running.call().get(T).values() == [False, False]
+    ActorMesh.stop(mesh).get(T)  # the mesh's own stop, spelled out
+    with pytest.raises(SupervisionError):
+        mesh.is_running.call().get(T)
+    with pytest.raises(AttributeError, match="Stoppable has no endpoint 'nope'"):
         mesh.endpoint("nope")
 
 
 def test_configuration_values_are_checked() -> None:
     with pytest.raises(ValueError, match=r"spawn_timeout must be positive \(got 0\)"):
         regency.configure(spawn_timeout=0)
-    with pytest.raises(TypeError, match=r"unknown configuration keys \['spawn_timout'\]"):
+    with pytest.raises(
+        TypeError, match=r"unknown configuration key 'spawn_timout' \(did you mean 'spawn_timeout'\?\)"
+    ):
         regency.configure(spawn_timout=1)
 
 

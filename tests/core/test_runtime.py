@@ -78,8 +78,9 @@ def test_each_point_is_its_own_process_with_env_and_context(procs: ProcMesh) -> 
         assert v["rank"] == {"gpus": point["gpus"]}
         assert v["flat"] == point.rank
         assert v["size"] == {"gpus": 4}
-        assert v["name"] == "where"
+        assert ".where." in v["name"] and v["name"].endswith(f"[{point.rank}]")
         assert v["env"] == "hello"
+    assert len({v["name"] for v in info.values()}) == 4  # one per actor instance
     # message_rank is relative to the addressed slice, rank to the whole mesh.
     sliced = ws.slice(gpus=slice(2, 4)).where.call().get(T)
     assert [v["message_rank"] for v in sliced.values()] == [{"gpus": 0}, {"gpus": 1}]

@@ -617,3 +617,9 @@ def test_mesh_algebra_on_an_attrs_mesh() -> None:
 
     with pytest.raises(NotImplementedError, match=r"Bare must implement _with_shape\(\)"):
         Bare().slice(gpus=0)
+
+
+def test_point_prints_as_monarch_does() -> None:
+    point = Point(3, Extent(["hosts", "gpus"], [2, 2]))
+    assert str(point) == "{'hosts': 1/2, 'gpus': 1/2}"
+    assert str(Point(0, Extent([], []))) == "{}"

@@ -67,4 +67,4 @@ def test_bad_configuration_is_named() -> None:
         text=True,
         cwd=ROOT,
     )
-    assert "unknown configuration keys ['transport']" in out.stderr
+    assert "unknown configuration key 'transport'" in out.stderr

@@ -14,6 +14,7 @@ from regency.rdma import (
     RDMABuffer,
     RDMABufferDroppedError,
     get_rdma_backend,
+    get_rdma_path,
     is_ibverbs_available,
     is_rdma_available,
     set_backend,
@@ -234,18 +235,19 @@ def test_controller_buffers_are_dropped_in_process() -> None:
 def test_backend_queries_and_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     assert is_rdma_available() is True
     assert is_ibverbs_available() is False
-    assert get_rdma_backend() == "same_host"
+    assert get_rdma_backend() == "tcp"  # Monarch's words: no NIC, a working fallback
+    assert get_rdma_path() == "same_host"
     set_backend("tcp")
     try:
-        assert get_rdma_backend() == "tcp"
+        assert get_rdma_path() == "tcp"
     finally:
         set_backend(None)
     monkeypatch.setenv("REGENCY_RDMA_BACKEND", "tcp")
-    assert get_rdma_backend() == "tcp"
+    assert get_rdma_path() == "tcp"
     monkeypatch.setenv("REGENCY_RDMA_BACKEND", "infiniband")
     with pytest.raises(ValueError, match=r"REGENCY_RDMA_BACKEND must be one of \('auto', "
                        r"'same_host', 'tcp', 'ibverbs'\) \(got 'infiniband'\)"):
-        get_rdma_backend()
+        get_rdma_path()
     with pytest.raises(ValueError, match=r"backend must be one of"):
         set_backend("rdma")
 

@@ -229,7 +229,7 @@ def test_unhandled_failure_stops_the_program_within_5s(blocked_in: str) -> None:
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert "main thread woke up" not in out
-    assert "Regency: actor mesh doomed failed at rank(s) 1" in err
+    assert "Regency: MeshFailure: actor mesh doomed failed at rank(s) 1" in err
     assert "RuntimeError: rank 1 exploded" in err
     assert "owners: client" in err
     assert "UnhandledFault" in err

@@ -1,0 +1,177 @@
+"""Monarch's public names and formats that Regency programs meet: config, shutdown_context,
+actor identity, rank and failure strings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import regency
+import regency.actor
+from regency import config
+from regency.core._config import current_config
+from regency.supervision import FailureCause, MeshFailure
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def clean_config() -> Iterator[None]:
+    saved = config.get_runtime_config()
+    try:
+        yield
+    finally:
+        config.clear_runtime_config()
+        config.configure(**saved)
+
+
+def test_monarch_keys_translate(clean_config: None) -> None:
+    config.configure(
+        message_delivery_timeout="1m 30s",
+        stop_actor_timeout="250ms",
+        codec_max_frame_length=1 << 20,
+        default_transport="tcp",
+        mesh_bootstrap_enable_pdeathsig=True,
+    )
+    now = current_config()
+    assert now.delivery_timeout == 90.0
+    assert now.stop_timeout == 0.25
+    assert now.max_frame_bytes == 1 << 20
+    assert now.default_transport == "tcp"
+    assert config.get_runtime_config()["delivery_timeout"] == 90.0
+    assert config.get_global_config()["stop_timeout"] == 0.25
+    config.clear_runtime_config()
+    assert "delivery_timeout" not in config.get_runtime_config()
+
+
+def test_regency_configure_takes_monarch_keys_too(clean_config: None) -> None:
+    regency.configure(cleanup_timeout="2s")
+    assert current_config().cleanup_timeout == 2.0
+
+
+def test_configured_restores(clean_config: None) -> None:
+    before = current_config().heartbeat_timeout
+    with config.configured(supervision_watchdog_timeout="3s") as seen:
+        assert seen["heartbeat_timeout"] == 3.0
+    assert current_config().heartbeat_timeout == before
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        ({"enable_file_capture": True}, TypeError, "'enable_file_capture' is Monarch's and does"),
+        ({"no_such_key": 1}, TypeError, "unknown configuration key 'no_such_key'"),
+        ({"message_delivery_timeout": "soon"}, ValueError, "such as '30s'"),
+        ({"message_delivery_timeout": True}, TypeError, "message_delivery_timeout must be"),
+        ({"mesh_bootstrap_enable_pdeathsig": False}, ValueError, "always die with their parent"),
+        ({"default_transport": "carrier-pigeon"}, ValueError, "default_transport must be one of"),
+    ],
+)
+def test_refused_keys_say_why_and_change_nothing(
+    clean_config: None, settings: dict[str, object], error: type[Exception], message: str
+) -> None:
+    before = config.get_runtime_config()
+    with pytest.raises(error, match=message):
+        config.configure(stop_actor_timeout="1s", **settings)
+    assert config.get_runtime_config() == before
+
+
+def test_mesh_failure_names_its_type() -> None:
+    failure = MeshFailure("trainers", "c1.trainers.0", (1,), FailureCause("proc died", exit_code=-9))
+    assert str(failure).startswith("MeshFailure: actor mesh trainers failed at rank(s) 1")
+    assert "and all its descendants have failed" in str(failure)
+    assert "Killed(sig=9)" in failure.report()
+
+
+def test_public_names_exist() -> None:
+    for name in ("shutdown_context", "config"):
+        assert name in regency.actor.__all__ and hasattr(regency.actor, name)
+    assert regency.actor.config.prefix_python_logs_with_actor is True
+
+
+@pytest.mark.slow
+def test_identity_log_prefix_and_shutdown_context() -> None:
+    script = textwrap.dedent(
+        """
+        import os
+        import regency.actor
+        from regency.actor import shutdown_context, this_host
+        from tests.compat.actors import Named
+        procs = this_host().spawn_procs(per_host={"f": 2})
+        named = procs.spawn("the_name", Named)
+        infos = named.report.call().get(30).values()
+        for text, name, rank in infos:
+            print("INFO", text, "|", name, "|", rank, flush=True)
+        pids = named.pid.call().get(30).values()
+        shutdown_context().get(30)
+        shutdown_context().get(30)  # idempotent
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(") ")[1][0] != "Z":
+                        alive.append(pid)
+            except FileNotFoundError:
+                pass
+        print("SHUTDOWN OK" if not alive else f"STILL ALIVE {alive}", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    infos = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("INFO")]
+    assert len(infos) == 2
+    texts, names, ranks = zip(*(info.split(" | ") for info in infos), strict=True)
+    assert texts[0] == "<tests.compat.actors.Named the_name{'f': 0/2}>"
+    assert texts[1] == "<tests.compat.actors.Named the_name{'f': 1/2}>"
+    assert len(set(names)) == 2  # unique per instance
+    assert list(ranks) == ["{'f': 0/2}", "{'f': 1/2}"]
+    assert "[actor=<tests.compat.actors.Named the_name{'f': 0/2}>] hello from an actor" in (
+        done.stderr
+    )
+    assert "SHUTDOWN OK" in done.stdout
+
+
+@pytest.mark.slow
+def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
+    """Monarch's test_del_runs_on_proc_mesh_stop: procs stop by letting Python finalize."""
+    from regency.actor import this_host
+
+    from .actors import Finalized
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        witnesses = [tmp_path / f"w{i}" for i in range(2)]
+        mesh = procs.spawn("fin", Finalized)
+        for i, path in enumerate(witnesses):
+            mesh.slice(gpus=i).arm.call_one(str(path)).get(30)
+    finally:
+        procs.stop().get(30)
+    assert [p.read_text() for p in witnesses] == ["finalized", "finalized"]
+
+
+@pytest.mark.slow
+def test_with_python_executable(tmp_path: Path) -> None:
+    from regency.actor import this_host
+
+    from .actors import Interpreter
+
+    python = tmp_path / "python-for-procs"
+    python.symlink_to(sys.executable)
+    hosts = this_host().with_python_executable(str(python))
+    assert hosts.is_fake_in_process is False
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    try:
+        got = procs.spawn("interp", Interpreter).executable.call().get(30).values()
+    finally:
+        procs.stop().get(30)
+    assert got == [str(python), str(python)]
+    with pytest.raises(FileNotFoundError, match="is not an executable file"):
+        this_host().with_python_executable(str(tmp_path / "missing"))
