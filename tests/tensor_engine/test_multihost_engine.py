@@ -32,7 +32,9 @@ def procs() -> Iterator[Any]:
         pytest.skip("REGENCY_SECRET was overridden: the test workers would not match")
     with virtual_hosts(2) as hosts:
         for host in hosts:
-            host.start_worker(TEST_SECRET)
+            # Not the default port: tests/multihost used the same addresses in this process,
+            # and a link to an address that went away stays broken.
+            host.start_worker(TEST_SECRET, port=7714)
         mesh = attach_to_workers([h.worker_address for h in hosts], lease=5.0)
         pm = mesh.spawn_procs(per_host={"gpus": 1})  # each proc imports torch: keep it to 2
         yield pm
