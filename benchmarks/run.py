@@ -12,6 +12,7 @@ os.environ.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
 import regency.actor
 from benchmarks import (
     bench_actors,
+    bench_dispatch,
     bench_multihost,
     bench_sim,
     bench_supervision,
@@ -37,6 +38,7 @@ def main() -> None:
     )
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
     _table("Actors (issue #2)", bench_actors.run())
+    _table("Runtime cost per message, one thread's CPU (issue #10)", bench_dispatch.run())
     print("\n### Transports: 64-byte frame round trip between two processes\n")
     print("| transport | round trip |")
     print("|---|---|")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..supervision import ROOT, MeshStopped
-from . import _codec
 from . import _messages as M
 from ._adverbs import Endpoint, _PlainMethod
 from ._context import current as current_context
@@ -126,7 +125,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         unreachable = 0
         for global_rank in shape.ranks:
             try:
-                rt.send(self._procs[global_rank][1], _codec.pack((M.STOP_ACTOR, self._key, port)))
+                rt.post(self._procs[global_rank][1], M.StopActor(self._key, port))
             except UndeliverableError:
                 unreachable += 1  # already gone: nothing to stop there
 

@@ -8,11 +8,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import _codec
-from . import _messages as M
 from ._controller import current_runtime
 from ._errors import SupervisionError
 from ._future import Future
-from ._replies import _Fold, _MeshReplies, _OneReply, _StreamReplies
+from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 
 if TYPE_CHECKING:
@@ -92,9 +91,9 @@ class Endpoint(Generic[P, R]):
     ) -> None:
         route = self._mesh._route()
         key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
+        encode, send = _codec.encode_call, rt.send
         for local in local_ranks:
-            frame = _codec.pack((M.CALL, key, name, port, local, labels, sizes), payload)
-            rt.send(route.addresses[local], frame)
+            send(route.addresses[local], encode(key, name, port, local, labels, sizes, payload))
 
     def _issue(
         self, rt: Runtime, local_ranks: Sequence[int], handler: Any, payload: list[Any]
@@ -130,19 +129,33 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[ValueMesh[R]] = Future()
-        route = self._mesh._route()
-        self._issue(
-            rt,
-            range(len(route.addresses)),
-            _MeshReplies(fut, self.qualname, self._mesh._shape, route),
-            payload,
-        )
+        self._call_all(rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True)
         return fut
+
+    def _call_all(
+        self, rt: Runtime, reducer: Reducer, payload: list[Any], *, once_per_rank: bool = False
+    ) -> None:
+        route = self._mesh._route()
+        handler = Replies(
+            reducer,
+            self.qualname,
+            route.ranks,
+            route.addresses,
+            route.all_dests,
+            once_per_rank=once_per_rank,
+        )
+        self._issue(rt, range(len(route.addresses)), handler, payload)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         fut: Future[R] = Future()
         route = self._mesh._route()
-        handler = _OneReply(fut, self.qualname, route.dest_sets[local], route.ranks[local])
+        handler = Replies(
+            One(fut),
+            self.qualname,
+            (route.ranks[local],),
+            (route.addresses[local],),
+            route.dest_sets[local],
+        )
         self._issue(rt, (local,), handler, payload)
         return fut
 
@@ -167,10 +180,8 @@ class Endpoint(Generic[P, R]):
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        route = self._mesh._route()
-        futs: list[Future[R]] = [Future() for _ in route.addresses]
-        handler = _StreamReplies(futs, self.qualname, route)
-        self._issue(rt, range(len(futs)), handler, payload)
+        futs: list[Future[R]] = [Future() for _ in range(len(self._mesh._shape))]
+        self._call_all(rt, EachInTurn(futs), payload)
         return iter(futs)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -187,11 +198,8 @@ class Endpoint(Generic[P, R]):
     ) -> Future[Any]:
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
-        route = self._mesh._route()
         fut: Future[Any] = Future()
-        n = len(route.addresses)
-        handler = _Fold(fut, self.qualname, n, acc, combine, route)
-        self._issue(rt, range(n), handler, payload)
+        self._call_all(rt, Fold(fut, acc, combine), payload)
         return fut
 
     def __repr__(self) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Generic, TypeVar
 
-from . import _codec
 from . import _messages as M
 from ._controller import current_runtime
 from ._errors import ActorError, RemoteFailure
@@ -61,8 +60,8 @@ class _Inbox:
         self.once, self.ranked = once, ranked
         self.done = False
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        item = (index, status, _codec.loads(parts))
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        item = (index, status, value)
         if self.waiters:
             self._settle(self.waiters.popleft(), item)
         else:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..supervision import ProcStopped
-from . import _codec
 from . import _messages as M
 from ._config import Config, current_config
 from ._errors import SupervisionError, UndeliverableError
@@ -250,7 +249,7 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
     for child in children:
         if child.returncode is None:
             try:
-                rt.send(child.address, _codec.pack((M.STOP_PROC, None)))
+                rt.post(child.address, M.StopProc(None))
             except UndeliverableError:
                 pass
     with trio.move_on_after(rt.config.stop_timeout):

@@ -1,4 +1,6 @@
-"""Serialisation of payloads and the layout of runtime frames.
+"""Serialisation of payloads and the layout of runtime frames: the only module that knows
+how a :mod:`regency.core._messages` record looks on the wire (:func:`encode`,
+:func:`decode`).
 
 Payloads are pickled with protocol 5; buffers that support out-of-band pickling (NumPy
 arrays, ``pickle.PickleBuffer``) travel after the pickle without being copied into it.
@@ -9,9 +11,12 @@ A runtime frame is::
 
     u32 envelope length | envelope (a pickled tuple) | payload pickle | out-of-band buffers
 
-where the envelope's last element lists the byte lengths of the payload parts. Keeping the
-payload outside the envelope lets one pickled argument tuple be shared by every destination
-of a mesh call, and lets the receiver route a message without unpickling its arguments.
+where the envelope is ``(kind, fields..., [payload part lengths])``. Keeping the payload
+outside the envelope lets one pickled argument tuple be shared by every destination of a mesh
+call, and turns an unpicklable argument at the receiver into an error for that one message.
+Three kinds have fixed binary layouts instead, marked by a first u32 no envelope length can
+take: replies (most of the traffic back to a caller), and the delivery session's SESSION and
+ACK.
 """
 
 from __future__ import annotations
@@ -21,9 +26,32 @@ import pickle
 import struct
 import types
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import cloudpickle
+
+from . import _messages as M
+from ._messages import (
+    Ack,
+    Attach,
+    Call,
+    Detach,
+    Exited,
+    Failed,
+    Heartbeat,
+    Hello,
+    Kill,
+    Launch,
+    Lease,
+    Pickled,
+    Reply,
+    Reserve,
+    Session,
+    Spawn,
+    StopActor,
+    StopProc,
+    Undecodable,
+)
 
 _U32 = 4
 _MAIN = b"__main__"
@@ -113,14 +141,59 @@ def loads(parts: Sequence[bytes | memoryview]) -> Any:
     return pickle.loads(parts[0], buffers=parts[1:])
 
 
-def pack(
-    envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()
-) -> bytes | list[bytes | memoryview]:
-    """Build one frame from an envelope tuple and payload parts (from :func:`dumps`).
+Frame = bytes | list[bytes | memoryview]
 
-    Small frames come back joined; large ones as a list of parts, which a transport sends
-    without copying them together (see :data:`regency.transports.Frame`).
-    """
+# Envelope kinds (the first field of an envelope).
+_CALL = 0
+_SPAWN = 2
+_STOP_ACTOR = 3
+_STOP_PROC = 4
+_HELLO = 5
+_FAILED = 6
+_HEARTBEAT = 7
+_REPLY = 1  # a reply with out-of-band parts (the binary layout takes one part only)
+_ATTACH = 20
+_RESERVE = 21
+_LAUNCH = 22
+_EXITED = 23
+_KILL = 24
+_LEASE = 25
+_DETACH = 26
+
+#: Replies skip the pickled envelope:
+#: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
+_PORT_HEAD = struct.Struct("<IQIB")
+_PORT_BODY = _PORT_HEAD.size
+_HEAD = struct.Struct("<I")
+_PORT_MARK = 0xFFFFFFFF
+#: ``u32 0xFFFFFFFE | u64 first | session id (utf-8)``
+_SESSION_HEAD = 0xFFFFFFFE
+SESSION_MARK = _SESSION_HEAD.to_bytes(4, "little")
+#: ``u32 0xFFFFFFFD | u64 count``
+_ACK_HEAD = 0xFFFFFFFD
+_ACK_MARK = _ACK_HEAD.to_bytes(4, "little")
+_U64 = struct.Struct("<Q")
+
+
+def _parts(payload: Any) -> Sequence[bytes | memoryview]:
+    if type(payload) is Pickled:
+        return payload.parts
+    return dumps(out_of_band(payload))
+
+
+def _load(parts: list[memoryview]) -> Any:
+    try:
+        if len(parts) == 1:
+            return pickle.loads(parts[0])
+        return pickle.loads(parts[0], buffers=parts[1:])
+    except Exception as exc:
+        return Undecodable(exc)
+
+
+def _pack(envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()) -> Frame:
+    """One frame from an envelope tuple and payload parts (from :func:`dumps`). Small frames
+    come back joined; large ones as a list of parts, which a transport sends without copying
+    them together (see :data:`regency.transports.Frame`)."""
     lengths = [len(p) for p in payload]
     env = pickle.dumps((*envelope, lengths), protocol=5)
     if not payload:
@@ -130,82 +203,187 @@ def pack(
     return b"".join((len(env).to_bytes(_U32, "little"), env, *payload))
 
 
-#: Replies (PORT frames) are most of the traffic back to a caller, so they skip the pickled
-#: envelope: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
-#: A pickled envelope can never be that long, so the marker is unambiguous.
-_PORT_HEAD = struct.Struct("<IQIB")
-_PORT_MARK = 0xFFFFFFFF
-PORT_MARK_BYTES = _PORT_MARK.to_bytes(4, "little")
+def encode_call(
+    actor: str,
+    method: str,
+    port: M.PortRef | None,
+    rank: int,
+    labels: Sequence[str],
+    sizes: Sequence[int],
+    payload: Sequence[bytes | memoryview],
+) -> Frame:
+    """``encode(Call(...))`` without building the record, for the hottest path (a mesh call
+    sends one per rank); ``payload`` is already pickled (:func:`dumps`)."""
+    return _pack((_CALL, actor, method, port, rank, labels, sizes), payload)
 
 
-def pack_port(
-    port_id: int, index: int, status: int, payload: Sequence[bytes | memoryview]
-) -> bytes | list[bytes | memoryview] | None:
-    """A compact reply frame, or None when the payload has out-of-band parts."""
-    if len(payload) != 1:
-        return None
+def encode_reply(port_id: int, index: int, status: int, value: Any) -> Frame:
+    """``encode(Reply(...))`` without building the record: the binary layout unless the
+    payload has out-of-band parts. Raises what pickling ``value`` raises."""
+    parts = _parts(value)
+    if len(parts) != 1:
+        return _pack((_REPLY, port_id, index, status), parts)
     head = _PORT_HEAD.pack(_PORT_MARK, port_id, index, status)
-    body = payload[0]
+    body = parts[0]
     if len(body) >= _SCAN_LIMIT:
         return [head, body]
     return head + body
 
 
-def unpack_port(frame: memoryview) -> tuple[int, int, int, list[memoryview]]:
-    """(port_id, index, status, [payload]) of a compact reply frame."""
-    if len(frame) < _PORT_HEAD.size:
-        raise ValueError(f"reply frame of {len(frame)} bytes is too short")
-    _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
-    return port_id, index, status, [frame[_PORT_HEAD.size :]]
+def encode(msg: M.Wire) -> Frame:
+    """The wire form of ``msg``. Raises what pickling its payload raises."""
+    match msg:
+        case Call():
+            return encode_call(
+                msg.actor, msg.method, msg.port, msg.rank, msg.labels, msg.sizes,
+                _parts(msg.payload),
+            )
+        case Reply():
+            return encode_reply(msg.port_id, msg.index, msg.status, msg.payload)
+        case Spawn():
+            return _pack(
+                (_SPAWN, msg.actor, msg.name, msg.rank, msg.labels, msg.sizes, msg.port,
+                 msg.owner),
+                _parts(msg.payload),
+            )
+        case StopActor():
+            return _pack((_STOP_ACTOR, msg.actor, msg.port))
+        case StopProc():
+            return _pack((_STOP_PROC, msg.port))
+        case Hello():
+            return _pack((_HELLO, msg.proc_id, msg.address))
+        case Failed():
+            return _pack((_FAILED, msg.mesh, msg.rank), _parts(msg.payload))
+        case Heartbeat():
+            return _pack((_HEARTBEAT, msg.address))
+        case Session():
+            return SESSION_MARK + _U64.pack(msg.first) + msg.session.encode()
+        case Ack():
+            return _ACK_MARK + _U64.pack(msg.count)
+        case Attach():
+            return _pack((_ATTACH, msg.controller, msg.lease, msg.port))
+        case Reserve():
+            return _pack((_RESERVE, msg.controller, msg.count, msg.port))
+        case Launch():
+            return _pack((_LAUNCH, msg.controller), _parts(msg.payload))
+        case Exited():
+            return _pack((_EXITED, msg.address, msg.code))
+        case Kill():
+            return _pack((_KILL, msg.controller, msg.address))
+        case Lease():
+            return _pack((_LEASE, msg.controller))
+        case Detach():
+            return _pack((_DETACH, msg.controller))
+        case _:
+            assert_never(msg)
 
 
-# Session control frames (regency.core._runtime.Outbox): a marker the other layouts never
-# start with, then the fields.
-SESSION_MARK = _SESSION_MARK = (0xFFFFFFFE).to_bytes(4, "little")
-_ACK_MARK = (0xFFFFFFFD).to_bytes(4, "little")
-_U64 = struct.Struct("<Q")
+def decode(frame: memoryview) -> M.Wire:
+    """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
+    fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""
+    try:
+        (head,) = _HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
+    if head == _PORT_MARK:
+        try:
+            _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
+        except struct.error:
+            raise ValueError(f"reply frame of {len(frame)} bytes is too short") from None
+        try:
+            value = pickle.loads(frame[_PORT_BODY:])
+        except Exception as exc:
+            value = Undecodable(exc)
+        return Reply(port_id, index, status, value)
+    if head == _SESSION_HEAD:
+        if len(frame) < 12:
+            raise ValueError(f"session frame of {len(frame)} bytes is too short")
+        (first,) = _U64.unpack_from(frame, 4)
+        return Session(bytes(frame[12:]).decode(), first)
+    if head == _ACK_HEAD:
+        if len(frame) != 12:
+            raise ValueError(f"acknowledgement frame of {len(frame)} bytes (expected 12)")
+        return Ack(_U64.unpack_from(frame, 4)[0])
+    env, parts = _unpack(frame, head)
+    try:
+        if env[0] == _CALL:  # the common case first
+            _, actor, method, port, rank, labels, sizes, _ = env
+            try:
+                if len(parts) == 1:
+                    args = pickle.loads(parts[0])
+                else:
+                    args = pickle.loads(parts[0], buffers=parts[1:])
+            except Exception as exc:
+                args = Undecodable(exc)
+            return Call(actor, method, port, rank, labels, sizes, args)
+        return _from_envelope(env, parts)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"malformed frame envelope {env[:1]!r}: {exc}") from exc
 
 
-def pack_session(session: str, first: int) -> bytes:
-    return _SESSION_MARK + _U64.pack(first) + session.encode()
+def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
+    kind = env[0]
+    if kind == _SPAWN:
+        _, actor, name, rank, labels, sizes, port, owner, _ = env
+        return Spawn(actor, name, rank, labels, sizes, port, owner, _load(parts))
+    if kind == _REPLY:
+        _, port_id, index, status, _ = env
+        return Reply(port_id, index, status, _load(parts))
+    if kind == _STOP_ACTOR:
+        _, actor, port, _ = env
+        return StopActor(actor, port)
+    if kind == _STOP_PROC:
+        _, port, _ = env
+        return StopProc(port)
+    if kind == _HELLO:
+        _, proc_id, address, _ = env
+        return Hello(proc_id, address)
+    if kind == _FAILED:
+        _, mesh, rank, _ = env
+        return Failed(mesh, rank, _load(parts))
+    if kind == _HEARTBEAT:
+        _, address, _ = env
+        return Heartbeat(address)
+    if kind == _ATTACH:
+        _, controller, lease, port, _ = env
+        return Attach(controller, lease, port)
+    if kind == _RESERVE:
+        _, controller, count, port, _ = env
+        return Reserve(controller, count, port)
+    if kind == _LAUNCH:
+        _, controller, _ = env
+        return Launch(controller, _load(parts))
+    if kind == _EXITED:
+        _, address, code, _ = env
+        return Exited(address, code)
+    if kind == _KILL:
+        _, controller, address, _ = env
+        return Kill(controller, address)
+    if kind == _LEASE:
+        _, controller, _ = env
+        return Lease(controller)
+    if kind == _DETACH:
+        _, controller, _ = env
+        return Detach(controller)
+    raise ValueError(f"unknown frame kind {kind!r}")
 
 
-def unpack_session(frame: memoryview) -> tuple[str, int] | None:
-    if frame[:4] != _SESSION_MARK:
-        return None
-    (first,) = _U64.unpack_from(frame, 4)
-    return bytes(frame[12:]).decode(), first
-
-
-def pack_ack(count: int) -> bytes:
-    return _ACK_MARK + _U64.pack(count)
-
-
-def unpack_ack(frame: memoryview) -> int | None:
-    if frame[:4] != _ACK_MARK or len(frame) != 12:
-        return None
-    count: int = _U64.unpack_from(frame, 4)[0]
-    return count
-
-
-def unpack(frame: memoryview) -> tuple[tuple[Any, ...], list[memoryview]]:
-    """Split a frame into its envelope (without the length list) and payload part views.
+def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memoryview]]:
+    """Split a frame whose envelope is ``env_len`` bytes long into its envelope (the length
+    list still last) and payload part views.
 
     The views alias ``frame``: unpickle or copy them before the frame goes away.
     Raises ``ValueError`` when the frame is malformed.
     """
-    if len(frame) < _U32:
-        raise ValueError(f"frame of {len(frame)} bytes is too short for a header")
-    env_len = int.from_bytes(frame[:_U32], "little")
     if env_len > len(frame) - _U32:
         raise ValueError(f"frame envelope length {env_len} exceeds the frame ({len(frame)} bytes)")
     envelope = pickle.loads(frame[_U32 : _U32 + env_len])
-    if type(envelope) is not tuple or not envelope or type(envelope[-1]) is not list:
+    if type(envelope) is not tuple or len(envelope) < 2 or type(envelope[-1]) is not list:
         raise ValueError("frame envelope is not a Regency envelope")
     offset = _U32 + env_len
     sizes = envelope[-1]
     if len(sizes) == 1 and type(sizes[0]) is int and offset + sizes[0] == len(frame):
-        return envelope[:-1], [frame[offset:]]  # the common case: one payload part
+        return envelope, [frame[offset:]]  # the common case: one payload part
     parts: list[memoryview] = []
     for size in sizes:
         if type(size) is not int or size < 0 or offset + size > len(frame):
@@ -214,4 +392,4 @@ def unpack(frame: memoryview) -> tuple[tuple[Any, ...], list[memoryview]]:
         offset += size
     if offset != len(frame):
         raise ValueError(f"frame has {len(frame) - offset} trailing bytes")
-    return envelope[:-1], parts
+    return envelope, parts

@@ -1,5 +1,6 @@
-"""Controller boot: the first :func:`current_runtime` in a script starts this process's
-runtime on its own thread (or the simulated cluster, by configuration), and the job secret."""
+"""The controller's runtime: the first :func:`current_runtime` in a script starts it
+(:mod:`regency._boot` chooses production, started here, or the simulated cluster), and the
+job secret."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from . import _current
-from ._config import current_config
+from ._config import Config
 from ._current import _runtime_var
-from ._oversight import install_interrupt_handler
 
 if TYPE_CHECKING:
     from ._future import Future
@@ -46,29 +46,26 @@ def job_secret() -> bytes:
 
 
 def current_runtime() -> Runtime:
-    """This process's runtime; in a controller the first call starts it on its own thread."""
+    """This process's runtime; in a controller the first call starts it (see
+    :mod:`regency._boot`, which chooses production or the simulator)."""
     rt = _runtime_var.get() or _current._runtime
     if rt is not None:
         return rt
     with _runtime_lock:
         if _current._runtime is None:
-            _start_controller()
-        assert _current._runtime is not None
+            from .. import _boot
+
+            _current._runtime = _boot.start_controller()
         return _current._runtime
 
 
-def _start_controller() -> None:
+def start_production_controller(config: Config) -> Runtime:
+    """Start a controller's runtime on its own thread (the ``regency-runtime`` daemon
+    thread); at exit its procs are stopped and its job directory removed."""
     import atexit
 
+    from ._environment import production
     from ._runtime import Runtime
-
-    config = current_config()
-    if config.runtime == "sim":
-        from ..sim._cluster import start_simulated_controller
-
-        install_interrupt_handler()
-        _current._runtime = start_simulated_controller(config.seed)
-        return
 
     jobdir = tempfile.mkdtemp(prefix="regency-")
     os.chmod(jobdir, 0o700)
@@ -76,7 +73,8 @@ def _start_controller() -> None:
         f"c{os.getpid()}",
         secret=job_secret(),
         jobdir=jobdir,
-        config=current_config(),
+        config=config,
+        env=production(),
     )
     errors: list[BaseException] = []
 
@@ -87,15 +85,14 @@ def _start_controller() -> None:
             errors.append(exc)
             rt.started.set()
 
-    install_interrupt_handler()
     thread = threading.Thread(target=run, name="regency-runtime", daemon=True)
     thread.start()
     rt.started.wait()
     if errors:
         raise RuntimeError(f"regency runtime failed to start: {errors[0]!r}") from errors[0]
-    _current._runtime = rt
     _booted[id(rt)] = (thread, jobdir)
     atexit.register(_shutdown_controller, rt, thread, jobdir)
+    return rt
 
 
 def shutdown_context() -> Future[None]:

@@ -5,21 +5,21 @@ See :mod:`regency.core._worker` for the worker daemon and the protocol.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import trio
 
-from . import _codec, _controller, _current
+from . import _controller, _current
 from . import _messages as M
-from ._children import Child
 from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
-from ._launcher import ProcHandle
+from ._launcher import ProcHandle, ProcLauncher
 from ._runtime import Runtime
 
 
@@ -38,8 +38,7 @@ class _Reply:
         self.fut, self.what = fut, what
         self.dests = frozenset((worker,))
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        value = _codec.loads(parts)
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         if status == M.OK:
             self.fut.set_result(value)
         else:
@@ -59,28 +58,30 @@ class _Hosts:
         self.lease = lease
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
-        rt.extensions[M.EXITED] = self._exited
+        self.launchers: dict[str, WorkerLauncher] = {}
+        rt.extensions[M.Exited] = self._exited
 
-    def _exited(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, address, code = envelope
-        child = self.rt.children.get(address)
-        if child is not None:
-            self.rt._child_exited(child, code)
+    def _exited(self, msg: M.Exited) -> None:
+        for launcher in self.launchers.values():
+            if launcher.exited(msg.address, msg.code):
+                return
 
     async def renew_leases(self) -> None:
         while True:
             await trio.sleep(self.lease / 4)
             for worker in list(self.workers):
                 try:
-                    self.rt.send(worker, _codec.pack((M.LEASE, self.rt.address)))
+                    self.rt.post(worker, M.Lease(self.rt.address))
                 except Exception:
                     pass  # its procs are lost through heartbeats or links
 
-    def request(self, worker: str, envelope: tuple[Any, ...], what: str, timeout: float) -> Any:
-        """Send ``envelope + (port,)`` to a worker and wait for the reply (not on the loop)."""
+    def request(
+        self, worker: str, message: Callable[[M.PortRef], M.Wire], what: str, timeout: float
+    ) -> Any:
+        """Send ``message(reply port)`` to a worker and wait for the reply (not on the loop)."""
         fut: Future[Any] = Future()
         port = self.rt.open_port(_Reply(fut, what, worker))
-        self.rt.send(worker, _codec.pack((*envelope, port)))
+        self.rt.post(worker, message(port))
         return fut.get(timeout)
 
     def take_ports(self, worker: str, count: int) -> list[int]:
@@ -93,7 +94,7 @@ class _Hosts:
                 )
             more = self.request(
                 worker,
-                (M.RESERVE, self.rt.address, max(count - len(pool), 32)),
+                functools.partial(M.Reserve, self.rt.address, max(count - len(pool), 32)),
                 f"reserving ports on {worker}",
                 30,
             )
@@ -110,7 +111,7 @@ class RemoteProcHandle(ProcHandle):
 
     def kill(self) -> None:
         try:
-            self.rt.send(self.worker, _codec.pack((M.KILL, self.rt.address, self.address)))
+            self.rt.post(self.worker, M.Kill(self.rt.address, self.address))
         except Exception:
             pass  # the worker is gone, and its procs with it
 
@@ -177,7 +178,7 @@ def attach_to_workers(
         try:
             hostname, ip, ports = hosts.request(
                 address,
-                (M.ATTACH, rt.address, lease),
+                functools.partial(M.Attach, rt.address, lease),
                 f"attaching to the worker at {address}",
                 rt.config.spawn_timeout,
             )
@@ -191,31 +192,56 @@ def attach_to_workers(
     return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs))
 
 
-def plan_remote(rt: Runtime, hosts: Sequence[HostRef], per_host: int, name: str) -> list[Child]:
-    """Name and address procs on remote hosts (``per_host`` on each, in host order)."""
-    state: _Hosts = rt.hosts  # type: ignore[attr-defined]
-    children = []
-    for host in hosts:
-        ip = f"[{host.ip}]" if ":" in host.ip else host.ip
-        for port in state.take_ports(host.worker, per_host):
-            child = rt.plan_child(rt.new_proc_id(name), f"tcp://{ip}:{port}")
-            child.handle = RemoteProcHandle(rt, host.worker, child.address)
-            child.worker = host.worker  # type: ignore[attr-defined]
-            children.append(child)
-    return children
+class WorkerLauncher(ProcLauncher):
+    """Starts procs on a remote host through its worker daemon: the runtime launches them
+    there like local ones. Addresses come from ports the worker reserved for us; exits come
+    back as EXITED reports."""
+
+    def __init__(self, hosts: _Hosts, host: HostRef) -> None:
+        self._hosts, self.host = hosts, host
+        self.worker = host.worker
+        #: Exit callbacks of the procs started here, by address.
+        self._on_exit: dict[str, Callable[[int], None]] = {}
+
+    def address_for(self, proc_id: str) -> str:
+        """A reserved port on the host (may ask the worker for more: not on the loop)."""
+        ip = f"[{self.host.ip}]" if ":" in self.host.ip else self.host.ip
+        (port,) = self._hosts.take_ports(self.worker, 1)
+        return f"tcp://{ip}:{port}"
+
+    def launch(
+        self,
+        bootstrap: Mapping[str, Any],
+        env: Mapping[str, str],
+        on_exit: Callable[[int], None],
+    ) -> ProcHandle:
+        rt = self._hosts.rt
+        address = bootstrap["address"]
+        rt.post(self.worker, M.Launch(rt.address, [(dict(bootstrap), dict(env))]))
+        self._on_exit[address] = on_exit
+        return RemoteProcHandle(rt, self.worker, address)
+
+    def exited(self, address: str, code: int) -> bool:
+        """The worker reported an exit; False when the proc is not one of ours."""
+        on_exit = self._on_exit.pop(address, None)
+        if on_exit is None:
+            return False
+        on_exit(code)
+        return True
 
 
-def launch_remote(
-    rt: Runtime, children: list[Child], env: dict[str, str] | None, boot: str | None
-) -> None:
-    """Ask each child's worker to start it (on the trio thread)."""
-    by_worker: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {}
-    for child in children:
-        rt.children[child.address] = child
-        record = rt.bootstrap_record(child, boot)
-        by_worker.setdefault(child.worker, []).append((record, dict(env or {})))  # type: ignore[attr-defined]
-    for worker, requests in by_worker.items():
-        rt.send(worker, _codec.pack((M.LAUNCH, rt.address), _codec.dumps(requests)))
+def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
+    """The launcher for a host of ``attach_to_workers``."""
+    state: _Hosts | None = getattr(rt, "hosts", None)
+    if state is None or host.worker not in state.workers:
+        raise LookupError(
+            f"the host at {host.worker} is not attached to this process; attach_to_workers "
+            "first (a host mesh from another process cannot start procs here)"
+        )
+    launcher = state.launchers.get(host.worker)
+    if launcher is None:
+        launcher = state.launchers[host.worker] = WorkerLauncher(state, host)
+    return launcher
 
 
 def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
@@ -232,14 +258,16 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
 
     async def shutdown() -> None:
         addresses = [
-            a for a, c in rt.children.items() if getattr(c, "worker", None) in workers
+            a
+            for a, c in rt.children.items()
+            if isinstance(c.launcher, WorkerLauncher) and c.launcher.worker in workers
         ]
         stopped: Future[None] = Future()
         await _stop_procs(rt, addresses, stopped)
         for worker in workers:
             if state.workers.pop(worker, None) is not None:
                 try:
-                    rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+                    rt.post(worker, M.Detach(rt.address))
                 except Exception:
                     pass
                 state.ports.pop(worker, None)
@@ -258,6 +286,6 @@ def detach_all(rt: Runtime) -> None:
         return
     for worker in hosts.workers:
         try:
-            rt.send(worker, _codec.pack((M.DETACH, rt.address)))
+            rt.post(worker, M.Detach(rt.address))
         except Exception:
             pass

@@ -1,7 +1,7 @@
-"""The way in: :class:`InboundSink` numbers the frames of each inbound delivery session,
-drops the ones handled before a reconnect and acknowledges; :class:`InboundSessions` (part of
-the runtime) keeps each session's handled-frame counter across connections and batches
-acknowledgements."""
+"""The way in: :class:`InboundSink`, the shell that runs a :class:`~._delivery.Receiver` on
+each inbound connection (numbering frames, dropping resends, acknowledging), and
+:class:`InboundSessions`, the runtime's part that keeps its sessions
+(:class:`~._delivery.SessionTable`) and batches acknowledgements."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ import trio
 
 from .. import transports
 from . import _codec
+from ._delivery import Receiver, SessionTable, _Inbound
+from ._messages import Ack, Session
 
 if TYPE_CHECKING:
     from ._config import Config
+    from ._environment import Environment
     from ._runtime import Runtime
+
+_SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
 
 #: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
 _ACK_EVERY = 64
@@ -27,40 +32,34 @@ class InboundSink:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self._probe = runtime.env.probe  # the environment never changes
         self._conn: transports.Connection | None = None
-        self._session: str | None = None
-        #: [frames of the session handled], shared by every connection of the session, so a
-        #: reconnect that overtakes the old connection's last frames still sees them.
-        self._handled: list[int] | None = None
-        self._next = 0  # index of the next frame in the session
-        self._acked = 0
+        self._receiver = Receiver(runtime.env.ack_every)
         self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        handled = self._handled
-        if handled is None or frame[:4] == _codec.SESSION_MARK:
-            session = _codec.unpack_session(frame)
-            if session is not None:
-                handled = self._rt.session_opened(*session)  # raises for a forgotten one
-                if self._session is not None:
-                    self._rt.session_closed(self._session)
-                self._session, self._next = session
-                self._handled = handled
+        receiver = self._receiver
+        if receiver.state is None or frame[:4] == _SESSION_MARK:
+            msg = _codec.decode(frame)
+            if type(msg) is Session:
+                # raises for a forgotten session
+                state = self._rt.session_opened(msg.session, msg.first)
+                previous = receiver.started(msg.session, msg.first, state)
+                if previous is not None:
+                    self._rt.session_closed(previous)
                 self._conn = conn
             else:
-                self._rt.on_frame(frame)  # a peer without sessions (tests, tools)
+                self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
             return
-        index = self._next
-        self._next = index + 1
-        if index < handled[0]:
+        index = receiver.frame()
+        if index is None:
             return  # handled before the reconnect: a resend
-        handled[0] = index + 1
-        probe = self._rt.probe
+        probe = self._probe
         if probe is not None:
-            assert self._session is not None
-            probe.frame_handled(self._rt, self._session, index)
+            assert receiver.session is not None
+            probe.frame_handled(self._rt, receiver.session, index)
         self._rt.on_frame(frame)
-        if index + 1 - self._acked >= self._rt.ack_every:
+        if receiver.ack_due:
             self.ack()
         elif not self._ack_pending:
             self._ack_pending = True
@@ -68,89 +67,69 @@ class InboundSink:
 
     def ack(self) -> None:
         self._ack_pending = False
-        count = self._handled[0] if self._handled is not None else 0
-        if count > self._acked and self._conn is not None and not self._conn.closed:
-            self._acked = count
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        count = self._receiver.ack()
+        if count is not None:
             try:
-                self._conn.send_nowait(_codec.pack_ack(count))
+                conn.send_nowait(_codec.encode(Ack(count)))
             except transports.TransportError:
                 pass
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None
-        if self._session is not None:
-            self._rt.session_closed(self._session)
-            self._session = None
-
+        session = self._receiver.ended()
+        if session is not None:
+            self._rt.session_closed(session)
 
 
 class InboundSessions:
-    """The runtime's bookkeeping of inbound sessions (a part of :class:`Runtime`)."""
+    """The runtime's inbound sessions (a part of :class:`Runtime`)."""
 
     config: Config
     nursery: trio.Nursery
-    ack_delay: float
-    #: Per inbound session: how many of its frames were handled (resends below it drop).
-    delivered: dict[str, list[int]]
-    #: Per inbound session: its open connections, and since when it has had none. A
-    #: session idle for longer than its sender could still reconnect is forgotten.
-    _session_conns: dict[str, int]
-    _idle_sessions: dict[str, float]
+    env: Environment
+    _sessions_in: SessionTable
     _to_ack: dict[int, InboundSink]  # insertion-ordered: deterministic
     _ack_scheduled: bool
 
     def _init_inbound_sessions(self) -> None:
-        self.delivered = {}
-        self._session_conns = {}
-        self._idle_sessions = {}
+        self._sessions_in = SessionTable()
         self._to_ack = {}
         self._ack_scheduled = False
 
-    def session_opened(self, session: str, first: int) -> list[int]:
-        """A connection of inbound ``session`` started at frame ``first``: its
-        handled-frames counter. A session resumed after this runtime forgot it cannot be
-        taken: which of its frames were handled is no longer known."""
-        handled = self.delivered.get(session)
-        if handled is None:
-            if first > 0:
-                raise ValueError(
-                    f"delivery session {session} resumes at frame {first}, but this process "
-                    "forgot it (idle for longer than a sender may reconnect)"
-                )
-            handled = self.delivered[session] = [0]
-        self._session_conns[session] = self._session_conns.get(session, 0) + 1
-        self._idle_sessions.pop(session, None)
-        return handled
+    @property
+    def delivered(self) -> dict[str, _Inbound]:
+        """The inbound sessions this runtime remembers, by id."""
+        return self._sessions_in.sessions
+
+    def session_opened(self, session: str, first: int) -> _Inbound:
+        """A connection of inbound ``session`` started at frame ``first``. A session
+        resumed after this runtime forgot it cannot be taken (``ValueError``): which of its
+        frames were handled is no longer known."""
+        return self._sessions_in.opened(session, first)
 
     def session_closed(self, session: str) -> None:
-        left = self._session_conns.get(session, 0) - 1
-        if left > 0:
-            self._session_conns[session] = left
-            return
-        self._session_conns.pop(session, None)
-        self._idle_sessions[session] = trio.current_time()
+        self._sessions_in.closed(session, trio.current_time())
 
     def _forget_idle_sessions(self, now: float) -> None:
-        """Drop the counters of sessions that cannot come back: a sender gives up
-        reconnecting ``delivery_timeout`` after it noticed its link broke, which can be up to
+        """Drop sessions that cannot come back: a sender gives up reconnecting
+        ``delivery_timeout`` after it noticed its link broke, which can be up to
         ``delivery_timeout`` (plus a watchdog tick) after we noticed; after three times that
-        no resend of theirs can arrive, and a long-lived process
-        (a worker serving many controllers) does not grow with every peer it ever had."""
+        no resend of theirs can arrive."""
         horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
-        expired = [s for s, since in self._idle_sessions.items() if now - since > horizon]
-        for session in expired:
-            del self._idle_sessions[session]
-            self.delivered.pop(session, None)
+        self._sessions_in.expire(now, horizon)
 
     def ack_later(self, sink: InboundSink) -> None:
-        """Acknowledge ``sink``'s frames within ``_ACK_DELAY`` (on the trio thread)."""
+        """Acknowledge ``sink``'s frames within ``ack_delay`` (on the trio thread)."""
         self._to_ack[id(sink)] = sink
         if not self._ack_scheduled:
             self._ack_scheduled = True
             self.nursery.start_soon(self._flush_acks)
 
     async def _flush_acks(self) -> None:
-        await trio.sleep(self.ack_delay)
+        await trio.sleep(self.env.ack_delay)
         self._ack_scheduled = False
         sinks, self._to_ack = self._to_ack, {}
         for sink in sinks.values():

@@ -12,9 +12,8 @@ Two executors, chosen per actor class:
 Replies are written from wherever the handler ran (``Connection.send_nowait`` is
 thread-safe), without a hop back to the trio thread.
 
-Mailbox items are tuples whose first field says what they are: ``("call", method, args,
-port, rank, point)``, ``("supervise", MeshFailure)``, ``("escalate", FailureCause)``,
-``("stop", port)`` and ``("abandon",)``.
+Mailbox items are records from :mod:`._messages` (``MailboxItem``): ``Call``, ``StopActor``,
+``Supervise``, ``Escalate`` and ``Abandon``.
 
 Failure (see docs/supervision.md): an endpoint that raises with no caller waiting, a
 ``BaseException`` out of an endpoint, a failed ``__init__`` or an unhandled failure of a mesh
@@ -30,14 +29,13 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, assert_never
 
 import trio
 
 from .. import supervision as S
 from .. import transports
-from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -49,10 +47,10 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 log = logging.getLogger("regency.actor")
-_ABANDON = ("abandon",)
+_ABANDON = M.Abandon()
 
 
-def _point(spec: tuple[int, list[str], list[int]]) -> Point:
+def _point(spec: tuple[int, Sequence[str], Sequence[int]]) -> Point:
     rank, labels, sizes = spec
     return Point(rank, Extent(labels, sizes))
 
@@ -68,7 +66,7 @@ class ActorCell:
         runtime: Runtime,
         key: str,
         name: str,
-        point: tuple[int, list[str], list[int]],
+        point: tuple[int, Sequence[str], Sequence[int]],
         payload: Any,
         init_port: tuple[str, int] | None,
         owner: tuple[str, str, str],
@@ -98,8 +96,8 @@ class ActorCell:
         self.threaded = runtime.sync_runner is None and (
             not table or any(not e.is_async for e in table.values())
         )
-        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._deque: deque[tuple[Any, ...]] = deque()
+        self._queue: queue.SimpleQueue[M.MailboxItem] = queue.SimpleQueue()
+        self._deque: deque[M.MailboxItem] = deque()
         self._wakeup = trio.Event()
 
     # -- mailbox -------------------------------------------------------------------------
@@ -112,7 +110,7 @@ class ActorCell:
         else:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
 
-    def enqueue(self, item: tuple[Any, ...]) -> None:
+    def enqueue(self, item: M.MailboxItem) -> None:
         """Called on the runtime's trio thread."""
         if self.threaded:
             self._queue.put(item)
@@ -137,27 +135,29 @@ class ActorCell:
             get = self._queue.get
             while alive:
                 item = get()
-                kind = item[0]
-                if kind == "call":
-                    spec = self.endpoints.get(item[1])
-                    if spec is not None and spec.is_async:
-                        alive = trio.from_thread.run(
-                            self._call_async, item, trio_token=self.rt.token
-                        )
-                        if self._pending_death is not None:
-                            self._die_sync(*self._pending_death)
-                    else:
-                        alive = self._call_sync(item, spec)
-                elif kind == "supervise":
-                    self._supervise_sync(item[1])
-                elif kind == "escalate":
-                    self._die_sync(item[1], None)
-                    return
-                elif kind == "stop":
-                    self._stop_sync(item[1])
-                    return
-                else:
-                    return
+                match item:
+                    case M.Call():
+                        spec = self.endpoints.get(item.method)
+                        if spec is not None and spec.is_async:
+                            alive = trio.from_thread.run(
+                                self._call_async, item, trio_token=self.rt.token
+                            )
+                            if self._pending_death is not None:
+                                self._die_sync(*self._pending_death)
+                        else:
+                            alive = self._call_sync(item, spec)
+                    case M.Supervise():
+                        self._supervise_sync(item.failure)
+                    case M.Escalate():
+                        self._die_sync(item.cause, None)
+                        return
+                    case M.StopActor():
+                        self._stop_sync(item.port)
+                        return
+                    case M.Abandon():
+                        return
+                    case _:
+                        assert_never(item)
         except trio.RunFinishedError:
             return
 
@@ -168,19 +168,21 @@ class ActorCell:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
             item = self._deque.popleft()
-            kind = item[0]
-            if kind == "call":
-                alive = await self._call_async(item)
-            elif kind == "supervise":
-                await self._supervise_async(item[1])
-            elif kind == "escalate":
-                await self._die_async(item[1], None)
-                return
-            elif kind == "stop":
-                await self._stop_async(item[1])
-                return
-            else:
-                return
+            match item:
+                case M.Call():
+                    alive = await self._call_async(item)
+                case M.Supervise():
+                    await self._supervise_async(item.failure)
+                case M.Escalate():
+                    await self._die_async(item.cause, None)
+                    return
+                case M.StopActor():
+                    await self._stop_async(item.port)
+                    return
+                case M.Abandon():
+                    return
+                case _:
+                    assert_never(item)
 
     def _retire(self, failure: RemoteFailure) -> None:
         """Leave the runtime's actor table; bounce whatever is still queued with ``failure``.
@@ -233,12 +235,12 @@ class ActorCell:
     # -- calls ---------------------------------------------------------------------------
 
     def _prepare(
-        self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None
+        self, item: M.Call, spec: EndpointSpec[..., Any] | None
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any], bool]:
         """Return (function, args, kwargs, explicit_port) or raise what the caller should see."""
-        _, method, payload, port, index, _msg_point = item
-        if isinstance(payload, BaseException):
-            raise payload
+        method, payload, port, index = item.method, item.payload, item.port, item.rank
+        if type(payload) is M.Undecodable:
+            raise payload.error
         args, kwargs = payload
         if spec is None:
             # A plain method called through as_endpoint().
@@ -255,10 +257,10 @@ class ActorCell:
             args = (Port(port, index), *args)
         return spec.fn, args, kwargs, spec.explicit_response_port
 
-    def _context(self, item: tuple[Any, ...]) -> Context:
-        return Context(self.instance, spec=item[5])
+    def _context(self, item: M.Call) -> Context:
+        return Context(self.instance, spec=(item.rank, item.labels, item.sizes))
 
-    def _call_sync(self, item: tuple[Any, ...], spec: EndpointSpec[..., Any] | None) -> bool:
+    def _call_sync(self, item: M.Call, spec: EndpointSpec[..., Any] | None) -> bool:
         """Handle one call on the actor's thread; False when the actor died of it."""
         token = current.set(self._context(item))
         try:
@@ -280,9 +282,9 @@ class ActorCell:
             current.reset(token)
         return True
 
-    async def _call_async(self, item: tuple[Any, ...]) -> bool:
+    async def _call_async(self, item: M.Call) -> bool:
         """Handle one call on the trio loop; False when the actor died of it."""
-        spec = self.endpoints.get(item[1])
+        spec = self.endpoints.get(item.method)
         context = self._context(item)
         token = current.set(context)
         try:
@@ -311,10 +313,10 @@ class ActorCell:
             current.reset(token)
         return True
 
-    def _raised(self, item: tuple[Any, ...], exc: BaseException) -> S.FailureCause | None:
+    def _raised(self, item: M.Call, exc: BaseException) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just
         gets the error (an ``Exception`` with a caller waiting)."""
-        port, index, method = item[3], item[4], item[1]
+        port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
         if isinstance(exc, Exception) and port is not None:
             self._reply(port, index, M.ERROR, RemoteFailure.capture(exc))
@@ -326,8 +328,8 @@ class ActorCell:
             self._reply(port, index, M.DEAD, self._dead_failure(cause))
         return cause
 
-    def _succeeded(self, item: tuple[Any, ...], result: Any) -> None:
-        port, index = item[3], item[4]
+    def _succeeded(self, item: M.Call, result: Any) -> None:
+        port, index = item.port, item.rank
         if port is None:
             return
         try:
@@ -338,7 +340,7 @@ class ActorCell:
             log.info("could not reply to %s: %s", port, exc)  # the caller's proc is gone
         except Exception as exc:
             error = TypeError(
-                f"endpoint {self.name}.{item[1]} returned a value that cannot be sent: {exc}"
+                f"endpoint {self.name}.{item.method} returned a value that cannot be sent: {exc}"
             )
             self._reply(port, index, M.ERROR, RemoteFailure.capture(error))
 
@@ -419,9 +421,7 @@ class ActorCell:
         rt.call_soon(lambda: rt.poison(failure))
         address, _owner_key, _ = self.owner
         try:
-            rt.send(
-                address, _codec.pack((M.FAILED, self.key, self.point.rank), _codec.dumps(cause))
-            )
+            rt.post(address, M.Failed(self.key, self.point.rank, cause))
         except Exception as exc:
             log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
         return failure

@@ -7,7 +7,7 @@ from ._adverbs import Accumulator, Endpoint, as_endpoint, send
 from ._channel import Channel, Port, PortReceiver
 from ._children import _stop_procs, _wait_ready, stop_owned_procs
 from ._proc_mesh import HostMesh, ProcMesh, proc_mesh, this_host, this_proc
-from ._replies import _Acks, _Fold, _MeshReplies, _OneReply, _Route, _StreamReplies
+from ._replies import Replies, _Acks, _Route
 
 __all__ = [
     "Accumulator",
@@ -19,12 +19,9 @@ __all__ = [
     "PortReceiver",
     "ProcMesh",
     "ProcRef",
+    "Replies",
     "_Acks",
-    "_Fold",
-    "_MeshReplies",
-    "_OneReply",
     "_Route",
-    "_StreamReplies",
     "_stop_procs",
     "_wait_ready",
     "as_endpoint",

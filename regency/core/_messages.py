@@ -1,47 +1,245 @@
-"""The kinds of runtime frames and the layout of their envelopes.
+"""Every message the runtime sends or queues, as a record. Only :mod:`regency.core._codec`
+knows how they look on the wire; everything else builds and matches these records
+(``match msg: case Call(): ...``, with ``assert_never`` for the cases left).
 
-Envelopes are plain tuples (fast to pickle, no class lookup at the receiver); the first field
-is the kind. ``port`` fields are ``(address, port_id)`` or ``None`` when no reply is wanted.
+Payloads (arguments, replies, spawn records, failure causes, launch requests) travel after
+the fields, pickled. A ``payload`` field holds, on the way out, either the value (the codec
+pickles it) or a :class:`Pickled` (pickled once, shared by every destination of a mesh call);
+on the way in, the unpickled value, or an :class:`Undecodable` when unpickling failed (the
+receiver answers with that error instead of dropping the connection).
 
-=============  ==============================================================  ============
-kind           envelope fields after the kind                                  payload
-=============  ==============================================================  ============
-CALL           actor_key, method, port, rank, labels, sizes                    (args, kwargs)
-PORT           port_id, index, status                                          value
-SPAWN          actor_key, name, rank, labels, sizes, port, owner                (cls, args, kwargs)
-STOP_ACTOR     actor_key, port                                                 -
-STOP_PROC      port                                                            -
-HELLO          proc_id, address                                                -
-FAILED         mesh_key, rank                                                  FailureCause
-HEARTBEAT      address                                                         -
-=============  ==============================================================  ============
-
-``owner`` is ``(address, actor_key, name)`` of the actor that spawned the mesh (``actor_key``
-is ``"client"`` for the controller's main code): FAILED reports go there.
+``port`` fields are ``(address, port_id)`` or None when no reply is wanted. ``owner`` is
+``(address, actor_key, name)`` of the actor that spawned the mesh (``actor_key`` is
+``"client"`` for the controller's main code): FAILED reports go there.
 """
 
 from __future__ import annotations
 
-CALL = 0
-PORT = 1
-SPAWN = 2
-STOP_ACTOR = 3
-STOP_PROC = 4
-HELLO = 5
-FAILED = 6
-HEARTBEAT = 7
-# Multi-host (regency/core/_hosts.py, _worker.py): controller <-> worker daemon.
-ATTACH = 20  # controller_address, lease_seconds, port -> (hostname, host_ip, ports)
-RESERVE = 21  # count, port -> ports
-LAUNCH = 22  # payload: list of (bootstrap record, env)
-EXITED = 23  # address, code (worker -> controller)
-KILL = 24  # address
-LEASE = 25  # (controller -> worker, renews the lease)
-DETACH = 26  # (controller -> worker, on a clean exit)
+from collections.abc import Sequence
+from typing import Any
 
-# PORT statuses
+import attrs
+
+PortRef = tuple[str, int]
+Owner = tuple[str, str, str]
+
+# Reply statuses.
 OK = 0
 #: The endpoint raised; the payload is a RemoteFailure. The actor goes on.
 ERROR = 1
 #: The actor cannot take calls (failed, stopped); the payload is a RemoteFailure.
 DEAD = 2
+
+
+@attrs.frozen
+class Pickled:
+    """A payload pickled by :func:`regency.core._codec.dumps`: the pickle, then its
+    out-of-band buffers."""
+
+    parts: Sequence[bytes | memoryview]
+
+
+@attrs.frozen
+class Undecodable:
+    """A received payload that could not be unpickled (a class the receiver cannot import,
+    a corrupt pickle): ``error`` is what unpickling raised."""
+
+    error: Exception
+
+
+# -- between runtimes -----------------------------------------------------------------------
+
+
+# Call and Reply are most of the traffic: instance dicts make a frozen record cheaper to
+# build than slots (attrs then fills ``__dict__`` directly; measured 0.38 against 0.6 us).
+
+
+@attrs.frozen(slots=False)
+class Call:
+    """Call ``method`` of actor ``actor`` (one rank of a mesh); payload ``(args, kwargs)``.
+    ``rank``, ``labels`` and ``sizes`` place the receiver in the slice the call went to."""
+
+    actor: str
+    method: str
+    port: PortRef | None
+    rank: int
+    labels: Sequence[str]
+    sizes: Sequence[int]
+    payload: Any
+
+
+@attrs.frozen(slots=False)
+class Reply:
+    """A value for reply port ``port_id`` from rank ``index``; payload: the value (``OK``)
+    or a RemoteFailure (``ERROR``, ``DEAD``)."""
+
+    port_id: int
+    index: int
+    status: int
+    payload: Any
+
+
+@attrs.frozen
+class Spawn:
+    """Start rank ``rank`` of actor mesh ``actor``; payload ``(cls, args, kwargs)``. The
+    spawn is acknowledged on ``port`` once ``__init__`` ran."""
+
+    actor: str
+    name: str
+    rank: int
+    labels: Sequence[str]
+    sizes: Sequence[int]
+    port: PortRef | None
+    owner: Owner
+    payload: Any
+
+
+@attrs.frozen
+class StopActor:
+    """Stop actor ``actor`` once it has handled what is queued; acknowledged on ``port``."""
+
+    actor: str
+    port: PortRef | None
+
+
+@attrs.frozen
+class StopProc:
+    """Stop the receiving proc (acknowledged on ``port`` first)."""
+
+    port: PortRef | None
+
+
+@attrs.frozen
+class Hello:
+    """A new proc is up and listens at ``address`` (to the runtime that started it)."""
+
+    proc_id: str
+    address: str
+
+
+@attrs.frozen
+class Failed:
+    """Rank ``rank`` of mesh ``mesh`` failed (to the mesh's owner); payload: FailureCause."""
+
+    mesh: str
+    rank: int
+    payload: Any
+
+
+@attrs.frozen
+class Heartbeat:
+    """The proc at ``address`` is alive (to the runtime that started it)."""
+
+    address: str
+
+
+# -- delivery sessions (regency.core._outbox and _inbound) -------------------------------------
+
+
+@attrs.frozen
+class Session:
+    """The frames that follow on this connection are frames ``first``, ``first + 1``, ... of
+    delivery session ``session``."""
+
+    session: str
+    first: int
+
+
+@attrs.frozen
+class Ack:
+    """The receiver handled every frame of the session below ``count``."""
+
+    count: int
+
+
+# -- controller <-> worker daemon (regency.core._hosts, _worker) ------------------------------
+
+
+@attrs.frozen
+class Attach:
+    """Controller ``controller`` takes the worker, renewing a lease every ``lease`` seconds;
+    the reply is ``(hostname, host_ip, ports)``."""
+
+    controller: str
+    lease: float
+    port: PortRef
+
+
+@attrs.frozen
+class Reserve:
+    """Reserve ``count`` TCP ports on the worker's host; the reply is the list."""
+
+    controller: str
+    count: int
+    port: PortRef
+
+
+@attrs.frozen
+class Launch:
+    """Start procs; payload: a list of ``(bootstrap record, env)``."""
+
+    controller: str
+    payload: Any
+
+
+@attrs.frozen
+class Exited:
+    """(worker -> controller) the proc at ``address`` exited with ``code``."""
+
+    address: str
+    code: int
+
+
+@attrs.frozen
+class Kill:
+    """Kill the controller's proc at ``address``."""
+
+    controller: str
+    address: str
+
+
+@attrs.frozen
+class Lease:
+    """The controller is alive: renew its lease."""
+
+    controller: str
+
+
+@attrs.frozen
+class Detach:
+    """The controller is done with the worker (a clean exit)."""
+
+    controller: str
+
+
+#: What a worker daemon and a controller say to each other (handled by runtime extensions).
+HostMessage = Attach | Reserve | Launch | Exited | Kill | Lease | Detach
+#: Every frame a runtime dispatches.
+Message = Call | Reply | Spawn | StopActor | StopProc | Hello | Failed | Heartbeat | HostMessage
+#: Every frame on the wire.
+Wire = Message | Session | Ack
+
+
+# -- within a proc: what an actor's mailbox holds besides Call and StopActor ------------------
+
+
+@attrs.frozen
+class Supervise:
+    """A mesh this actor owns failed: run ``__supervise__`` (a MeshFailure)."""
+
+    failure: Any
+
+
+@attrs.frozen
+class Escalate:
+    """Something this actor owns failed and nobody handled it: die of ``cause``."""
+
+    cause: Any
+
+
+@attrs.frozen
+class Abandon:
+    """The runtime is going away: stop popping the mailbox."""
+
+
+MailboxItem = Call | StopActor | Supervise | Escalate | Abandon

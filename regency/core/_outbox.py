@@ -1,5 +1,6 @@
-"""The way out to one destination: :class:`Outbox` queues, numbers and resends frames of a
-delivery session until the receiver acknowledges them (the inbound half is
+"""The way out to one destination: :class:`Outbox`, the shell that runs a delivery session
+(:class:`regency.core._delivery.Outbound`) on the runtime's transport. The machine decides;
+this module dials, writes, closes and reports (the inbound half is
 :mod:`regency.core._inbound`)."""
 
 from __future__ import annotations
@@ -13,7 +14,19 @@ import trio
 
 from .. import transports
 from . import _codec
+from ._delivery import (
+    SEND_NOW,
+    Action,
+    Close,
+    Dial,
+    GiveUp,
+    Outbound,
+    SessionFailed,
+    Stalled,
+    Transmit,
+)
 from ._errors import UndeliverableError
+from ._messages import Ack, Session
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -23,40 +36,31 @@ log = logging.getLogger("regency.runtime")
 
 class Outbox:
     """The way out to one destination address: queues until connected, then writes through,
-    and survives a broken connection.
+    and survives a broken connection (see :mod:`regency.core._delivery`).
 
     ``send`` is thread-safe and never blocks. The first send schedules the connect on the
-    trio thread; frames sent meanwhile queue here and are flushed, in order, before the
-    connection is published to later senders.
-
-    Delivery is a *session*: each connection starts with ``SESSION(id, first)``, the receiver
-    numbers the frames that follow from ``first``, and acknowledges (``ACK(n)``: every frame
-    below ``n`` was handled) every ``ack_every`` frames or ``ack_delay`` seconds. Frames
-    stay here until acknowledged. When a connection breaks, the outbox dials again (until
-    ``delivery_timeout``) and resends what was not acknowledged; the receiver drops what it
-    already handled. So a link that breaks and comes back loses nothing and delivers nothing
-    twice. A refused dial (nothing listens: the proc is gone) or a known exit ends it at once.
+    trio thread; frames sent meanwhile queue and are flushed, in order, before the
+    connection is published to later senders. Every write happens under the outbox's lock,
+    so frames from one process to one destination go out in the order they were sent.
     """
 
     def __init__(self, runtime: Runtime, address: str) -> None:
         self._rt = runtime
+        self._probe = runtime.env.probe  # the environment never changes
         self.address = address
-        self._conn: transports.Connection | None = None
         self._lock = threading.Lock()
-        self._pending: list[transports.Frame] = []
-        self._connecting = False
-        self._error: BaseException | None = None
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
         # proc ids (from pids) can repeat, e.g. in containers.
-        self._session = f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}"
-        #: Frames sent on this session and not yet acknowledged, oldest first.
-        self._unacked: deque[transports.Frame] = deque()
-        #: How many frames of the session the receiver has acknowledged.
-        self._acked = 0
-        #: Since when (trio time) frames have waited for an acknowledgement that did not come,
-        #: and how many were acknowledged then (see ``check_stalled``).
-        self._stalled_since: float | None = None
-        self._stalled_at = 0
+        self._machine = Outbound(f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}")
+
+    @property
+    def _session(self) -> str:
+        return self._machine.session
+
+    @property
+    def _unacked(self) -> deque[transports.Frame]:
+        """Frames sent and not yet acknowledged (the machine's, oldest first)."""
+        return self._machine.unacked
 
     def send(self, frame: transports.Frame) -> None:
         size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
@@ -66,64 +70,82 @@ class Outbox:
                 f"{self._rt.config.max_frame_bytes}; raise it with "
                 "regency.configure(max_frame_bytes=...)"
             )
+        machine = self._machine
         with self._lock:
-            if self._error is not None:
-                raise UndeliverableError(
-                    f"cannot deliver to the proc at {self.address}: {self._error}"
-                )
-            conn = self._conn
-            probe = self._rt.probe
-            if probe is not None:
-                index = self._acked + len(self._unacked) + len(self._pending)
-                probe.frame_sent(self._rt, self.address, self._session, index)
-            if conn is None:
-                self._pending.append(frame)
-                if not self._connecting:
-                    self._connecting = True
-                    self._rt.call_soon(self._start)
-                return
-            self._unacked.append(frame)
+            probe = self._probe
+            if probe is not None and machine.cause is None:
+                probe.frame_sent(self._rt, self.address, machine.session, machine.queued_count)
             try:
-                conn.send_nowait(frame)
-            except transports.TransportError:
-                pass  # kept in _unacked; the lost connection brings a reconnect and a resend
+                action = machine.queued(frame)
+            except SessionFailed as exc:
+                raise UndeliverableError(
+                    f"cannot deliver to the proc at {self.address}: {exc.cause}"
+                ) from None
+            if action is SEND_NOW:
+                try:
+                    machine.link.send_nowait(frame)
+                except transports.TransportError:
+                    pass  # kept unacknowledged; the lost connection brings a resend
+                return
+        if isinstance(action, Dial):
+            self._after([action])
 
     def acknowledged(self, count: int) -> None:
         """The receiver handled the session's first ``count`` frames."""
         with self._lock:
-            while self._acked < count and self._unacked:
-                self._unacked.popleft()
-                self._acked += 1
+            self._machine.acknowledged(count)
 
     def check_stalled(self, now: float) -> None:
-        """Called every ``heartbeat_interval`` on the trio thread: a connection whose frames
-        have gone unacknowledged for ``delivery_timeout`` is dead even if nothing said so (a
-        silent network cut, a peer host that vanished without a reset). Drop it and
-        reconnect; the reconnect either resends or, within ``delivery_timeout``, fails the
-        link. Receivers acknowledge within ``ack_delay`` of handling, from their trio loop,
-        so a live peer never trips this."""
-        conn = self._conn
-        if conn is None or not self._unacked:
-            self._stalled_since = None
-            return
-        if self._stalled_since is None or self._acked != self._stalled_at:
-            self._stalled_since, self._stalled_at = now, self._acked
-            return
-        waited = now - self._stalled_since
-        if waited < self._rt.config.delivery_timeout:
-            return
-        self._stalled_since = None
-        log.warning(
-            "no acknowledgement from %s for %.1f s; reconnecting", self.address, waited
-        )
-        self._connection_lost(
-            conn,
-            transports.ConnectionBroken(
-                f"connection to {self.address} is broken: {len(self._unacked)} frame(s) "
-                f"unacknowledged for {waited:.1f} s"
-            ),
-        )
-        conn.close()
+        """Called every ``heartbeat_interval`` on the trio thread (see
+        :meth:`Outbound.tick`)."""
+        with self._lock:
+            actions = self._machine.tick(now, self._rt.config.delivery_timeout)
+        if actions:
+            log.warning("no acknowledgement from %s (%s); reconnecting", self.address,
+                        actions[0].reason if isinstance(actions[0], Close) else actions[0])
+            self._after(actions)
+
+    def _perform(self, actions: list[Action]) -> list[Action]:
+        """Write what the machine says to write (under the lock); return the rest."""
+        rest: list[Action] = []
+        for action in actions:
+            if isinstance(action, Transmit):
+                try:
+                    if action.resume_at is not None:
+                        session = Session(self._machine.session, action.resume_at)
+                        action.link.send_nowait(_codec.encode(session))
+                    for frame in action.frames:
+                        action.link.send_nowait(frame)
+                except transports.TransportError:
+                    pass  # it broke again: its connection_lost starts the next attempt
+            else:
+                rest.append(action)
+        return rest
+
+    def _after(self, actions: list[Action]) -> None:
+        """Carry out what must not happen under the lock (closing may report a loss)."""
+        for action in actions:
+            if isinstance(action, Dial):
+                if action.first:
+                    self._rt.call_soon(self._start)
+                else:
+                    cause = action.cause
+                    if isinstance(cause, Stalled):
+                        cause = transports.ConnectionBroken(
+                            f"connection to {self.address} is broken: {cause}"
+                        )
+                    assert cause is not None
+                    self._rt.start_soon(self._reconnect, cause)
+            elif isinstance(action, Close):
+                action.link.close()
+            elif isinstance(action, GiveUp):
+                probe = self._rt.probe
+                if probe is not None:
+                    probe.session_failed(self._rt, self.address, self._machine.session)
+                self._rt.link_failed(self.address, action.cause)
+            elif isinstance(action, Transmit):
+                with self._lock:
+                    self._perform([action])
 
     def _start(self) -> None:
         self._rt.nursery.start_soon(self._connect)
@@ -134,7 +156,7 @@ class Outbox:
             if ready is not None:
                 with trio.fail_after(self._rt.config.spawn_timeout):
                     await ready.wait()
-                if self._error is not None:
+                if self._machine.cause is not None:
                     return
             conn = await self._dial(self._rt.config.spawn_timeout, retry_refused=True)
         except (transports.TransportError, trio.TooSlowError, OSError, ValueError) as exc:
@@ -147,23 +169,12 @@ class Outbox:
         self._resume(conn)
 
     def _resume(self, conn: transports.Connection) -> None:
-        """Start a session on ``conn``: resend what is unacknowledged, then what queued."""
+        """A dial succeeded: start the session on ``conn``, resending what is unacknowledged,
+        then what queued."""
         with self._lock:
-            if self._error is not None:
-                conn.close()
-                return
-            # Everything queued joins the session first, so a send failing part-way loses
-            # nothing: what did not go out is resent by the next attempt, in order.
-            self._unacked.extend(self._pending)
-            self._pending.clear()
-            try:
-                conn.send_nowait(_codec.pack_session(self._session, self._acked))
-                for frame in self._unacked:
-                    conn.send_nowait(frame)
-            except transports.TransportError:
-                pass  # it broke again: its connection_lost starts the next attempt
-            self._conn = conn
-            self._connecting = False
+            rest = self._perform(self._machine.connected(conn))
+        if rest:
+            self._after(rest)
 
     async def _dial(self, within: float, *, retry_refused: bool) -> transports.Connection:
         """Connect, retrying for ``within`` seconds. While a proc starts nothing listens yet
@@ -193,11 +204,9 @@ class Outbox:
 
     def _connection_lost(self, conn: transports.Connection, exc: BaseException) -> None:
         with self._lock:
-            if self._error is not None or self._conn is not conn:
-                return
-            self._conn = None
-            self._connecting = True  # new frames queue in _pending meanwhile
-        self._rt.start_soon(self._reconnect, exc)
+            actions = self._machine.lost(conn, exc)
+        if actions:
+            self._after(actions)
 
     async def _reconnect(self, cause: BaseException) -> None:
         child = self._rt.children.get(self.address)
@@ -218,22 +227,14 @@ class Outbox:
         self._resume(conn)
 
     def _broken(self, exc: BaseException) -> None:
+        """Give up: the peer exited or cannot be reached."""
         with self._lock:
-            if self._error is not None:
-                return
-            self._error = exc
-            self._pending.clear()
-            self._unacked.clear()
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-        probe = self._rt.probe
-        if probe is not None:
-            probe.session_failed(self._rt, self.address, self._session)
-        self._rt.link_failed(self.address, exc)
+            actions = self._machine.give_up(exc)
+        if actions:
+            self._after(actions)
 
     def close(self) -> None:
-        conn = self._conn
+        conn = self._machine.link
         if conn is not None:
             conn.close()
 
@@ -243,11 +244,11 @@ class _OutboundSink:
         self._outbox = outbox
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        count = _codec.unpack_ack(frame)
-        if count is not None:
-            self._outbox.acknowledged(count)
+        msg = _codec.decode(frame)
+        if type(msg) is Ack:
+            self._outbox.acknowledged(msg.count)
         else:
-            self._outbox._rt.on_frame(frame)
+            self._outbox._rt.dispatch(msg)
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         if exc is None:

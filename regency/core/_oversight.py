@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .. import supervision as S
-from . import _codec
 from . import _messages as M
 from ._future import Future
 
@@ -151,13 +150,13 @@ class Oversight:
         if isinstance(action, S.Notify):
             cell = self.rt.actors.get(action.owner)
             if cell is not None:
-                cell.enqueue(("supervise", action.failure))
+                cell.enqueue(M.Supervise(action.failure))
             else:
                 log.warning("owner %s is gone; dropping: %s", action.owner, action.failure)
         elif isinstance(action, S.Escalate):
             cell = self.rt.actors.get(action.owner)
             if cell is not None:
-                cell.enqueue(("escalate", action.cause))
+                cell.enqueue(M.Escalate(action.cause))
         elif isinstance(action, S.RunRootHook):
             self.root_fault(action.failure)
         elif isinstance(action, S.StopMeshes):
@@ -176,7 +175,7 @@ class Oversight:
         sent = 0
         for address in self.routes.get(key, ()):
             try:
-                self.rt.send(address, _codec.pack((M.STOP_ACTOR, key, port)))
+                self.rt.post(address, M.StopActor(key, port))
                 sent += 1
             except Exception:
                 pass  # already unreachable: nothing to stop

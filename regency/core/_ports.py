@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from .. import transports
 from . import _codec
-from . import _messages as M
+from ._messages import Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
 
@@ -20,8 +20,9 @@ class PortHandler(Protocol):
     #: Addresses of the procs this port waits on; a lost link to one fails the port.
     dests: frozenset[str]
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        """Handle one message; return True when the port is finished and can be closed."""
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        """Handle one reply (``status`` from :mod:`._messages`: ``OK`` with the value, else a
+        RemoteFailure); return True when the port is finished and can be closed."""
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         """The port can no longer complete (``address``, a destination, is unreachable)."""
@@ -49,18 +50,18 @@ class PortTable:
     def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
-        payload = _codec.dumps(_codec.out_of_band(value))
-        frame = _codec.pack_port(port_id, index, status, payload)
-        if frame is None:
-            frame = _codec.pack((M.PORT, port_id, index, status), payload)
-        self.send(address, frame)
+        self.send(address, _codec.encode_reply(port_id, index, status, value))
 
-    def _to_port(self, port_id: int, index: int, status: int, parts: list[memoryview]) -> None:
+    def _to_port(self, reply: Reply) -> None:
+        port_id = reply.port_id
         handler = self.ports.get(port_id)
         if handler is None:
             return  # a late reply to a port that finished or timed out
         try:
-            finished = handler.deliver(index, status, parts)
+            value = reply.payload
+            if type(value) is Undecodable:
+                raise value.error
+            finished = handler.deliver(reply.index, reply.status, value)
         except Exception as exc:
             log.exception("reply port %s failed", port_id)
             handler.fail(exc)

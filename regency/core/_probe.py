@@ -1,6 +1,6 @@
 """What a runtime lets an observer see: delivery and supervision decisions, as they happen.
 
-A :class:`Probe` installed as ``Runtime.probe`` is told when a frame joins a delivery session,
+A :class:`Probe` given as ``Environment.probe`` is told when a frame joins a delivery session,
 when the receiver hands it on (after duplicate suppression), when a session fails for good, and
 when supervision tells an owner (or the root) that actors failed. The simulator's invariant
 checker (:mod:`regency.sim._invariants`) is one; a tracer could be another. Every method runs

@@ -15,7 +15,7 @@ from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
-from ._hosts import HostRef, launch_remote, plan_remote, shutdown_hosts
+from ._hosts import HostRef, shutdown_hosts, worker_launcher
 from ._launcher import LocalLauncher
 from ._replies import _Acks
 from ._shape import MeshAlgebra, Shape
@@ -68,6 +68,7 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         port = rt.open_port(_Acks(init, len(shape), f"spawning {name}", dests))
         labels, sizes = list(shape.labels), list(shape.sizes)
+        pickled = M.Pickled(payload)
         # The actor mesh's own ranks are 0..n-1 over the procs of this (maybe sliced) mesh.
         procs = tuple(self._procs[r] for r in shape.ranks)
         mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
@@ -75,10 +76,7 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         addresses = tuple(address for _, address in procs)
         rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
         for local, address in enumerate(addresses):
-            rt.send(
-                address,
-                _codec.pack((M.SPAWN, key, name, local, labels, sizes, port, owner), payload),
-            )
+            rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
         return cast(A, mesh)
 
     @property
@@ -159,7 +157,7 @@ class HostMesh(MeshAlgebra):
     def is_fake_in_process(self) -> bool:
         """Whether this mesh's procs share one OS process: True on the simulated cluster
         (Monarch's fake in-process hosts serve tests the same way), False otherwise."""
-        return current_runtime().config.runtime == "sim"
+        return current_runtime().env.simulated_host is not None
 
     def spawn_procs(
         self,
@@ -181,17 +179,13 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         rt = current_runtime()
-        remote = False
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
-            hosts = [self._hosts[r] for r in self._shape.ranks]
-            if all(h.worker in rt.host_launchers for h in hosts):
-                children = rt.plan_on_launchers(
-                    [rt.host_launchers[h.worker] for h in hosts], count, name or "p"
-                )
-            else:
-                remote = True
-                children = plan_remote(rt, hosts, count, name or "p")
+            launchers = [
+                rt.env.host_launcher(host.worker) or worker_launcher(rt, host)
+                for host in (self._hosts[r] for r in self._shape.ranks)
+            ]
+            children = rt.plan_on_launchers(launchers, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
         python = self._python
@@ -207,10 +201,7 @@ class HostMesh(MeshAlgebra):
                 for child in children:
                     child.launcher = launcher
             try:
-                if remote:
-                    launch_remote(rt, children, env, boot)
-                else:
-                    rt.launch_procs(children, env, boot)
+                rt.launch_procs(children, env, boot)
             except Exception as exc:  # not raised: this runs as a loop callback
                 ready.set_exception(exc)
                 for child in children:

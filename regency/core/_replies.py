@@ -1,21 +1,25 @@
-"""Reply collection: the port handlers behind each adverb (one reply, a ValueMesh, a
-stream, a fold, a count of acknowledgements). They run on the runtime's trio thread."""
+"""Reply collection: the port handlers behind each adverb. They run on the runtime's trio
+thread.
+
+An endpoint call's port has one handler, :class:`Replies`: it counts replies (ignoring a
+second answer for a rank), decodes each, and names the ranks behind a lost destination; what
+the replies become is its reducer's business (:class:`One`, :class:`ToMesh`, :class:`Fold`,
+:class:`EachInTurn`). Spawn and stop acknowledgements are counted by :class:`_Acks`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from . import _codec
 from . import _messages as M
 from ._errors import ActorError, RemoteFailure, SupervisionError
 from ._future import Future
 from ._shape import Shape, ValueMesh
 
 
-def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> Any:
-    """Unpickle a reply; raise what the caller should see for an error reply."""
-    value = _codec.loads(parts)
+def _decode(endpoint: str, index: int, status: int, value: Any) -> Any:
+    """A reply's value; raise what the caller should see for an error reply."""
     if status == M.OK:
         return value
     if status == M.ERROR:
@@ -23,125 +27,158 @@ def _decode(endpoint: str, index: int, status: int, parts: list[memoryview]) -> 
     raise SupervisionError(f"Endpoint call {endpoint} failed: {value.message}")
 
 
-def _call_failed(
-    endpoint: str, exc: BaseException, address: str | None, route: _Route
-) -> SupervisionError:
-    """The error for a call whose destination is lost, naming the mesh ranks behind it."""
-    ranks = [route.ranks[r] for r, a in enumerate(route.addresses) if a == address]
-    where = f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {ranks}" if ranks else ""
-    return SupervisionError(f"Endpoint call {endpoint} failed{where}: {exc}")
+class Reducer(Protocol):
+    """What the replies of one call become."""
+
+    def add(self, index: int, value: Any) -> None:
+        """A reply from local rank ``index``; may raise, which fails the call with that."""
+
+    def error(self, exc: BaseException) -> bool:
+        """An error reply (or a raising ``add``); True when the whole call is over."""
+
+    def finish(self) -> None:
+        """Every expected reply has come."""
+
+    def fail(self, exc: BaseException) -> None:
+        """The call can no longer complete."""
 
 
-class _OneReply:
-    __slots__ = ("dests", "endpoint", "fut", "rank")
+class Replies:
+    """The reply port handler of an endpoint call: ``expected`` replies, folded by
+    ``reducer``. ``ranks``/``addresses``: the mesh rank and address of each rank called,
+    so that a lost destination fails the call naming the ranks behind it."""
 
-    def __init__(self, fut: Future[Any], endpoint: str, dests: frozenset[str], rank: int) -> None:
-        self.fut = fut
-        self.endpoint = endpoint
-        self.dests = dests
-        self.rank = rank
-
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        try:
-            self.fut.set_result(_decode(self.endpoint, index, status, parts))
-        except Exception as exc:
-            self.fut.set_exception(exc)
-        return True
-
-    def fail(self, exc: BaseException, address: str | None = None) -> None:
-        self.fut.set_exception(
-            SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.rank}: {exc}")
-        )
-
-
-class _MeshReplies:
-    """Builds the ValueMesh of a ``call``; the first error fails the whole future."""
-
-    def __init__(
-        self, fut: Future[Any], endpoint: str, shape: Shape, route: _Route
-    ) -> None:
-        self.fut = fut
-        self.endpoint = endpoint
-        self.shape = shape
-        self.route = route
-        self.dests = route.all_dests
-        self.values: list[Any] = [None] * len(shape)
-        self.seen = [False] * len(shape)
-        self.missing = len(shape)
-
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        if self.seen[index]:
-            return False  # an explicit port answered twice: the first answer counts
-        self.seen[index] = True
-        try:
-            self.values[index] = _decode(self.endpoint, index, status, parts)
-        except Exception as exc:
-            self.fut.set_exception(exc)
-            return True
-        self.missing -= 1
-        if self.missing == 0:
-            self.fut.set_result(ValueMesh(self.shape, self.values))
-            return True
-        return False
-
-    def fail(self, exc: BaseException, address: str | None = None) -> None:
-        self.fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
-
-
-class _StreamReplies:
-    """Resolves the k-th future with the k-th reply to arrive."""
-
-    def __init__(self, futs: list[Future[Any]], endpoint: str, route: _Route) -> None:
-        self.futs = futs
-        self.next = 0
-        self.endpoint = endpoint
-        self.route = route
-        self.dests = route.all_dests
-
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
-        fut = self.futs[self.next]
-        self.next += 1
-        try:
-            fut.set_result(_decode(self.endpoint, index, status, parts))
-        except Exception as exc:
-            fut.set_exception(exc)
-        return self.next == len(self.futs)
-
-    def fail(self, exc: BaseException, address: str | None = None) -> None:
-        for fut in self.futs[self.next :]:
-            fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
-
-
-class _Fold:
-    """Left fold of replies in arrival order (``Accumulator``)."""
+    __slots__ = ("addresses", "dests", "endpoint", "missing", "ranks", "reducer", "seen")
 
     def __init__(
         self,
-        fut: Future[Any],
+        reducer: Reducer,
         endpoint: str,
-        n: int,
-        acc: Any,
-        combine: Callable[[Any, Any], Any],
-        route: _Route,
+        ranks: tuple[int, ...],
+        addresses: tuple[str, ...],
+        dests: frozenset[str],
+        *,
+        once_per_rank: bool = False,
     ) -> None:
-        self.fut, self.endpoint, self.missing = fut, endpoint, n
-        self.acc, self.combine, self.route = acc, combine, route
-        self.dests = route.all_dests
+        self.reducer, self.endpoint = reducer, endpoint
+        self.ranks, self.addresses, self.dests = ranks, addresses, dests
+        self.missing = len(ranks)
+        #: Ranks answered, where an explicit port may answer twice (the first answer counts).
+        self.seen: list[bool] | None = [False] * len(ranks) if once_per_rank else None
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        seen = self.seen
+        if seen is not None:
+            if seen[index]:
+                return False
+            seen[index] = True
         try:
-            self.acc = self.combine(self.acc, _decode(self.endpoint, index, status, parts))
+            if status != M.OK:
+                value = _decode(self.endpoint, index, status, value)  # raises
+            self.reducer.add(index, value)
         except Exception as exc:
-            self.fut.set_exception(exc)
-            return True
+            if self.reducer.error(exc):
+                return True
         self.missing -= 1
         if self.missing == 0:
-            self.fut.set_result(self.acc)
+            self.reducer.finish()
             return True
         return False
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
-        self.fut.set_exception(_call_failed(self.endpoint, exc, address, self.route))
+        if len(self.ranks) == 1:
+            ranks = list(self.ranks)
+        else:
+            ranks = [r for r, a in zip(self.ranks, self.addresses, strict=True) if a == address]
+        where = f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {ranks}" if ranks else ""
+        self.reducer.fail(SupervisionError(f"Endpoint call {self.endpoint} failed{where}: {exc}"))
+
+
+class _IntoFuture:
+    """A reducer that resolves one future; the first error fails it."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: Future[Any]) -> None:
+        self.fut = fut
+
+    def error(self, exc: BaseException) -> bool:
+        self.fut.set_exception(exc)
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        self.fut.set_exception(exc)
+
+
+class One(_IntoFuture):
+    """The only reply (``call_one``, ``choose``)."""
+
+    __slots__ = ("value",)
+
+    def add(self, index: int, value: Any) -> None:
+        self.value = value
+
+    def finish(self) -> None:
+        self.fut.set_result(self.value)
+
+
+class ToMesh(_IntoFuture):
+    """A ValueMesh of the replies by rank (``call``)."""
+
+    __slots__ = ("shape", "values")
+
+    def __init__(self, fut: Future[Any], shape: Shape) -> None:
+        super().__init__(fut)
+        self.shape = shape
+        self.values: list[Any] = [None] * len(shape)
+
+    def add(self, index: int, value: Any) -> None:
+        self.values[index] = value
+
+    def finish(self) -> None:
+        self.fut.set_result(ValueMesh(self.shape, self.values))
+
+
+class Fold(_IntoFuture):
+    """A left fold of the replies in arrival order (``Accumulator``)."""
+
+    __slots__ = ("acc", "combine")
+
+    def __init__(self, fut: Future[Any], acc: Any, combine: Callable[[Any, Any], Any]) -> None:
+        super().__init__(fut)
+        self.acc, self.combine = acc, combine
+
+    def add(self, index: int, value: Any) -> None:
+        self.acc = self.combine(self.acc, value)
+
+    def finish(self) -> None:
+        self.fut.set_result(self.acc)
+
+
+class EachInTurn:
+    """The k-th future gets the k-th reply to arrive, error or not (``stream``)."""
+
+    __slots__ = ("futs", "next")
+
+    def __init__(self, futs: list[Future[Any]]) -> None:
+        self.futs = futs
+        self.next = 0
+
+    def add(self, index: int, value: Any) -> None:
+        self.futs[self.next].set_result(value)
+        self.next += 1
+
+    def error(self, exc: BaseException) -> bool:
+        self.futs[self.next].set_exception(exc)
+        self.next += 1
+        return False
+
+    def finish(self) -> None:
+        pass
+
+    def fail(self, exc: BaseException) -> None:
+        for fut in self.futs[self.next :]:
+            fut.set_exception(exc)
 
 
 class _Acks:
@@ -151,9 +188,9 @@ class _Acks:
         self.fut, self.missing, self.what, self.dests = fut, n, what, dests
         self.failures: list[RemoteFailure] = []
 
-    def deliver(self, index: int, status: int, parts: list[memoryview]) -> bool:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
         if status != M.OK:
-            self.failures.append(_codec.loads(parts))
+            self.failures.append(value)
         return self.skip(1)
 
     def skip(self, count: int) -> bool:

@@ -20,9 +20,8 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, assert_never
 
 import trio
 
@@ -35,10 +34,11 @@ from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
+from ._environment import Environment, SyncRunner, TransportFactory, production
 from ._errors import RemoteFailure, UndeliverableError
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
-from ._launcher import ProcLauncher, ZygoteLauncher, default_launcher
+from ._launcher import ProcLauncher, ZygoteLauncher
 from ._mailbox import ActorCell
 from ._outbox import Outbox
 from ._oversight import Oversight
@@ -46,13 +46,6 @@ from ._ports import PortHandler, PortTable
 from ._probe import Probe
 
 log = logging.getLogger("regency.runtime")
-
-
-def _open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.MultiTransport]:
-    return transports.open_transport(rt.secret, max_frame_bytes=rt.config.max_frame_bytes)
-
-
-TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]
 
 
 class Runtime(ChildProcs, PortTable, InboundSessions):
@@ -68,25 +61,25 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         address: str | None = None,
         parent_address: str | None = None,
         seed: int | None = None,
-        transport: TransportFactory | None = None,
-        launcher: ProcLauncher | None = None,
+        env: Environment | None = None,
     ) -> None:
         self.proc_id = proc_id
         self.secret = secret
         self.jobdir = jobdir
         self.config = config
-        self.launcher: ProcLauncher | None = launcher
+        #: The world this runtime runs in (see :mod:`regency.core._environment`).
+        self.env = env = env if env is not None else production()
+        #: Starts procs on this host; made from ``env.launcher`` when ``serve`` starts.
+        self.launcher: ProcLauncher | None = None
         self.address = address or self._default_address(proc_id)
         self.parent_address = parent_address
         self.rng = random.Random(seed)
-        #: Opens this runtime's transport; the simulator passes its own.
-        self._open_transport = transport or _open_real_transport
         self.actors: dict[str, ActorCell] = {}
         #: Keys of actors that stopped or failed here, with why (later messages bounce).
         self.dead: dict[str, RemoteFailure] = {}
         #: Messages for actors whose SPAWN has not arrived yet (a third party may know the
         #: mesh before the SPAWN from its owner reaches this proc).
-        self.limbo: dict[str, list[tuple[Any, ...]]] = {}
+        self.limbo: dict[str, list[M.Call | M.StopActor]] = {}
         self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
         self._outboxes: dict[str, Outbox] = {}
@@ -97,29 +90,39 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._names = itertools.count()
         self.started = threading.Event()
         self.thread_id: int | None = None
-        #: Launchers for hosts this runtime can place procs on directly, by the ``worker``
-        #: field of their HostRef (the simulator's hosts); other hosts go through workers.
-        self.host_launchers: dict[str, ProcLauncher] = {}
-        #: When set, sync actor code runs through it instead of on actor threads (the
-        #: simulator runs it in lockstep with its loop). ``await sync_runner(fn)``.
-        self.sync_runner: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
         self.on_child_exit: list[Callable[[Child], None]] = []
-        #: Told what delivery and supervision do (the simulator's invariant checker).
-        self.probe: Probe | None = None
-        #: Acknowledge inbound frames after this many, or this many seconds (the simulator's
-        #: "buggify" runs change them to stress the delivery layer).
-        self.ack_every = _ACK_EVERY
-        self.ack_delay = _ACK_DELAY
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
-        self.extensions: dict[int, Callable[[tuple[Any, ...], list[memoryview]], None]] = {}
+        self.extensions: dict[type[M.HostMessage], Callable[[Any], None]] = {}
         #: Set once an actor here failed: the proc refuses new actors from then on.
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
         self._sessions = itertools.count(1)
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
+
+    # What the environment decides, read-only: a runtime's world does not change under it.
+
+    @property
+    def sync_runner(self) -> SyncRunner | None:
+        """Where sync actor code runs (None: on actor threads; the simulator's lockstep)."""
+        return self.env.sync_runner
+
+    @property
+    def probe(self) -> Probe | None:
+        """Told what delivery and supervision do (the simulator's invariant checker)."""
+        return self.env.probe
+
+    @property
+    def ack_every(self) -> int:
+        """Inbound frames are acknowledged after this many, or ..."""
+        return self.env.ack_every
+
+    @property
+    def ack_delay(self) -> float:
+        """... after this many seconds, whichever comes first."""
+        return self.env.ack_delay
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -131,11 +134,11 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._stop_event = trio.Event()
         try:
             _runtime_var.set(self)  # tasks spawned from here on know their runtime
-            async with self._open_transport(self) as transport, trio.open_nursery() as nursery:
+            async with self.env.transport(self) as transport, trio.open_nursery() as nursery:
                 self.transport = transport
                 self.nursery = nursery
                 self._asyncio = AsyncioBridge(nursery)
-                self.launcher = self.launcher or default_launcher(nursery)
+                self.launcher = self.env.launcher(nursery)
                 listener = await transport.listen(self.address, lambda c: InboundSink(self))
                 self.address = self.local_address = listener.address
                 # Frames this process sends to itself take the in-process transport, where
@@ -149,7 +152,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                     self._loopback = listener
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
-                        _codec.pack((M.HELLO, self.proc_id, self.address))
+                        _codec.encode(M.Hello(self.proc_id, self.address))
                     )
                 if self.parent_address is None and isinstance(self.launcher, ZygoteLauncher):
                     # A controller will almost surely spawn procs: warm the zygote now.
@@ -185,7 +188,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
 
     async def _send_heartbeats(self, address: str) -> None:
         """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
-        frame = _codec.pack((M.HEARTBEAT, self.address))
+        frame = _codec.encode(M.Heartbeat(self.address))
         while True:
             await trio.sleep(self.config.heartbeat_interval)
             try:
@@ -201,8 +204,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             now = trio.current_time()
             for box in list(self._outboxes.values()):
                 box.check_stalled(now)
-            if self._idle_sessions:
-                self._forget_idle_sessions(now)
+            self._forget_idle_sessions(now)
             self._check_heartbeats(now)
 
     def stop(self) -> None:
@@ -291,59 +293,69 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
 
     def on_frame(self, frame: memoryview) -> None:
         """Dispatch one frame. A malformed frame raises, closing that one connection."""
-        if frame[:4] == _codec.PORT_MARK_BYTES:
-            self._to_port(*_codec.unpack_port(frame))
-            return
-        envelope, parts = _codec.unpack(frame)
-        kind = envelope[0]
-        if kind == M.CALL:
-            _, key, method, port, rank, labels, sizes = envelope
-            try:
-                args = _codec.loads(parts)
-            except Exception as exc:
-                args = exc
-            self._to_actor(key, ("call", method, args, port, rank, (rank, labels, sizes)))
-        elif kind == M.PORT:
-            _, port_id, index, status = envelope
-            self._to_port(port_id, index, status, parts)
-        elif kind == M.SPAWN:
-            _, key, name, rank, labels, sizes, port, owner = envelope
-            try:
-                payload = _codec.loads(parts)
-            except Exception as exc:
-                payload = exc
-            self._spawn(key, name, (rank, labels, sizes), payload, port, owner)
-        elif kind == M.FAILED:
-            _, key, rank = envelope
-            self.oversight.feed(RanksFailed(key, (rank,), _codec.loads(parts)))
-        elif kind == M.HEARTBEAT:
-            (_, address) = envelope
-            child = self.children.get(address)
-            if child is not None and child.last_seen is not None:
-                child.last_seen = trio.current_time()
-        elif kind == M.STOP_ACTOR:
-            _, key, port = envelope
-            self._to_actor(key, ("stop", port))
-        elif kind == M.STOP_PROC:
-            (_, port) = envelope
-            if port is not None:
-                self.send_port(port, 0, M.OK, None)
-            self.stop()
-        elif kind == M.HELLO:
-            _, _proc_id, address = envelope
-            ready = self.child_ready.pop(address, None)
-            if ready is not None:
-                ready.set()
-            child = self.children.get(address)
-            if child is not None:
-                child.last_seen = trio.current_time()
+        msg = _codec.decode(frame)
+        # The two kinds that are nearly all the traffic skip the match (same outcome).
+        if type(msg) is M.Reply:
+            self._to_port(msg)
+        elif type(msg) is M.Call:
+            self._to_actor(msg.actor, msg)
         else:
-            extension = self.extensions.get(kind)
-            if extension is None:
-                raise ValueError(f"unknown frame kind {kind!r}")
-            extension(envelope, parts)
+            self.dispatch(msg)
 
-    def _to_actor(self, key: str, item: tuple[Any, ...]) -> None:
+    def dispatch(self, msg: M.Wire) -> None:
+        """Handle one message from a peer (on the trio thread). Session control belongs to
+        the connection's sink; here it raises like a malformed frame."""
+        match msg:
+            case M.Reply():
+                self._to_port(msg)
+            case M.Call():
+                self._to_actor(msg.actor, msg)
+            case M.Spawn():
+                payload = msg.payload
+                if type(payload) is M.Undecodable:
+                    payload = payload.error
+                self._spawn(
+                    msg.actor, msg.name, (msg.rank, msg.labels, msg.sizes), payload, msg.port,
+                    msg.owner,
+                )
+            case M.Failed():
+                if type(msg.payload) is M.Undecodable:
+                    raise msg.payload.error
+                self.oversight.feed(RanksFailed(msg.mesh, (msg.rank,), msg.payload))
+            case M.Heartbeat():
+                child = self.children.get(msg.address)
+                if child is not None and child.last_seen is not None:
+                    child.last_seen = trio.current_time()
+            case M.StopActor():
+                self._to_actor(msg.actor, msg)
+            case M.StopProc():
+                if msg.port is not None:
+                    self.send_port(msg.port, 0, M.OK, None)
+                self.stop()
+            case M.Hello():
+                ready = self.child_ready.pop(msg.address, None)
+                if ready is not None:
+                    ready.set()
+                child = self.children.get(msg.address)
+                if child is not None:
+                    child.last_seen = trio.current_time()
+            case M.Attach() | M.Reserve() | M.Launch() | M.Exited() | M.Kill() | M.Lease() | (
+                M.Detach()
+            ):
+                extension = self.extensions.get(type(msg))
+                if extension is None:
+                    raise ValueError(f"{type(msg).__name__} frames are not handled here")
+                extension(msg)
+            case M.Session() | M.Ack():
+                raise ValueError(f"a {type(msg).__name__} frame outside session control")
+            case _:
+                assert_never(msg)
+
+    def post(self, address: str, msg: M.Wire) -> None:
+        """Encode ``msg`` and send it to the runtime at ``address``. Thread-safe."""
+        self.send(address, _codec.encode(msg))
+
+    def _to_actor(self, key: str, item: M.Call | M.StopActor) -> None:
         cell = self.actors.get(key)
         if cell is not None:
             cell.enqueue(item)
@@ -358,7 +370,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self,
         key: str,
         name: str,
-        point: tuple[int, list[str], list[int]],
+        point: tuple[int, Sequence[str], Sequence[int]],
         payload: Any,
         port: tuple[str, int] | None,
         owner: tuple[str, str, str],
@@ -390,27 +402,17 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.dead[cell.key] = failure
 
 
-def bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
+def bounce(rt: Runtime, item: M.MailboxItem, failure: RemoteFailure) -> None:
     """Answer a message for an actor that cannot take it (best effort: the caller's proc may
     be gone too, and nothing here may raise into the loop)."""
     try:
-        _bounce(rt, item, failure)
+        match item:
+            case M.Call(port=port, rank=index) if port is not None:
+                rt.send_port(port, index, M.DEAD, failure)
+            case M.StopActor(port=port) if port is not None:
+                rt.send_port(port, 0, M.OK, None)
     except Exception as exc:
-        log.info("could not bounce a message (%s): %s", item[0], exc)
-
-
-def _bounce(rt: Runtime, item: tuple[Any, ...], failure: RemoteFailure) -> None:
-    if item[0] == "call":
-        port, index = item[3], item[4]
-    elif item[0] == "stop":
-        port, index = item[1], 0
-        if port is not None:
-            rt.send_port(port, index, M.OK, None)
-        return
-    else:
-        return
-    if port is not None:
-        rt.send_port(port, index, M.DEAD, failure)
+        log.info("could not bounce a message (%s): %s", type(item).__name__, exc)
 
 
 # Names other modules (and tests) import from here; they live in their own modules now.

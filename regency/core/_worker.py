@@ -19,12 +19,10 @@ import signal
 import socket
 import sys
 import tempfile
-from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
-from . import _codec
 from . import _messages as M
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
@@ -47,20 +45,17 @@ class WorkerService:
         self.lease = 0.0
         self.deadline = 0.0
         self.procs: dict[str, ProcHandle] = {}
-        for kind, handler in (
-            (M.ATTACH, self._attach),
-            (M.RESERVE, self._reserve),
-            (M.LAUNCH, self._launch),
-            (M.KILL, self._kill),
-            (M.LEASE, self._renew),
-            (M.DETACH, self._detach),
-        ):
-            rt.extensions[kind] = handler
+        rt.extensions[M.Attach] = self._attach
+        rt.extensions[M.Reserve] = self._reserve
+        rt.extensions[M.Launch] = self._launch
+        rt.extensions[M.Kill] = self._kill
+        rt.extensions[M.Lease] = self._renew
+        rt.extensions[M.Detach] = self._detach
 
     # -- protocol ----------------------------------------------------------------------
 
-    def _attach(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, lease, port = envelope
+    def _attach(self, msg: M.Attach) -> None:
+        controller, lease, port = msg.controller, msg.lease, msg.port
         now = trio.current_time()
         if self.controller not in (None, controller) and now < self.deadline:
             message = f"worker {self.rt.address} already serves the controller at {self.controller}"
@@ -76,18 +71,18 @@ class WorkerService:
         info = (socket.gethostname(), self.host_ip, self._free_ports(PORT_BATCH))
         self.rt.send_port(port, 0, M.OK, info)
 
-    def _reserve(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, count, port = envelope
-        if controller == self.controller:
-            self.rt.send_port(port, 0, M.OK, self._free_ports(int(count)))
+    def _reserve(self, msg: M.Reserve) -> None:
+        if msg.controller == self.controller:
+            self.rt.send_port(msg.port, 0, M.OK, self._free_ports(int(msg.count)))
 
-    def _launch(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
-        if controller != self.controller:
-            log.warning("ignored a launch from %s, which is not our controller", controller)
+    def _launch(self, msg: M.Launch) -> None:
+        if msg.controller != self.controller:
+            log.warning("ignored a launch from %s, which is not our controller", msg.controller)
             return
+        if type(msg.payload) is M.Undecodable:
+            raise msg.payload.error
         assert self.rt.launcher is not None
-        for record, env in _codec.loads(parts):
+        for record, env in msg.payload:
             # The proc runs on this host: our interpreter's path, our job dir, us as parent.
             record["sys_path"] = list(sys.path)
             record["jobdir"] = self.rt.jobdir
@@ -106,24 +101,21 @@ class WorkerService:
         self.procs.pop(address, None)
         if self.controller is not None:
             try:
-                self.rt.send(self.controller, _codec.pack((M.EXITED, address, code)))
+                self.rt.post(self.controller, M.Exited(address, code))
             except Exception as exc:
                 log.warning("could not report the exit of %s: %s", address, exc)
 
-    def _kill(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        _, controller, address = envelope
-        handle = self.procs.get(address)
-        if controller == self.controller and handle is not None:
+    def _kill(self, msg: M.Kill) -> None:
+        handle = self.procs.get(msg.address)
+        if msg.controller == self.controller and handle is not None:
             handle.kill()
 
-    def _renew(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
-        if controller == self.controller:
+    def _renew(self, msg: M.Lease) -> None:
+        if msg.controller == self.controller:
             self.deadline = trio.current_time() + self.lease
 
-    def _detach(self, envelope: tuple[Any, ...], parts: list[memoryview]) -> None:
-        (_, controller) = envelope
-        if controller == self.controller:
+    def _detach(self, msg: M.Detach) -> None:
+        if msg.controller == self.controller:
             self._release("the controller detached")
 
     # -- lifetime ------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Each process that owns buffers opens, on first need, a listener of its own on the runtime's
 transport (``tcp://HOST:0``, HOST that of the runtime's own TCP address, else ``tcp_host``; the
-job secret's challenge-response handshake like every Regency link; in a simulated cluster
-``sim://HOST/``, so the simulator's faults apply to the bytes). Peers learn its address once from the owner's RDMA manager actor, dial it once,
+job secret's challenge-response handshake like every Regency link; in a simulated cluster the
+address its environment names, on the simulated network, so the simulator's faults apply to
+the bytes). Peers learn its address once from the owner's RDMA manager actor, dial it once,
 and multiplex every request to that owner on the one connection, so bulk bytes never queue
 behind (or in front of) actor messages, and a lease costs a small struct frame each way
 instead of a pickled actor call.
@@ -53,7 +54,7 @@ from . import _cuda
 from ._backend import BufferRef, FallBack, call_manager
 from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
 from ._registry import Entry
-from ._state import SIM_SCHEME, ProcState, current_state
+from ._state import ProcState, current_state
 
 #: Bytes per DATA frame.
 CHUNK = 1 << 20
@@ -216,13 +217,8 @@ def _listen_host(address: str, tcp_host: str) -> str:
 
 
 def listen_address(address: str, tcp_host: str) -> str:
-    """The address the data listener listens on, for a runtime at ``address``: a fresh name on
-    the same simulated host in a simulation (``sim://HOST/``), else ``tcp://HOST:0``."""
-    parts = urlsplit(address)
-    if parts.scheme == SIM_SCHEME:
-        if not parts.hostname:
-            raise ValueError(f"sim address must look like sim://HOST/NAME (got {address!r})")
-        return f"{SIM_SCHEME}://{parts.hostname}/"
+    """The TCP address the data listener listens on, for a runtime at ``address``:
+    ``tcp://HOST:0`` (a runtime's environment may name another, see ``data_address``)."""
     host = _listen_host(address, tcp_host)
     return f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
 
@@ -237,7 +233,9 @@ async def data_address() -> str:
     async with state.listen_lock:
         if state.data_address is None:
             rt = current_runtime()
-            where = listen_address(rt.address, rt.config.tcp_host)
+            where = rt.env.data_listen_address or listen_address(
+                rt.address, rt.config.tcp_host
+            )
             listener = await rt.transport.listen(where, lambda conn: _ServerSink(conn, state))
             state.data_address = listener.address
         return state.data_address

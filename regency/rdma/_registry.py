@@ -41,8 +41,9 @@ class Entry:
 
 
 class Registry:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        #: Seconds on a monotonic clock, for lease expiry (injected by tests).
+    def __init__(self, clock: Callable[[], float]) -> None:
+        #: Seconds on a monotonic clock, for lease expiry (the runtime environment's: virtual
+        #: time in a simulation).
         self._clock = clock
         self._lock = threading.Lock()
         #: Notified whenever a lease ends.
@@ -177,5 +178,5 @@ class Registry:
                 self._unpin_locked(entry, lease_id)
 
 
-#: This process's registry.
-registry = Registry()
+#: This process's registry (a real process: one runtime, the wall clock).
+registry = Registry(time.monotonic)

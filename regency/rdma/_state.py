@@ -17,7 +17,6 @@ import os
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -28,14 +27,6 @@ from ._registry import Registry, registry
 
 if TYPE_CHECKING:
     from ..core import ActorMesh, Runtime
-
-#: Address scheme of the simulator's transport.
-SIM_SCHEME = "sim"
-
-
-def is_simulated_address(address: str) -> bool:
-    return address.startswith(f"{SIM_SCHEME}://")
-
 
 @attrs.define(eq=False)
 class ProcState:
@@ -73,9 +64,10 @@ def state_of(rt: Runtime) -> ProcState:
     with _lock:
         state = _states.get(rt)
         if state is None:
-            if is_simulated_address(rt.address):
-                host = urlsplit(rt.address).hostname or "?"
-                state = ProcState(Registry(), True, f"sim:{host}", 0)
+            host = rt.env.simulated_host
+            if host is not None:
+                # The simulator's clock: leases expire in virtual time.
+                state = ProcState(Registry(rt.env.clock), True, f"sim:{host}", 0)
             else:
                 state = ProcState(registry, False, host_identity(), os.getpid())
             _states[rt] = state

@@ -16,7 +16,7 @@ Every choice is recorded in the run's trace as a ``buggify`` event.
 
 The points are knobs the core exposes anyway: configuration keys (applied for the run with
 :func:`regency.core._config.overridden`), the delivery layer's acknowledgement cadence
-(``Runtime.ack_every`` and ``Runtime.ack_delay``), and the simulated network's connect timeout.
+(``Environment.ack_every`` and ``Environment.ack_delay``), and the simulated network's connect timeout.
 No ``if sim:`` in the core.
 """
 
@@ -30,7 +30,7 @@ import attrs
 from ._clock import Trace
 
 if TYPE_CHECKING:
-    from ..core._runtime import Runtime
+    from ..core._environment import Environment
 
 #: name -> the values it may take when switched on. Configuration keys are set for the whole
 #: run; heartbeat_timeout is tied to heartbeat_interval so that it stays several ticks long.
@@ -71,11 +71,13 @@ class Buggify:
             return "buggify off"
         return "buggify: " + ", ".join(f"{k}={v:g}" for k, v in sorted(points.items()))
 
-    def apply_to_runtime(self, rt: Runtime) -> None:
+    def apply_to_environment(self, env: Environment) -> Environment:
+        """``env`` with this run's runtime points (acknowledgement batching) applied."""
         if "ack_every" in self.runtime:
-            rt.ack_every = int(self.runtime["ack_every"])
+            env = attrs.evolve(env, ack_every=int(self.runtime["ack_every"]))
         if "ack_delay" in self.runtime:
-            rt.ack_delay = self.runtime["ack_delay"]
+            env = attrs.evolve(env, ack_delay=self.runtime["ack_delay"])
+        return env
 
     @classmethod
     def draw(cls, rng: random.Random, enabled: bool | None, trace: Trace | None) -> Buggify:

@@ -21,6 +21,7 @@ import trio
 
 from ..core import _codec, _config
 from ..core._config import current_config
+from ..core._environment import Environment
 from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
 from ._buggify import Buggify
@@ -157,7 +158,17 @@ class SimCluster:
                 yield network.transport(host, nursery, max_frame_bytes=rt.config.max_frame_bytes)
                 nursery.cancel_scope.cancel()
 
-        rt = Runtime(
+        env = Environment(
+            transport=transport,
+            launcher=lambda nursery: SimLauncher(self, host),
+            host_launcher=self._host_launcher,
+            sync_runner=self.lockstep.run,
+            clock=self.now,
+            probe=self.checker,
+            simulated_host=host,
+            data_listen_address=f"sim://{host}/",
+        )
+        return Runtime(
             proc_id,
             secret=_SECRET,
             jobdir="/simulated",
@@ -165,16 +176,15 @@ class SimCluster:
             address=address,
             parent_address=parent,
             seed=self.rng.getrandbits(64),
-            transport=transport,
-            launcher=SimLauncher(self, host),
+            env=self.buggify.apply_to_environment(env),
         )
-        rt.sync_runner = self.lockstep.run
-        rt.probe = self.checker
-        self.buggify.apply_to_runtime(rt)
-        # Any proc may place procs on any simulated host (an actor given the host mesh).
-        for name in dict.fromkeys([*self.network.hosts, *self._host_names]):
-            rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
-        return rt
+
+    def _host_launcher(self, worker: str) -> ProcLauncher | None:
+        """Any proc may place procs on any simulated host (an actor given the host mesh)."""
+        name = worker[len("sim:") :] if worker.startswith("sim:") else None
+        if name is None or (name not in self.network.hosts and name not in self._host_names):
+            return None
+        return SimLauncher(self, name)
 
     def _start_proc(
         self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
@@ -230,9 +240,6 @@ class SimCluster:
         assert self.controller is not None
         names = [f"host{i}" for i in range(count)]
         self._host_names.extend(n for n in names if n not in self._host_names)
-        for rt in [self.controller, *(proc.rt for proc in self.procs.values())]:
-            for name in names:
-                rt.host_launchers[f"sim:{name}"] = SimLauncher(self, name)
         refs = tuple(HostRef(f"sim:{name}", name, name) for name in names)
         return HostMesh(Shape.full(["hosts"], [count]), refs)
 

@@ -79,8 +79,8 @@ def test_the_simulator_finds_and_shrinks_a_planted_duplicate_delivery_bug(
     original = _runtime._InboundSink.frame_received
 
     def forgetful(self: Any, conn: Any, frame: memoryview) -> None:
-        if self._handled is not None:
-            self._handled[0] = 0
+        if self._receiver.state is not None:
+            self._receiver.state.handled = 0
         original(self, conn, frame)
 
     monkeypatch.setattr(_runtime._InboundSink, "frame_received", forgetful)

@@ -296,8 +296,8 @@ PLANTED = textwrap.dedent(
     from regency.core import _runtime
     original = _runtime._InboundSink.frame_received
     def forgetful(self, conn, frame):
-        if self._handled is not None:
-            self._handled[0] = 0  # the bug: forget which frames were handled
+        if self._receiver.state is not None:
+            self._receiver.state.handled = 0  # the bug: forget which frames were handled
         original(self, conn, frame)
     _runtime._InboundSink.frame_received = forgetful
 

@@ -177,6 +177,11 @@ def test_cleanup_runs_on_stop_and_on_failure(roots: RootFailures) -> None:
         tidy.slice(gpus=1).fail.broadcast()
         roots.wait_for("tidy")
         tidy.slice(gpus=0).stop().get(T)
+        # The owner hears of rank 1's failure before rank 1's __cleanup__ has run (on
+        # another proc): wait for its line, bounded, rather than race it.
+        deadline = time.monotonic() + T
+        while len(Path(log.name).read_text().splitlines()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
         lines = sorted(Path(log.name).read_text().splitlines())
         assert lines == ["cleanup 0 None", "cleanup 1 KeyError"]
         pm.stop().get(T)

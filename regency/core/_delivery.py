@@ -1,0 +1,332 @@
+"""Delivery sessions as pure state machines: events in, actions out, no I/O, no clock.
+
+A process sends to another over one *session* at a time: the sender numbers every frame it
+queues (0, 1, 2, ...), and each connection it opens starts with ``SESSION(id, first)``, so the
+receiver knows the number of every frame that follows. The receiver hands each frame on once,
+drops what it already handled (a resend after a reconnect), and acknowledges (``ACK(n)``:
+every frame below ``n`` was handled). The sender keeps frames until acknowledged; when a
+connection breaks, or goes silent with frames unacknowledged for the delivery timeout, it
+dials again and resends them. When it cannot reconnect, or the peer is known to have exited,
+it gives up: the link is failed and later sends raise.
+
+* :class:`Outbound` is one sender's session to one destination. Events: :meth:`queued`,
+  :meth:`connected`, :meth:`acknowledged`, :meth:`lost`, :meth:`dial_failed`, :meth:`tick`,
+  :meth:`give_up`; actions: :class:`Transmit`, :class:`Dial`, :class:`Close`,
+  :class:`GiveUp`. The shell (:mod:`regency.core._outbox`) performs them on a transport.
+* :class:`Receiver` is one inbound connection, :class:`SessionTable` the receiving process's
+  sessions (shared by their connections, forgotten once no resend can come). The shell is
+  :mod:`regency.core._inbound`.
+
+Frames and connections are opaque here (the shells' objects); times are numbers the shell
+passes in. Errors are values: an event on a failed session returns nothing or raises
+:class:`SessionFailed`, never blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import attrs
+
+Link = Any  # a connection, opaque to the machine
+Frame = Any  # a frame, opaque to the machine
+
+
+class Stalled(Exception):
+    """Frames went unacknowledged for the delivery timeout on a connection."""
+
+
+class SessionFailed(Exception):
+    """The session gave up; ``cause`` is why (what :class:`GiveUp` carried)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class ForgottenSession(ValueError):
+    """A connection resumed a session the receiver no longer knows (idle for longer than any
+    sender keeps reconnecting): which of its frames were handled is unknown."""
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Transmit:
+    """Write ``frames`` on ``link``, in order, after ``SESSION(session, resume_at)`` when
+    ``resume_at`` is not None (the start of a connection)."""
+
+    link: Link
+    frames: tuple[Frame, ...]
+    resume_at: int | None = None
+
+
+@attrs.frozen
+class Dial:
+    """Open a connection and report :meth:`Outbound.connected` or
+    :meth:`Outbound.dial_failed`. ``first``: the session's first connection (the peer may
+    still be starting); otherwise a reconnect after ``cause``."""
+
+    first: bool
+    cause: BaseException | None = None
+
+
+@attrs.frozen
+class Close:
+    """Close ``link`` (the machine no longer uses it)."""
+
+    link: Link
+    reason: str
+
+
+@attrs.frozen
+class GiveUp:
+    """The session failed for good: fail whatever waits on the peer."""
+
+    cause: BaseException
+
+
+class _SendNow:
+    """Write the frame just queued on the current link (the common case, allocation-free)."""
+
+    def __repr__(self) -> str:
+        return "SEND_NOW"
+
+
+SEND_NOW = _SendNow()
+
+Action = Transmit | Dial | Close | GiveUp
+
+# -- states of an Outbound -------------------------------------------------------------------
+
+IDLE = "idle"  # nothing queued yet, no connection
+DIALING = "dialing"  # a Dial is out; frames queue
+CONNECTED = "connected"  # frames go out as they are queued
+FAILED = "failed"  # gave up; final
+
+
+@attrs.define
+class Outbound:
+    """One sender's delivery session to one destination.
+
+    Invariants: frames ``acked .. acked + len(unacked)`` went out on some connection and are
+    not yet acknowledged; ``pending`` queued while no connection was up and go out, after the
+    unacknowledged ones, when one comes. A failed session holds nothing and stays failed.
+    """
+
+    session: str
+    state: str = IDLE
+    #: The live connection while CONNECTED (None otherwise).
+    link: Link = None
+    #: How many frames of the session the receiver has acknowledged.
+    acked: int = 0
+    unacked: deque[Frame] = attrs.field(factory=deque)
+    pending: list[Frame] = attrs.field(factory=list)
+    cause: BaseException | None = None
+    #: Since when frames have waited for an acknowledgement that did not come, and how many
+    #: were acknowledged then (see :meth:`tick`).
+    stalled_since: float | None = None
+    stalled_at: int = 0
+
+    @property
+    def queued_count(self) -> int:
+        """How many frames were ever queued: the number the next frame gets."""
+        return self.acked + len(self.unacked) + len(self.pending)
+
+    def queued(self, frame: Frame) -> _SendNow | Dial | None:
+        """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
+        up, a first :class:`Dial`, or None (it waits for the link). Raises
+        :class:`SessionFailed` on a failed session."""
+        state = self.state
+        if state == CONNECTED:
+            self.unacked.append(frame)
+            return SEND_NOW
+        if state == FAILED:
+            assert self.cause is not None
+            raise SessionFailed(self.cause)
+        self.pending.append(frame)
+        if state == IDLE:
+            self.state = DIALING
+            return Dial(first=True)
+        return None
+
+    def connected(self, link: Link) -> list[Action]:
+        """The Dial succeeded: start the session on ``link`` and resend."""
+        if self.state == FAILED:
+            return [Close(link, "the session failed meanwhile")]
+        if self.state != DIALING:
+            raise RuntimeError(f"connected while {self.state} (no dial was out)")
+        # Everything queued joins the session first, so a write failing part-way loses
+        # nothing: what did not go out is resent by the next attempt, in order.
+        self.unacked.extend(self.pending)
+        self.pending.clear()
+        self.state, self.link = CONNECTED, link
+        self.stalled_since = None
+        return [Transmit(link, tuple(self.unacked), resume_at=self.acked)]
+
+    def acknowledged(self, count: int) -> None:
+        """The receiver handled the session's first ``count`` frames."""
+        unacked = self.unacked
+        while self.acked < count and unacked:
+            unacked.popleft()
+            self.acked += 1
+
+    def lost(self, link: Link, cause: BaseException) -> list[Action]:
+        """``link`` broke. A stale link (an older connection) changes nothing."""
+        if self.state != CONNECTED or self.link is not link:
+            return []
+        self.state, self.link = DIALING, None
+        return [Dial(first=False, cause=cause)]
+
+    def dial_failed(self, cause: BaseException) -> list[Action]:
+        """The Dial failed for good (refused, timed out): give up."""
+        return self.give_up(cause)
+
+    def give_up(self, cause: BaseException) -> list[Action]:
+        """Fail the session (the peer exited, or cannot be reached)."""
+        if self.state == FAILED:
+            return []
+        actions: list[Action] = []
+        if self.link is not None:
+            actions.append(Close(self.link, "the session failed"))
+        self.state, self.link, self.cause = FAILED, None, cause
+        self.pending.clear()
+        self.unacked.clear()
+        actions.append(GiveUp(cause))
+        return actions
+
+    def tick(self, now: float, timeout: float) -> list[Action]:
+        """Called periodically: a connection whose frames have gone unacknowledged for
+        ``timeout`` is dead even if nothing said so (a silent network cut); drop it and
+        dial again. A live receiver acknowledges well within ``timeout``."""
+        if self.state != CONNECTED or not self.unacked:
+            self.stalled_since = None
+            return []
+        if self.stalled_since is None or self.acked != self.stalled_at:
+            self.stalled_since, self.stalled_at = now, self.acked
+            return []
+        waited = now - self.stalled_since
+        if waited < timeout:
+            return []
+        self.stalled_since = None
+        link = self.link
+        reason = f"{len(self.unacked)} frame(s) unacknowledged for {waited:.1f} s"
+        self.state, self.link = DIALING, None
+        return [Close(link, reason), Dial(first=False, cause=Stalled(reason))]
+
+
+# -- the receiving side ----------------------------------------------------------------------
+
+
+@attrs.define
+class _Inbound:
+    """What a receiving process knows of one session: how many of its frames were handled
+    (shared by every connection of the session, so a reconnect that overtakes the old
+    connection's last frames still sees them), its open connections, and since when it has
+    had none."""
+
+    handled: int = 0
+    connections: int = 0
+    idle_since: float | None = None
+
+
+@attrs.define
+class SessionTable:
+    """The inbound sessions of one process. A session idle for longer than any sender keeps
+    reconnecting (``horizon``) is forgotten, so a long-lived process (a worker serving many
+    controllers) does not grow with every peer it ever had."""
+
+    sessions: dict[str, _Inbound] = attrs.field(factory=dict)
+
+    def opened(self, session: str, first: int) -> _Inbound:
+        """A connection of ``session`` starts at frame ``first``. Raises
+        :class:`ForgottenSession` for a session resumed after it was forgotten."""
+        state = self.sessions.get(session)
+        if state is None:
+            if first > 0:
+                raise ForgottenSession(
+                    f"delivery session {session} resumes at frame {first}, but this process "
+                    "forgot it (idle for longer than a sender may reconnect)"
+                )
+            state = self.sessions[session] = _Inbound()
+        state.connections += 1
+        state.idle_since = None
+        return state
+
+    def closed(self, session: str, now: float) -> None:
+        """A connection of ``session`` ended."""
+        state = self.sessions.get(session)
+        if state is None:
+            return
+        state.connections -= 1
+        if state.connections <= 0:
+            state.connections, state.idle_since = 0, now
+
+    def expire(self, now: float, horizon: float) -> list[str]:
+        """Forget sessions idle for longer than ``horizon``; returns their ids."""
+        expired = [
+            s
+            for s, state in self.sessions.items()
+            if state.idle_since is not None and now - state.idle_since > horizon
+        ]
+        for session in expired:
+            del self.sessions[session]
+        return expired
+
+    def any_idle(self) -> bool:
+        return any(state.idle_since is not None for state in self.sessions.values())
+
+
+@attrs.define
+class Receiver:
+    """One inbound connection: numbers its frames, says which to hand on, and when to
+    acknowledge (after ``ack_every`` frames; else the shell acknowledges within its delay)."""
+
+    ack_every: int
+    session: str | None = None
+    state: _Inbound | None = None
+    #: The number of the next frame on this connection.
+    next: int = 0
+    #: The count last acknowledged on this connection.
+    acked: int = 0
+    #: Set by :meth:`frame` when enough frames were handled since the last acknowledgement
+    #: to send one now (an attribute, not a second call: this runs for every frame).
+    ack_due: bool = False
+
+    def started(self, session: str, first: int, state: _Inbound) -> str | None:
+        """The connection announced ``SESSION(session, first)``; ``state`` is the session's
+        (from :meth:`SessionTable.opened`). Returns the session this connection carried
+        before, if any (to close in the table)."""
+        previous = self.session
+        self.session, self.next, self.state = session, first, state
+        return previous
+
+    def frame(self) -> int | None:
+        """A frame arrived: its number when it must be handed on, None for a resend of one
+        already handled (drop it)."""
+        state = self.state
+        assert state is not None, "a frame before SESSION"
+        index = self.next
+        self.next = index + 1
+        if index < state.handled:
+            return None
+        state.handled = index + 1
+        self.ack_due = index + 1 - self.acked >= self.ack_every
+        return index
+
+    def ack(self) -> int | None:
+        """The count to acknowledge now, or None when nothing new was handled."""
+        state = self.state
+        count = state.handled if state is not None else 0
+        self.ack_due = False
+        if count <= self.acked:
+            return None
+        self.acked = count
+        return count
+
+    def ended(self) -> str | None:
+        """The connection ended; returns its session (to close in the table)."""
+        session, self.session = self.session, None
+        return session

@@ -1,0 +1,141 @@
+"""The codec: every message record survives the wire, payloads come back as values (or as
+Undecodable), and malformed frames are refused with a clear ValueError."""
+
+from __future__ import annotations
+
+import pickle
+import types
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from regency.core import _codec
+from regency.core import _messages as M
+from regency.supervision import FailureCause
+
+names = st.text(min_size=0, max_size=12)
+ports = st.none() | st.tuples(names, st.integers(0, 2**63 - 1))
+owners = st.tuples(names, names, names)
+labels = st.lists(names, max_size=3)
+sizes = st.lists(st.integers(1, 64), max_size=3)
+values = st.none() | st.integers() | st.text(max_size=20) | st.lists(st.integers(), max_size=5)
+
+records = st.one_of(
+    st.builds(M.Call, names, names, ports, st.integers(0, 10**6), labels, sizes, values),
+    st.builds(
+        M.Reply, st.integers(0, 2**63 - 1), st.integers(0, 2**31), st.sampled_from([0, 1, 2]),
+        values,
+    ),
+    st.builds(M.Spawn, names, names, st.integers(0, 10**6), labels, sizes, ports, owners, values),
+    st.builds(M.StopActor, names, ports),
+    st.builds(M.StopProc, ports),
+    st.builds(M.Hello, names, names),
+    st.builds(M.Failed, names, st.integers(0, 10**6), values),
+    st.builds(M.Heartbeat, names),
+    st.builds(M.Session, names, st.integers(0, 2**63 - 1)),
+    st.builds(M.Ack, st.integers(0, 2**63 - 1)),
+    st.builds(M.Attach, names, st.floats(0.1, 100), st.tuples(names, st.integers(0, 2**40))),
+    st.builds(M.Reserve, names, st.integers(0, 100), st.tuples(names, st.integers(0, 2**40))),
+    st.builds(M.Launch, names, values),
+    st.builds(M.Exited, names, st.integers(-64, 255)),
+    st.builds(M.Kill, names, names),
+    st.builds(M.Lease, names),
+    st.builds(M.Detach, names),
+)
+
+
+def _wire(frame: _codec.Frame) -> memoryview:
+    return memoryview(frame if isinstance(frame, bytes) else b"".join(frame))
+
+
+def _same(a: Any, b: Any) -> None:
+    """Equal records, comparing sequences by content (a tuple may come back as a list)."""
+    assert type(a) is type(b)
+    for field in type(a).__attrs_attrs__:
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            assert list(x) == list(y), field.name
+        else:
+            assert x == y, field.name
+
+
+@given(records)
+def test_every_record_survives_the_wire(msg: M.Wire) -> None:
+    _same(_codec.decode(_wire(_codec.encode(msg))), msg)
+
+
+def test_the_hot_path_encoders_match_encode() -> None:
+    payload = _codec.dumps(((1, "two"), {"three": 3}))
+    call = M.Call("c1.p.0", "ping", ("unix:///x.sock", 9), 2, ["gpus"], [4], M.Pickled(payload))
+    fast = _codec.encode_call("c1.p.0", "ping", ("unix:///x.sock", 9), 2, ["gpus"], [4], payload)
+    assert _codec.encode(call) == fast
+    decoded = _codec.decode(_wire(fast))
+    assert isinstance(decoded, M.Call) and decoded.payload == ((1, "two"), {"three": 3})
+    reply = _codec.encode_reply(9, 1, M.OK, {"x": 1})
+    assert reply == _codec.encode(M.Reply(9, 1, M.OK, {"x": 1}))
+    assert isinstance(reply, bytes) and reply[:4] == b"\xff\xff\xff\xff"  # the binary layout
+
+
+def test_a_payload_that_cannot_be_unpickled_arrives_as_undecodable() -> None:
+    frame = _codec.encode(M.Call("k", "m", None, 0, [], [], M.Pickled([b"not a pickle"])))
+    msg = _codec.decode(_wire(frame))
+    assert isinstance(msg, M.Call) and isinstance(msg.payload, M.Undecodable)
+    assert isinstance(msg.payload.error, pickle.UnpicklingError)
+    reply = _codec.decode(_wire(_codec.encode(M.Reply(3, 0, M.OK, M.Pickled([b"\x80\x05junk"])))))
+    assert isinstance(reply, M.Reply) and isinstance(reply.payload, M.Undecodable)
+
+
+def test_an_exception_value_is_not_mistaken_for_an_undecodable_one() -> None:
+    reply = _codec.decode(_wire(_codec.encode_reply(3, 0, M.OK, ValueError("a value"))))
+    assert isinstance(reply, M.Reply) and isinstance(reply.payload, ValueError)
+
+
+def test_large_payloads_travel_as_parts_and_bytes_out_of_band() -> None:
+    big = bytes(range(256)) * 1024  # 256 KiB
+    frame = _codec.encode(M.Failed("mesh", 3, big))
+    assert isinstance(frame, list)  # not joined: sent with sendmsg
+    assert any(len(part) == len(big) for part in frame)  # the bytes went out of band
+    msg = _codec.decode(_wire(frame))
+    assert isinstance(msg, M.Failed) and msg.payload == big
+    reply = _codec.encode_reply(1, 0, M.OK, big)
+    assert isinstance(reply, list)  # out-of-band parts: the envelope layout
+    decoded = _codec.decode(_wire(reply))
+    assert isinstance(decoded, M.Reply) and decoded.payload == big
+
+
+def test_a_failure_cause_and_a_class_from_main_go_by_value() -> None:
+    cause = FailureCause("it broke", exit_code=3)
+    msg = _codec.decode(_wire(_codec.encode(M.Failed("m", 0, cause))))
+    assert isinstance(msg, M.Failed) and msg.payload == cause
+    cls = types.new_class("Local", (), {})
+    cls.__module__ = "__main__"  # as in a script or notebook: not importable elsewhere
+    parts = _codec.dumps(cls)
+    assert b"cloudpickle" in bytes(parts[0])
+    assert _codec.loads(parts).__name__ == "Local"
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (b"\x01", "too short for a header"),
+        (b"\xff\x00\x00\x00abc", "envelope length 255 exceeds the frame"),
+        (b"\xff\xff\xff\xff\x01", "reply frame of 5 bytes is too short"),
+        (b"\xfd\xff\xff\xff\x01", "acknowledgement frame of 5 bytes"),
+        (b"\xfe\xff\xff\xff\x01", "session frame of 5 bytes is too short"),
+        (_codec._pack(("not a tuple",)) + b"extra", "trailing bytes"),
+        (_codec._pack((99, "x")), "unknown frame kind 99"),
+        (_codec._pack((0, "only", "three")), "malformed frame envelope (0,)"),
+    ],
+)
+def test_malformed_frames_are_refused(frame: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _codec.decode(memoryview(frame))
+
+
+def test_an_envelope_that_is_not_a_regency_envelope_is_refused() -> None:
+    env = pickle.dumps("just a string", protocol=5)
+    frame = len(env).to_bytes(4, "little") + env
+    with pytest.raises(ValueError, match="not a Regency envelope"):
+        _codec.decode(memoryview(frame))

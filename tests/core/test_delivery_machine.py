@@ -1,0 +1,286 @@
+"""The delivery session machines (regency.core._delivery), driven by Hypothesis: a sender,
+links that break and drop what they carry, a receiver, time. Whatever happens, the receiver
+hands frames on in order and at most once; once the links heal, everything queued arrives."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from regency.core._delivery import (
+    CONNECTED,
+    DIALING,
+    FAILED,
+    SEND_NOW,
+    Close,
+    Dial,
+    ForgottenSession,
+    GiveUp,
+    Outbound,
+    Receiver,
+    SessionFailed,
+    SessionTable,
+    Stalled,
+    Transmit,
+)
+
+TIMEOUT = 10.0
+ACK_EVERY = 3
+
+
+class _Link:
+    """A connection: what is in flight on it, and the receiver at its far end."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.in_flight: deque[tuple[str, Any, Any]] = deque()
+        self.receiver = Receiver(ACK_EVERY)
+        self.broken = False
+
+    def __repr__(self) -> str:
+        return f"link{self.number}"
+
+
+class DeliveryMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sender = Outbound("s#0#1")
+        self.table = SessionTable()
+        self.queued: list[int] = []
+        self.delivered: list[int] = []
+        self.links: list[_Link] = []
+        self.dial_out: Dial | None = None
+        self.gave_up: BaseException | None = None
+        self.now = 0.0
+
+    # -- performing actions (what a shell does) ------------------------------------------
+
+    def perform(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, Transmit):
+                link: _Link = action.link
+                assert not link.broken
+                if action.resume_at is not None:
+                    link.in_flight.append(("session", self.sender.session, action.resume_at))
+                for frame in action.frames:
+                    link.in_flight.append(("frame", frame, None))
+            elif isinstance(action, Dial):
+                assert self.dial_out is None, "a second dial while one is out"
+                self.dial_out = action
+            elif isinstance(action, Close):
+                self.close(action.link)
+            elif isinstance(action, GiveUp):
+                assert self.gave_up is None
+                self.gave_up = action.cause
+            else:
+                raise AssertionError(f"unknown action {action!r}")
+
+    def close(self, link: _Link) -> None:
+        if link.broken:
+            return
+        link.broken = True
+        link.in_flight.clear()
+        session = link.receiver.ended()
+        if session is not None:
+            self.table.closed(session, self.now)
+
+    def live(self) -> list[_Link]:
+        return [link for link in self.links if not link.broken]
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @rule()
+    def queue(self) -> None:
+        frame = len(self.queued) + (1000 if self.gave_up else 0)
+        number = self.sender.queued_count
+        try:
+            action = self.sender.queued(frame)
+        except SessionFailed as exc:
+            assert self.gave_up is not None and exc.cause is self.gave_up
+            return
+        assert number == len(self.queued)
+        self.queued.append(frame)
+        if action is SEND_NOW:
+            self.perform([Transmit(self.sender.link, (frame,))])
+        elif action is not None:
+            self.perform([action])
+
+    @precondition(lambda self: self.dial_out is not None)
+    @rule()
+    def dial_succeeds(self) -> None:
+        self.dial_out = None
+        link = _Link(len(self.links))
+        self.links.append(link)
+        self.perform(self.sender.connected(link))
+
+    @precondition(lambda self: self.dial_out is not None)
+    @rule()
+    def dial_fails(self) -> None:
+        self.dial_out = None
+        self.perform(self.sender.dial_failed(ConnectionRefusedError("nothing listens")))
+
+    @precondition(lambda self: any(link.in_flight for link in self.links))
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        link = data.draw(st.sampled_from([link for link in self.links if link.in_flight]))
+        kind, a, b = link.in_flight.popleft()
+        receiver = link.receiver
+        if kind == "session":
+            state = self.table.opened(a, b)
+            previous = receiver.started(a, b, state)
+            if previous is not None:
+                self.table.closed(previous, self.now)
+            return
+        index = receiver.frame()
+        if index is not None:
+            assert index == len(self.delivered), "handed on out of order"
+            self.delivered.append(a)
+        if receiver.ack_due:
+            self.acknowledge(link)
+
+    def acknowledge(self, link: _Link) -> None:
+        count = link.receiver.ack()
+        if count is not None and not link.broken:
+            self.sender.acknowledged(count)
+
+    @precondition(lambda self: bool(self.live()))
+    @rule(data=st.data())
+    def ack_timer(self, data: st.DataObject) -> None:
+        self.acknowledge(data.draw(st.sampled_from(self.live())))
+
+    @precondition(lambda self: bool(self.live()))
+    @rule(data=st.data())
+    def link_breaks(self, data: st.DataObject) -> None:
+        link = data.draw(st.sampled_from(self.live()))
+        self.close(link)
+        self.perform(self.sender.lost(link, ConnectionResetError("reset")))
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        actions = self.sender.tick(self.now, TIMEOUT)
+        if actions:
+            assert isinstance(actions[0], Close) and isinstance(actions[1], Dial)
+            assert isinstance(actions[1].cause, Stalled)
+        self.perform(actions)
+
+    @rule()
+    def peer_exits(self) -> None:
+        self.perform(self.sender.give_up(ProcessLookupError("proc exited")))
+
+    @precondition(lambda self: self.gave_up is None)
+    @rule()
+    def heal(self) -> None:
+        """The network heals: the dial that is out succeeds, everything in flight arrives,
+        and then everything queued has been handed on, once, in order."""
+        if self.dial_out is not None:
+            self.dial_succeeds()
+        if self.gave_up is not None:
+            return
+        for link in self.links:
+            if not link.broken and link is not self.sender.link:
+                self.close(link)  # an old connection the sender no longer uses
+        while self.sender.link is not None and self.sender.link.in_flight:
+            self.arrive_on(self.sender.link)
+        if self.sender.state == CONNECTED:
+            assert self.delivered == self.queued
+            self.acknowledge(self.sender.link)
+            assert not self.sender.unacked
+
+    def arrive_on(self, link: _Link) -> None:
+        kind, a, b = link.in_flight.popleft()
+        if kind == "session":
+            previous = link.receiver.started(a, b, self.table.opened(a, b))
+            if previous is not None:
+                self.table.closed(previous, self.now)
+            return
+        index = link.receiver.frame()
+        if index is not None:
+            self.delivered.append(a)
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def handed_on_in_order_at_most_once(self) -> None:
+        assert self.delivered == self.queued[: len(self.delivered)]
+
+    @invariant()
+    def acknowledged_only_what_was_handled(self) -> None:
+        assert self.sender.acked <= len(self.delivered)
+
+    @invariant()
+    def the_numbers_add_up(self) -> None:
+        sender = self.sender
+        if sender.state == FAILED:
+            assert self.gave_up is not None
+            assert not sender.unacked and not sender.pending and sender.link is None
+        else:
+            assert sender.queued_count == len(self.queued)
+            if sender.state == DIALING:
+                assert sender.link is None
+
+
+DeliveryMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+test_delivery_sessions = DeliveryMachine.TestCase
+
+
+def test_a_forgotten_session_cannot_resume() -> None:
+    table = SessionTable()
+    state = table.opened("a#1#1", 0)
+    state.handled = 7
+    table.closed("a#1#1", now=100.0)
+    assert table.expire(now=120.0, horizon=30.0) == []
+    assert table.expire(now=131.0, horizon=30.0) == ["a#1#1"]
+    with pytest.raises(ForgottenSession, match="resumes at frame 7, but this process forgot"):
+        table.opened("a#1#1", 7)
+
+
+def test_a_connection_that_overtakes_the_old_one_sees_what_it_handled() -> None:
+    table = SessionTable()
+    old, new = Receiver(64), Receiver(64)
+    old.started("s", 0, table.opened("s", 0))
+    assert [old.frame(), old.frame()] == [0, 1]
+    new.started("s", 1, table.opened("s", 1))  # resends from frame 1
+    assert new.frame() is None  # frame 1 again: dropped
+    assert new.frame() == 2
+    assert old.frame() is None  # the old connection's late frame 2: dropped
+
+
+def test_a_failed_session_refuses_frames_and_closes_a_late_connection() -> None:
+    sender = Outbound("s")
+    assert sender.queued("f0") == Dial(first=True)
+    assert sender.give_up(TimeoutError("did not start")) == [GiveUp(sender.cause)]  # type: ignore[arg-type]
+    with pytest.raises(SessionFailed, match="did not start"):
+        sender.queued("f1")
+    assert sender.connected("late") == [Close("late", "the session failed meanwhile")]
+    assert sender.give_up(TimeoutError("again")) == []
+
+
+def test_a_silent_link_is_dropped_after_the_timeout() -> None:
+    sender = Outbound("s")
+    sender.queued("f0")
+    sender.connected("link")
+    assert sender.tick(0.0, 10.0) == []  # starts the clock
+    assert sender.tick(9.0, 10.0) == []
+    close, dial = sender.tick(10.5, 10.0)
+    assert close == Close("link", "1 frame(s) unacknowledged for 10.5 s")
+    assert isinstance(dial, Dial) and not dial.first and isinstance(dial.cause, Stalled)
+    assert sender.state == DIALING
+    assert sender.connected("link2") == [Transmit("link2", ("f0",), resume_at=0)]
+
+
+def test_progress_restarts_the_stall_clock() -> None:
+    sender = Outbound("s")
+    sender.queued("f0")
+    sender.connected("link")
+    sender.queued("f1")
+    sender.tick(0.0, 10.0)
+    sender.acknowledged(1)
+    assert sender.tick(9.0, 10.0) == []  # acknowledged meanwhile: the clock restarts
+    assert sender.tick(18.0, 10.0) == []
+    assert len(sender.tick(19.5, 10.0)) == 2
