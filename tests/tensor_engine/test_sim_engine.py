@@ -176,6 +176,8 @@ def test_bitwise_stack_scatter_and_in_place_reductions() -> None:
             alltoall = rows.reduce("gpu", "stack", scatter=True)
             inplace = rank.float()
             inplace.reduce_("hosts", "sum")
+            tree = regency.reduce({"r": rank, "n": 7}, "gpu", "max")
+            regency.reduce_([bits], ("hosts", "gpu"), "min")
         at = regency.inspect
         return {
             "bit": [at(x, hosts=1).item() for x in (band, bor, bxor)],
@@ -183,6 +185,8 @@ def test_bitwise_stack_scatter_and_in_place_reductions() -> None:
             "scatter": at(scattered, hosts=0, gpu=1).tolist(),
             "alltoall": at(alltoall, hosts=0, gpu=1).flatten().tolist(),
             "inplace": at(inplace, hosts=0, gpu=1).item(),
+            "tree": (at(tree["r"], hosts=1).item(), tree["n"]),
+            "bits": at(bits, hosts=1, gpu=1).item(),
         }
 
     got = run(program)
@@ -191,6 +195,7 @@ def test_bitwise_stack_scatter_and_in_place_reductions() -> None:
     assert got["scatter"] == [[2.0 + 12.0], [3.0 + 13.0]]  # the second half, summed over gpu
     assert got["alltoall"] == [2.0, 3.0, 12.0, 13.0]  # chunk 1 from gpu 0, then from gpu 1
     assert got["inplace"] == 1.0 + 3.0
+    assert got["tree"] == (3, 7) and got["bits"] == 3  # pytrees; min of 3, 6, 9, 12
 
 
 def test_reduce_rejects_bad_arguments() -> None:
@@ -230,6 +235,8 @@ def test_to_mesh_moves_between_slices_and_pipelines() -> None:
         y = x.to_mesh(stages[1])
         with stages[1].activate():
             z = y * 10
+        on_comms = x.to_mesh(stages[1], stream=regency.Stream("comms"))
+        assert on_comms.stream.name == "comms"
         with pytest.warns(UserWarning, match="broadcasting along"):
             w = x.slice_mesh(gpu=1).to_mesh(stages[1])
         with pytest.raises(ValueError, match="lacks"):
