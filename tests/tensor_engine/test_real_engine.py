@@ -103,3 +103,33 @@ def test_monarchs_distributed_tensors_example_runs_on_cpu() -> None:
     assert "RECOVERED!" in out and out.rstrip().endswith("DONE")
     assert "RemoteException: A remote function has failed asynchronously" in done.stderr
     assert "at least 32 rows work" in out
+
+
+AT_EXIT = """
+import sys, torch, regency
+from regency.actor import this_host
+
+def mark(t, path):
+    with open(path, "w") as f:
+        f.write(str(t.tolist()))
+
+mesh = this_host().spawn_procs({"gpus": 1})
+with mesh.activate():
+    t = torch.ones(2)
+regency.inspect(t)
+regency.remote(mark, propagate="inspect")(t + 1, sys.argv[1])  # nothing fetches after this
+"""
+
+
+@pytest.mark.slow
+def test_ops_still_pending_when_the_program_ends_are_run(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", AT_EXIT, str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert marker.read_text() == "[2.0, 2.0]"
