@@ -67,8 +67,7 @@ def test_reduce_to_mesh_and_environment_across_hosts() -> None:
         for host in hosts:
             host.start_worker(TEST_SECRET, port=7714)
         done = subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", CONTROLLER]
-            + [h.worker_address for h in hosts],
+            [sys.executable, "-W", "ignore", "-c", CONTROLLER] + [h.worker_address for h in hosts],
             capture_output=True,
             text=True,
             timeout=240,

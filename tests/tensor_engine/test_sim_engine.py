@@ -16,6 +16,8 @@ from regency._tensor_engine._worker import live_refs  # noqa: E402
 from regency.mesh_controller import RemoteException  # noqa: E402
 from regency.sim import simulate  # noqa: E402
 
+from ..sim.actors import Counter  # noqa: E402
+
 
 def run(program: Callable[[Any], Any], hosts: int = 2, seed: int = 1) -> Any:
     return simulate(program, seed=seed, hosts=hosts).value
@@ -403,6 +405,12 @@ def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
                 import pickle
 
                 pickle.dumps(t)
+            counters = mesh.spawn("counters", Counter)
+            with pytest.raises(
+                TypeError,
+                match=r"argument #0 \(Tensor\) of endpoint counters\.incr: .* regency\.inspect\(t\)",
+            ):
+                counters.incr.call(t)  # actors take values, not handles
             with pytest.raises(TypeError, match="requires grad"):
                 w.reduce("gpu")
             square = torch.ones(2, 3)
