@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+import regency
 import regency.actor
+from regency.actor import HostMesh, ProcMesh, this_host
+from regency.core import _config
 from regency.supervision import MeshFailure
 
 
@@ -50,6 +54,16 @@ os.environ.setdefault("REGENCY_SECRET", TEST_SECRET)
 root_failures = RootFailures()
 
 
+#: Fixtures that start real processes: a test using one is in the slow tier, marked or not.
+_REAL_PROCESS_FIXTURES = frozenset({"spawn_procs", "peers", "victim", "procs", "mesh", "workers"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _REAL_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _record_root_failures() -> Iterator[None]:
     regency.actor.unhandled_fault_hook = root_failures
@@ -74,3 +88,44 @@ def roots() -> RootFailures:
     return root_failures
 
 
+
+
+#: ``spawn_procs(per_host, on=host_mesh, **options)``: see the fixture of that name.
+SpawnProcs = Callable[..., ProcMesh]
+
+
+@pytest.fixture
+def spawn_procs() -> Iterator[SpawnProcs]:
+    """``this_host().spawn_procs(...)`` (or ``on.spawn_procs(...)``) for one test: every proc
+    mesh it made is stopped when the test ends, passed or failed, so no proc outlives the
+    test that started it (cleanup does not rest on the interpreter's exit)."""
+    made: list[ProcMesh] = []
+
+    def spawn(per_host: dict[str, int] | None = None, on: HostMesh | None = None,
+              **options: Any) -> ProcMesh:
+        pm = (on if on is not None else this_host()).spawn_procs(per_host=per_host, **options)
+        made.append(pm)
+        return pm
+
+    try:
+        yield spawn
+    finally:
+        stops = []
+        for pm in reversed(made):
+            try:
+                stops.append(pm.stop())
+            except Exception:  # the runtime itself is gone
+                pass
+        for stop in stops:
+            try:
+                stop.get(30)
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def configured() -> Iterator[Callable[..., None]]:
+    """``regency.configure`` for one test; the configuration as it was comes back after it,
+    whatever the test set (no test resets settings to hard-coded defaults)."""
+    with _config.overridden():
+        yield regency.configure

@@ -21,10 +21,13 @@ ACK.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
+import pickletools
 import struct
 import types
+import weakref
 from collections.abc import Sequence
 from typing import Any, assert_never
 
@@ -60,7 +63,97 @@ _OOB_THRESHOLD = 64 * 1024
 
 
 class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle with protocol 5 and out-of-band buffers."""
+    """cloudpickle with protocol 5, out-of-band buffers and content-derived class ids.
+
+    cloudpickle tags every class it sends by value with a *tracker id* so that a receiver
+    unpickles each class once and reuses it. Its ids are random (``uuid4``), and it registers
+    the sender's own class under that id, so a receiver in the same process (a simulated
+    proc) gets the sender's class back and *overwrites its attributes* with the unpickled
+    copies. That made the same program pickle differently in its first and later runs
+    (different string sharing) and in every process. Here the id is a hash of the class's
+    content (:func:`class_id`): equal in every process and every run, never registered for
+    the sender's class, so a receiver builds its own copy, as a separate process would.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, type) and type(reduced) is tuple and len(reduced) > 1:
+            position = _TRACKER_POSITION.get(reduced[0])
+            if position is not None:
+                newargs = list(reduced[1])
+                newargs[position] = class_id(obj)
+                reduced = (reduced[0], tuple(newargs), *reduced[2:])
+        return reduced
+
+
+#: Where the tracker id sits in the arguments of cloudpickle's class skeleton builders.
+_TRACKER_POSITION: dict[Any, int] = {
+    cloudpickle.cloudpickle._make_skeleton_class: 4,
+    cloudpickle.cloudpickle._make_skeleton_enum: 5,
+}
+_class_ids: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+_PLACEHOLDER = "0" * 32
+
+
+class _IdProbePickler(_ByValuePickler):
+    """Pickles one class with a placeholder for its own id, to hash its content."""
+
+    def __init__(self, out: io.BytesIO, target: type) -> None:
+        super().__init__(out, protocol=5)
+        self._target = target
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is self._target:
+            reduced = cloudpickle.Pickler.reducer_override(self, obj)
+            position = _TRACKER_POSITION.get(reduced[0]) if type(reduced) is tuple else None
+            if position is not None:
+                newargs = list(reduced[1])
+                newargs[position] = _PLACEHOLDER
+                return (reduced[0], tuple(newargs), *reduced[2:])
+            return reduced
+        return super().reducer_override(obj)
+
+
+def class_id(cls: type) -> str:
+    """The tracker id a by-value class travels under: a hash of its name and its pickled
+    content with shared strings spelled out (:func:`canonical`), so it does not depend on
+    which equal strings happen to be one object, on the process, or on earlier runs."""
+    found = _class_ids.get(cls)
+    if found is None:
+        out = io.BytesIO()
+        _IdProbePickler(out, cls).dump(cls)
+        digest = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}".encode())
+        digest.update(canonical(out.getvalue()))
+        found = _class_ids[cls] = digest.hexdigest()[:32]
+    return found
+
+
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"})
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def canonical(data: bytes) -> bytes:
+    """``data`` (a pickle) with every memo reference to a string replaced by the string
+    itself, then renumbered (:func:`pickletools.optimize`): the same bytes whether or not
+    equal strings were one object when it was pickled (interning is not deterministic)."""
+    pieces: list[bytes] = []
+    memo: list[bytes | None] = []
+    last: tuple[str, bytes] | None = None
+    ops = list(pickletools.genops(data))
+    for number, (op, arg, pos) in enumerate(ops):
+        end = ops[number + 1][2] if number + 1 < len(ops) else len(data)
+        raw = data[pos:end]
+        if op.name == "MEMOIZE":
+            memo.append(last[1] if last is not None and last[0] in _STRING_OPS else None)
+        elif op.name in _GET_OPS and isinstance(arg, int) and arg < len(memo):
+            string = memo[arg]
+            if string is not None:
+                raw = string
+        elif op.name == "FRAME":
+            raw = b""
+        last = (op.name, raw)
+        pieces.append(raw)
+    return pickletools.optimize(b"".join(pieces))
 
 
 class _NeedsByValue(Exception):

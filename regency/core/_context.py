@@ -43,6 +43,25 @@ class ActorInstance:
     def proc_mesh(self) -> ProcMesh:
         return self.proc
 
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor once it has handled the messages already queued for it (Monarch's
+        ``context().actor_instance.stop()``: an actor whose work is done stops itself). Its
+        ``__cleanup__`` runs and what it owns stops; later calls fail with
+        ``SupervisionError``. Stopping is not failing: its owner is not told of a failure."""
+        from . import _messages as M
+        from ._controller import current_runtime
+
+        if not self.class_name:
+            raise RuntimeError(
+                "the controller's root client cannot stop itself; "
+                "use shutdown_context() to stop the procs and the runtime"
+            )
+        rt = current_runtime()
+        cell = rt.actors.get(self.actor_id)
+        if cell is None:
+            raise RuntimeError(f"actor {self} is not running in this process")
+        rt.call_soon(lambda: cell.enqueue(M.StopActor(self.actor_id, None)))
+
 
 class Context:
     """The running actor and the message it handles (Monarch's ``context()``).

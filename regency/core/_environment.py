@@ -12,16 +12,18 @@ in an :class:`Environment`, chosen above the core: production procs and the cont
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from .. import transports
+from ._executor import Executor, ThreadExecutor
 from ._inbound import _ACK_DELAY, _ACK_EVERY
 from ._launcher import ProcLauncher, default_launcher
+from ._ticker import Ticker, TrioTicker
 
 if TYPE_CHECKING:
     from ._probe import Probe
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
 
 #: Opens a runtime's transport for the lifetime of :meth:`Runtime.serve`.
 TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]
-#: Runs blocking (sync) actor code and returns its result: ``await runner(fn)``.
-SyncRunner = Callable[[Callable[[], Any]], Awaitable[Any]]
+#: Makes a runtime's executor: where its actor threads run and how they block.
+ExecutorFactory = Callable[["Runtime"], Executor]
 
 
 def open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.Transport]:
@@ -54,8 +56,13 @@ class Environment:
     #: A launcher for a host named by a ``HostRef.worker``, when this runtime can start procs
     #: there directly (the simulator's hosts); None: the host's worker daemon starts them.
     host_launcher: Callable[[str], ProcLauncher | None] = _no_host_launcher
-    #: Where blocking (sync) actor code runs; None: on the actor's own thread.
-    sync_runner: SyncRunner | None = None
+    #: Where actor threads run and how they block (the "sync runner"): real threads
+    #: (:class:`ThreadExecutor`), or the simulator's lockstep threads, which run the same
+    #: mailbox code (:mod:`._executor`).
+    executor: ExecutorFactory = ThreadExecutor
+    #: Runs a runtime's periodic jobs (heartbeats, watchdog): sleeps here; the simulator's
+    #: skips idle virtual time (:mod:`._ticker`).
+    ticker: Ticker = attrs.field(factory=TrioTicker)
     #: Seconds on a monotonic clock, readable from any thread of the runtime (the simulator's
     #: is its virtual clock). Runtime code on the trio loop uses ``trio.current_time()``,
     #: which the simulator also owns.

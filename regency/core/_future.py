@@ -26,8 +26,9 @@ _PENDING = object()
 #: Thread ids that run a runtime's trio loop: blocking there would freeze message delivery.
 runtime_threads: set[int] = set()
 
-#: ``blocking.wait(fut, timeout)``, when set on a thread, replaces blocking that thread on a
-#: lock: the simulator's lockstep threads hand control back to its loop instead.
+#: ``blocking.wait(fut, timeout)``, when set on a thread, is how that thread waits in
+#: ``Future.get`` instead of on a lock: the simulator's lockstep threads hand control back to
+#: its loop.
 blocking = threading.local()
 
 
@@ -91,27 +92,16 @@ class Future(Generic[R]):
     def get(self, timeout: float | None = None) -> R:
         """Block this thread until resolved; ``TimeoutError`` after ``timeout`` seconds.
 
-        A timeout does not cancel the call: ``get`` may be called again later.
+        A timeout does not cancel the call: ``get`` may be called again later. How the
+        thread waits is the thread's own (``blocking.wait``): on a lock in production, by
+        handing the baton back to the loop on a simulator's lockstep thread; the rest of
+        this method is the same for both.
         """
         if not self.done():
-            wait = getattr(blocking, "wait", None)
-            if wait is not None:
-                wait(self, timeout)
-                return self._outcome()
-            if threading.get_ident() in runtime_threads:
-                raise RuntimeError(
-                    "Future.get() would block the runtime's event loop; "
-                    "use `await fut` inside async endpoints"
-                )
-            with self._lock:
-                if self._event is None:
-                    self._event = _thread.allocate_lock()
-                    if not self.done():
-                        self._event.acquire()
-                event = self._event
-            if not event.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-                raise TimeoutError(f"future not resolved within {timeout} s")
-            event.release()  # let every other waiting thread through too
+            wait: Callable[[Future[Any], float | None], None] = getattr(
+                blocking, "wait", _wait_on_lock
+            )
+            wait(self, timeout)
         return self._outcome()
 
     def result(self, timeout: float | None = None) -> R:
@@ -184,6 +174,24 @@ class Future(Generic[R]):
         if self._exception is not None:
             return f"<Future failed: {self._exception!r}>"
         return f"<Future done: {self._value!r}>"
+
+
+def _wait_on_lock(fut: Future[Any], timeout: float | None) -> None:
+    """How a plain thread waits for ``fut``: on a lock the resolver releases."""
+    if threading.get_ident() in runtime_threads:
+        raise RuntimeError(
+            "Future.get() would block the runtime's event loop; "
+            "use `await fut` inside async endpoints"
+        )
+    with fut._lock:
+        if fut._event is None:
+            fut._event = _thread.allocate_lock()
+            if not fut.done():
+                fut._event.acquire()
+        event = fut._event
+    if not event.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+        raise TimeoutError(f"future not resolved within {timeout} s")
+    event.release()  # let every other waiting thread through too
 
 
 def resolved(value: R) -> Future[R]:

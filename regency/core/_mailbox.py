@@ -1,13 +1,17 @@
 """An actor's mailbox and the executor that handles its messages one at a time.
 
-Two executors, chosen per actor class:
+One mailbox loop (``ActorCell._main`` and the generators it delegates to: ``_call``,
+``_supervise``, ``_die``, ``_stop``, ``_wind_down``), written once, and two drivers, chosen per
+actor class:
 
-* **thread** (any sync endpoint): a dedicated thread pops the mailbox and runs sync endpoints
+* **thread** (any sync endpoint): the actor's thread drives the loop and runs sync endpoints
   directly, so an endpoint may block, including on another actor's ``.get()``. Async
   endpoints of such an actor run on the proc's trio loop while the thread waits, so handling
-  stays one at a time.
-* **trio** (only async endpoints): a trio task on the proc's loop pops the mailbox; no thread
-  hop per message.
+  stays one at a time. The thread and its blocking primitives come from the runtime's
+  executor (:mod:`._executor`): a real thread in production, a lockstep thread in the
+  simulator, which thus runs this very code.
+* **trio** (only async endpoints): a trio task on the proc's loop drives the same loop; no
+  thread hop per message.
 
 Replies are written from wherever the handler ran (``Connection.send_nowait`` is
 thread-safe), without a hop back to the trio thread.
@@ -26,11 +30,11 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import queue
-import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, assert_never
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
 import trio
 
@@ -40,6 +44,7 @@ from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
+from ._executor import Mailbox
 from ._future import Future
 from ._shape import Extent, Point
 
@@ -48,6 +53,36 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("regency.actor")
 _ABANDON = M.Abandon()
+
+#: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
+_NEXT = object()  # the next mailbox item
+
+
+class _Await(NamedTuple):
+    """Run ``fn()`` (it returns an awaitable) on the loop to completion; its result."""
+
+    fn: Callable[[], Awaitable[Any]]
+
+
+class _OnLoop(NamedTuple):
+    """Call ``fn()`` on the loop; its result."""
+
+    fn: Callable[[], Any]
+
+
+class _Wait(NamedTuple):
+    """Wait for ``fut`` for at most ``timeout`` seconds (``TimeoutError``); its result."""
+
+    fut: Future[Any]
+    timeout: float | None
+
+
+class _Bounded(NamedTuple):
+    """Run blocking ``fn()`` off the loop for at most ``timeout`` seconds; whether it
+    finished (it is abandoned otherwise)."""
+
+    fn: Callable[[], None]
+    timeout: float
 
 
 def _point(spec: tuple[int, Sequence[str], Sequence[int]]) -> Point:
@@ -91,27 +126,39 @@ class ActorCell:
         self.obj: Any = None
         self.endpoints: dict[str, EndpointSpec[..., Any]] = {}
         table = endpoints_of(cls) if isinstance(cls, type) else {}
-        # With a sync runner (the simulator) every actor is a trio task whose sync code goes
-        # through the runner; otherwise an actor with sync endpoints gets its own thread.
-        self.threaded = runtime.sync_runner is None and (
-            not table or any(not e.is_async for e in table.values())
-        )
-        self._queue: queue.SimpleQueue[M.MailboxItem] = queue.SimpleQueue()
+        # An actor with sync endpoints (or none) gets its own thread, in production and in
+        # the simulator alike; only the executor's blocking primitives differ.
+        self.threaded = not table or any(not e.is_async for e in table.values())
+        self._executor = runtime.executor
+        self._queue: Mailbox = self._executor.mailbox()
         self._deque: deque[M.MailboxItem] = deque()
         self._wakeup = trio.Event()
+        #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
+        self._in_async_endpoint = 0
 
     # -- mailbox -------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.threaded:
-            threading.Thread(
-                target=self._thread_main, name=f"actor {self.name}[{self.point.rank}]", daemon=True
-            ).start()
+            self._executor.start_thread(self._thread_main, f"actor {self.name}[{self.point.rank}]")
         else:
             self.rt.nursery.start_soon(self._task_main, name=f"actor {self.name}")
 
     def enqueue(self, item: M.MailboxItem) -> None:
-        """Called on the runtime's trio thread."""
+        """Called on the runtime's trio thread.
+
+        A failure report for an owner that is inside an async endpoint, suspended at an
+        await, is not queued behind it: ``__supervise__`` runs at once on the loop, i.e. at
+        the endpoint's next await point, as in Monarch (an endpoint may be waiting for exactly
+        that news). Sync ``__supervise__`` of an actor with a thread still queues.
+        """
+        if (
+            type(item) is M.Supervise
+            and self._in_async_endpoint
+            and (not self.threaded or inspect.iscoroutinefunction(self._supervise_fn()))
+        ):
+            self.rt.nursery.start_soon(self._supervise_now, item.failure)
+            return
         if self.threaded:
             self._queue.put(item)
         else:
@@ -122,62 +169,104 @@ class ActorCell:
         """The runtime is going away: stop popping the mailbox."""
         self.enqueue(_ABANDON)
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
-        """From the actor thread: run ``fn`` on the trio thread and return its result."""
-        return trio.from_thread.run_sync(fn, trio_token=self.rt.token)
+    # -- the executor: one mailbox loop, two drivers --------------------------------------
+    #
+    # What an actor does is written once, as generators (_main, _call, _supervise, _die,
+    # _stop, _wind_down) that yield what they need done: the next message (_NEXT), an
+    # awaitable run to completion (_Await), a call on the loop (_OnLoop), a future waited on
+    # (_Wait), blocking code bounded in time (_Bounded). A driver performs those: the thread
+    # driver by blocking its actor thread (through the executor: a real thread in
+    # production, a lockstep thread in the simulator), the loop driver by awaiting.
 
     def _thread_main(self) -> None:
-        from ._runtime import _runtime_var
+        """An actor thread: drive the mailbox loop, blocking."""
+        from ._current import _runtime_var
 
         _runtime_var.set(self.rt)
+        executor, gen = self._executor, self._main()
+        send, throw, get = gen.send, gen.throw, self._queue.get
+        value: Any
         try:
-            alive = self._init()
-            get = self._queue.get
-            while alive:
-                item = get()
-                match item:
-                    case M.Call():
-                        spec = self.endpoints.get(item.method)
-                        if spec is not None and spec.is_async:
-                            alive = trio.from_thread.run(
-                                self._call_async, item, trio_token=self.rt.token
-                            )
-                            if self._pending_death is not None:
-                                self._die_sync(*self._pending_death)
-                        else:
-                            alive = self._call_sync(item, spec)
-                    case M.Supervise():
-                        self._supervise_sync(item.failure)
-                    case M.Escalate():
-                        self._die_sync(item.cause, None)
-                        return
-                    case M.StopActor():
-                        self._stop_sync(item.port)
-                        return
-                    case M.Abandon():
-                        return
-                    case _:
-                        assert_never(item)
-        except trio.RunFinishedError:
-            return
+            effect = send(None)
+            while True:
+                if effect is _NEXT:  # the common case first: the next message
+                    try:
+                        value = get()
+                    except BaseException as exc:
+                        effect = throw(exc)
+                    else:
+                        effect = send(value)
+                    continue
+                try:
+                    if type(effect) is _Await:
+                        value = executor.to_loop(effect.fn)
+                    elif type(effect) is _OnLoop:
+                        value = executor.to_loop_sync(effect.fn)
+                    elif type(effect) is _Wait:
+                        value = effect.fut.get(effect.timeout)
+                    else:
+                        assert type(effect) is _Bounded
+                        value = executor.run_bounded(effect.fn, effect.timeout)
+                except BaseException as exc:
+                    effect = throw(exc)
+                else:
+                    effect = send(value)
+        except (StopIteration, trio.RunFinishedError):
+            return  # done, or the runtime is gone
 
     async def _task_main(self) -> None:
+        """An all-async actor: drive the same mailbox loop as a trio task."""
+        gen = self._main()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                effect = gen.send(sent) if thrown is None else gen.throw(thrown)
+            except StopIteration:
+                return
+            sent, thrown = None, None
+            try:
+                if effect is _NEXT:
+                    while not self._deque:
+                        await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                    sent = self._deque.popleft()
+                elif type(effect) is _Await:
+                    sent = await effect.fn()
+                elif type(effect) is _OnLoop:
+                    sent = effect.fn()
+                elif type(effect) is _Wait:
+                    with trio.move_on_after(
+                        math.inf if effect.timeout is None else effect.timeout
+                    ) as scope:
+                        sent = await effect.fut
+                    if scope.cancelled_caught:
+                        raise TimeoutError(f"future not resolved within {effect.timeout} s")
+                else:
+                    assert type(effect) is _Bounded
+                    with trio.move_on_after(effect.timeout):
+                        await self._executor.run(effect.fn)
+                        sent = True
+                    sent = bool(sent)
+            except BaseException as exc:
+                thrown = exc
+
+    def _main(self) -> Generator[Any, Any, None]:
+        """The mailbox loop: construct, then handle one message at a time until death or
+        stop."""
         alive = self._init()
         while alive:
-            while not self._deque:
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-            item = self._deque.popleft()
+            item: M.MailboxItem = yield _NEXT
             match item:
                 case M.Call():
-                    alive = await self._call_async(item)
+                    alive = yield from self._call(item)
                 case M.Supervise():
-                    await self._supervise_async(item.failure)
+                    yield from self._supervise(item.failure)
                 case M.Escalate():
-                    await self._die_async(item.cause, None)
+                    yield from self._die(item.cause, None)
                     return
                 case M.StopActor():
-                    await self._stop_async(item.port)
+                    yield from self._stop(item.port)
                     return
                 case M.Abandon():
                     return
@@ -260,55 +349,43 @@ class ActorCell:
     def _context(self, item: M.Call) -> Context:
         return Context(self.instance, spec=(item.rank, item.labels, item.sizes))
 
-    def _call_sync(self, item: M.Call, spec: EndpointSpec[..., Any] | None) -> bool:
-        """Handle one call on the actor's thread; False when the actor died of it."""
+    def _call(self, item: M.Call) -> Generator[Any, Any, bool]:
+        """Handle one call; False when the actor died of it."""
+        spec = self.endpoints.get(item.method)
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
-            result = fn(self.obj, *args, **kwargs)
-            if inspect.iscoroutine(result):  # an async plain method via as_endpoint
-                result = trio.from_thread.run(
-                    self.rt.run_coroutine, result, trio_token=self.rt.token
-                )
-        except BaseException as exc:
-            cause = self._raised(item, exc)
-            if cause is not None:
-                self._die_sync(cause, exc)
-                return False
-        else:
-            if not explicit:
-                self._succeeded(item, result)
-        finally:
-            current.reset(token)
-        return True
+            if inspect.iscoroutinefunction(fn):
+                obj = self.obj
 
-    async def _call_async(self, item: M.Call) -> bool:
-        """Handle one call on the trio loop; False when the actor died of it."""
-        spec = self.endpoints.get(item.method)
-        context = self._context(item)
-        token = current.set(context)
-        try:
-            fn, args, kwargs, explicit = self._prepare(item, spec)
-            runner = self.rt.sync_runner
-            if runner is not None and not inspect.iscoroutinefunction(fn):
-                result = await runner(lambda: self._in(context, fn, self.obj, *args, **kwargs))
+                async def run_and_reply() -> None:
+                    coro = fn(obj, *args, **kwargs)
+                    self._in_async_endpoint += 1
+                    try:
+                        result = await self.rt.run_coroutine(coro)
+                    finally:
+                        self._in_async_endpoint -= 1
+                        coro.close()  # cancelled before it started: no "never awaited"
+                    if not explicit:
+                        # From the loop, before an actor thread waiting on it wakes: the
+                        # reply does not wait for that hop.
+                        self._succeeded(item, result)
+
+                yield _Await(run_and_reply)
             else:
                 result = fn(self.obj, *args, **kwargs)
-            if inspect.iscoroutine(result):
-                result = await self.rt.run_coroutine(result)
-        except trio.Cancelled:
-            raise  # the runtime is shutting down
+                if inspect.iscoroutine(result):  # an async plain method via as_endpoint
+                    coro = result
+                    result = yield _Await(lambda: self.rt.run_coroutine(coro))
+                if not explicit:
+                    self._succeeded(item, result)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise  # the runtime is shutting down, or gone
         except BaseException as exc:
             cause = self._raised(item, exc)
             if cause is not None:
-                if self.threaded:  # a mixed actor: the thread finishes dying
-                    self._pending_death = (cause, exc)
-                else:
-                    await self._die_async(cause, exc)
+                yield from self._die(cause, exc)
                 return False
-        else:
-            if not explicit:
-                self._succeeded(item, result)
         finally:
             current.reset(token)
         return True
@@ -364,7 +441,24 @@ class ActorCell:
             lambda: self.rt.oversight.feed(S.SuperviseDone(self.key, failure, handled, cause))
         )
 
-    def _supervise_sync(self, failure: S.MeshFailure) -> None:
+    async def _supervise_now(self, failure: S.MeshFailure) -> None:
+        """Run ``__supervise__`` on the loop beside a suspended async endpoint (see
+        :meth:`enqueue`); only awaitables are yielded on this path."""
+        gen = self._supervise(failure)
+        try:
+            effect = gen.send(None)
+            while True:
+                assert type(effect) is _Await
+                try:
+                    value = await effect.fn()
+                except BaseException as exc:
+                    effect = gen.throw(exc)
+                else:
+                    effect = gen.send(value)
+        except StopIteration:
+            return
+
+    def _supervise(self, failure: S.MeshFailure) -> Generator[Any, Any, None]:
         fn = self._supervise_fn()
         result, error = None, None
         token = current.set(Context(self.instance, self.point))
@@ -372,29 +466,9 @@ class ActorCell:
             if fn is not None:
                 result = fn(failure)
                 if inspect.iscoroutine(result):
-                    result = trio.from_thread.run(
-                        self.rt.run_coroutine, result, trio_token=self.rt.token
-                    )
-        except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
-            error = exc
-        finally:
-            current.reset(token)
-        self._supervised(failure, result, error)
-
-    async def _supervise_async(self, failure: S.MeshFailure) -> None:
-        fn = self._supervise_fn()
-        result, error = None, None
-        token = current.set(Context(self.instance, self.point))
-        try:
-            runner = self.rt.sync_runner
-            if fn is not None and runner is not None and not inspect.iscoroutinefunction(fn):
-                context = Context(self.instance, self.point)
-                result = await runner(lambda: self._in(context, fn, failure))
-            elif fn is not None:
-                result = fn(failure)
-            if inspect.iscoroutine(result):
-                result = await self.rt.run_coroutine(result)
-        except trio.Cancelled:
+                    coro = result
+                    result = yield _Await(lambda: self.rt.run_coroutine(coro))
+        except (trio.Cancelled, trio.RunFinishedError):
             raise
         except BaseException as exc:  # a SystemExit in __supervise__ fails the owner too
             error = exc
@@ -403,8 +477,6 @@ class ActorCell:
         self._supervised(failure, result, error)
 
     # -- dying and stopping --------------------------------------------------------------
-
-    _pending_death: tuple[S.FailureCause, BaseException | None] | None = None
 
     def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
         return RemoteFailure(
@@ -426,14 +498,9 @@ class ActorCell:
             log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
         return failure
 
-    def _die_sync(self, cause: S.FailureCause, exc: BaseException | None) -> None:
+    def _die(self, cause: S.FailureCause, exc: BaseException | None) -> Generator[Any, Any, None]:
         failure = self._fail(cause)
-        self._wind_down_sync(exc)
-        self._retire(failure)
-
-    async def _die_async(self, cause: S.FailureCause, exc: BaseException | None) -> None:
-        failure = self._fail(cause)
-        await self._wind_down_async(exc)
+        yield from self._wind_down(exc)
         self._retire(failure)
 
     def _stopped_failure(self) -> RemoteFailure:
@@ -441,23 +508,19 @@ class ActorCell:
             "regency.SupervisionError", f"actor {self.name} rank {self.point.rank} was stopped", ""
         )
 
-    def _stop_sync(self, port: tuple[str, int] | None) -> None:
-        self._wind_down_sync(None)
+    def _stop(self, port: tuple[str, int] | None) -> Generator[Any, Any, None]:
+        yield from self._wind_down(None)
         self._retire(self._stopped_failure())
         if port is not None:
             self._reply(port, self.point.rank, M.OK, None)
 
-    async def _stop_async(self, port: tuple[str, int] | None) -> None:
-        await self._wind_down_async(None)
-        self._retire(self._stopped_failure())
-        if port is not None:
-            self._reply(port, self.point.rank, M.OK, None)
-
-    def _wind_down_sync(self, exc: BaseException | None) -> None:
+    def _wind_down(self, exc: BaseException | None) -> Generator[Any, Any, None]:
         """Stop what this actor owns (children first), then run ``__cleanup__(exc)``."""
-        owned: Future[None] = self._on_loop(lambda: self.rt.oversight.stop_owned(self.key))
+        owned = yield _OnLoop(lambda: self.rt.oversight.stop_owned(self.key))
         try:
-            owned.get(self.rt.config.stop_timeout + 1)
+            yield _Wait(owned, self.rt.config.stop_timeout + 1)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise
         except Exception as error:
             log.warning("stopping what %s owns: %s", self.name, error)
         cleanup = getattr(self.obj, "__cleanup__", None)
@@ -466,44 +529,24 @@ class ActorCell:
         timeout = self.rt.config.cleanup_timeout
         if inspect.iscoroutinefunction(cleanup):
 
-            async def bounded() -> None:
-                with trio.move_on_after(timeout):
+            async def bounded() -> bool:
+                with trio.move_on_after(timeout) as scope:
                     await self.rt.run_coroutine(self._as_actor(cleanup, exc))
+                return not scope.cancelled_caught
 
-            self._guard(lambda: trio.from_thread.run(bounded, trio_token=self.rt.token))
-        else:
-            worker = threading.Thread(
-                target=self._guard, args=(lambda: self._as_actor(cleanup, exc),), daemon=True
-            )
-            worker.start()
-            worker.join(timeout)
-            if worker.is_alive():
-                log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
-
-    async def _wind_down_async(self, exc: BaseException | None) -> None:
-        owned = self.rt.oversight.stop_owned(self.key)
-        with trio.move_on_after(self.rt.config.stop_timeout + 1):
             try:
-                await owned
-            except Exception as error:
-                log.warning("stopping what %s owns: %s", self.name, error)
-        cleanup = getattr(self.obj, "__cleanup__", None)
-        if cleanup is None:
-            return
-        with trio.move_on_after(self.rt.config.cleanup_timeout) as scope:
-            try:
-                if inspect.iscoroutinefunction(cleanup):
-                    await self.rt.run_coroutine(self._as_actor(cleanup, exc))
-                elif self.rt.sync_runner is not None:
-                    await self.rt.sync_runner(lambda: self._as_actor(cleanup, exc))
-                else:
-                    await trio.to_thread.run_sync(
-                        self._as_actor, cleanup, exc, abandon_on_cancel=True
-                    )
+                finished = yield _Await(bounded)
+            except (trio.Cancelled, trio.RunFinishedError):
+                raise
             except Exception:
                 log.exception("__cleanup__ of %s raised", self.name)
-        if scope.cancelled_caught:
-            log.warning("__cleanup__ of %s took too long; abandoned", self.name)
+                return
+        else:
+            finished = yield _Bounded(
+                lambda: self._guard(lambda: self._as_actor(cleanup, exc)), timeout
+            )
+        if not finished:
+            log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
 
     def _in(self, context: Context, fn: Callable[..., Any], *args: Any) -> Any:
         """Call ``fn`` on another thread as this actor: its context and runtime."""

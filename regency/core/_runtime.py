@@ -34,8 +34,9 @@ from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
-from ._environment import Environment, SyncRunner, TransportFactory, production
+from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, UndeliverableError
+from ._executor import Executor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._launcher import ProcLauncher, ZygoteLauncher
@@ -44,6 +45,7 @@ from ._outbox import Outbox
 from ._oversight import Oversight
 from ._ports import PortHandler, PortTable
 from ._probe import Probe
+from ._ticker import Ticker
 
 log = logging.getLogger("regency.runtime")
 
@@ -90,6 +92,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._names = itertools.count()
         self.started = threading.Event()
         self.thread_id: int | None = None
+        #: Where actor threads run and how they block (:mod:`._executor`): real threads in
+        #: production, lockstep threads in the simulator (the environment's executor).
+        self.executor: Executor = self.env.executor(self)
         self.on_child_exit: list[Callable[[Child], None]] = []
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
@@ -105,9 +110,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     # What the environment decides, read-only: a runtime's world does not change under it.
 
     @property
-    def sync_runner(self) -> SyncRunner | None:
-        """Where sync actor code runs (None: on actor threads; the simulator's lockstep)."""
-        return self.env.sync_runner
+    def ticker(self) -> Ticker:
+        """Runs the heartbeats and the watchdog (the simulator's skips idle virtual time)."""
+        return self.env.ticker
 
     @property
     def probe(self) -> Probe | None:
@@ -189,23 +194,34 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     async def _send_heartbeats(self, address: str) -> None:
         """Tell our spawner we are alive, from the trio loop: a stuck loop stops them."""
         frame = _codec.encode(M.Heartbeat(self.address))
-        while True:
-            await trio.sleep(self.config.heartbeat_interval)
+
+        def beat(now: float) -> bool:
             try:
                 self.send(address, frame)
             except Exception:
-                return  # the spawner is gone; we die with it
+                return False  # the spawner is gone; we die with it
+            return True
+
+        await self.ticker.every(
+            self._heartbeat_interval, beat, owner=self, kind="heartbeat", target=address
+        )
+
+    def _heartbeat_interval(self) -> float:
+        return self.config.heartbeat_interval
 
     async def _watchdog(self) -> None:
         """Every ``heartbeat_interval``: kill a started child whose heartbeats stopped for
         ``heartbeat_timeout``, and drop connections whose acknowledgements stopped."""
-        while True:
-            await trio.sleep(self.config.heartbeat_interval)
-            now = trio.current_time()
-            for box in list(self._outboxes.values()):
-                box.check_stalled(now)
-            self._forget_idle_sessions(now)
-            self._check_heartbeats(now)
+        await self.ticker.every(
+            self._heartbeat_interval, self.watchdog_tick, owner=self, kind="watchdog"
+        )
+
+    def watchdog_tick(self, now: float) -> None:
+        """One round of the watchdog, as of ``now``."""
+        for box in list(self._outboxes.values()):
+            box.check_stalled(now)
+        self._forget_idle_sessions(now)
+        self._check_heartbeats(now)
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""

@@ -12,22 +12,24 @@ from __future__ import annotations
 import inspect
 import random
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
+import trio.testing
 
 from ..core import _codec, _config
 from ..core._config import current_config
 from ..core._environment import Environment
 from ..core._launcher import ProcHandle, ProcLauncher
 from ..core._runtime import Runtime, _runtime_var
+from . import _targets
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
 from ._invariants import InvariantChecker
-from ._lockstep import Lockstep
+from ._lockstep import Lockstep, LockstepExecutor
 from ._network import (
     CrashProcFault,
     Faults,
@@ -37,6 +39,7 @@ from ._network import (
     SimNetwork,
     SimTransport,
 )
+from ._ticker import SimTicker
 
 CONTROLLER_HOST = "controller"
 _SECRET = b"simulated-cluster-needs-no-secret"
@@ -99,6 +102,8 @@ class SimCluster:
         faults: Faults | FaultSchedule | None = None,
         lockstep: Lockstep | None = None,
         buggify: Buggify | None = None,
+        *,
+        skip_idle: bool = True,
     ) -> None:
         self.rng = rng
         self.buggify = buggify or Buggify()
@@ -112,9 +117,14 @@ class SimCluster:
         self.lockstep = lockstep or Lockstep()
         self.procs: dict[str, _SimProc] = {}  # by address, in start order
         self._host_names: list[str] = []
+        #: The launcher of every simulated host, by HostRef worker ("sim:NAME"); shared by
+        #: every runtime of the cluster as its ``host_launchers``.
+        self._launchers: dict[str, ProcLauncher] = {}
         #: Running procs by the address of the runtime that started them.
         self._children_of: dict[str, list[_SimProc]] = {}
         self.checker = InvariantChecker(self)
+        #: Heartbeats, watchdogs and the checker's scans; skips idle virtual time.
+        self.ticker = SimTicker(self, skip=skip_idle)
         self._faults = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -134,6 +144,8 @@ class SimCluster:
             self._thread = threading.get_ident()
             self._clock = trio.lowlevel.current_clock()
             self.lockstep.attach(nursery)
+            self.network.start_delivery(nursery)
+            nursery.start_soon(self.ticker.run, name="sim ticker")
             _current = self
             rt = self._runtime(CONTROLLER_HOST, "controller", None, f"sim://{CONTROLLER_HOST}/c")
             await nursery.start(rt.serve)
@@ -144,6 +156,11 @@ class SimCluster:
             try:
                 yield rt
             finally:
+                # Also when the program raised: what it queued for the loop (a launch, a
+                # send) runs while the runtimes still serve, not in trio's shutdown, where
+                # it would find their nurseries closed and crash the run.
+                with trio.CancelScope(shield=True):
+                    await trio.testing.wait_all_tasks_blocked()
                 _current = None
                 nursery.cancel_scope.cancel()
 
@@ -162,7 +179,8 @@ class SimCluster:
             transport=transport,
             launcher=lambda nursery: SimLauncher(self, host),
             host_launcher=self._host_launcher,
-            sync_runner=self.lockstep.run,
+            executor=lambda rt: LockstepExecutor(self.lockstep, rt),
+            ticker=self.ticker,
             clock=self.now,
             probe=self.checker,
             simulated_host=host,
@@ -180,11 +198,14 @@ class SimCluster:
         )
 
     def _host_launcher(self, worker: str) -> ProcLauncher | None:
-        """Any proc may place procs on any simulated host (an actor given the host mesh)."""
-        name = worker[len("sim:") :] if worker.startswith("sim:") else None
-        if name is None or (name not in self.network.hosts and name not in self._host_names):
-            return None
-        return SimLauncher(self, name)
+        """Any proc may place procs on any simulated host (an actor given the host mesh):
+        one launcher per host, shared by every runtime of the cluster."""
+        launcher = self._launchers.get(worker)
+        if launcher is None and worker.startswith("sim:"):
+            name = worker[len("sim:") :]
+            if name in self.network._hosts or name in self._host_names:
+                launcher = self._launchers[worker] = SimLauncher(self, name)
+        return launcher
 
     def _start_proc(
         self, host: str, record: dict[str, Any], on_exit: Callable[[int], None]
@@ -253,48 +274,117 @@ class SimCluster:
             assert self._token is not None
             self._token.run_sync_soon(fn)
 
-    def crash_proc(self, address: str) -> None:
-        """Kill a simulated proc (its connections break, like SIGKILL)."""
-        if address not in self.procs:
-            raise LookupError(f"no running simulated proc at {address!r}")
-        self._on_loop(lambda: self._crash(address))
+    # Every fault call resolves what it is aimed at first (regency/sim/_targets.py) and
+    # raises TypeError or LookupError when it cannot: a fault that does nothing is a lie.
 
-    def crash_host(self, host: str) -> None:
-        """Crash a host: every proc on it dies and its links break."""
+    def _hosts_of(self, target: object, what: str, *, group: bool = False) -> list[str]:
+        known = list(dict.fromkeys([CONTROLLER_HOST, *self._host_names, *self.network.hosts]))
+        resolve = _targets.resolve_host_group if group else _targets.resolve_hosts
+        return resolve(
+            target, known=known, ranked=self._host_names, controller=CONTROLLER_HOST, what=what
+        )
+
+    def _procs_of(self, target: object, what: str) -> list[str]:
+        # Procs a runtime has planned count too: spawn_procs returns before they start, and
+        # the fault, applied on the loop after the launch, finds them running.
+        live = list(self.procs)
+        for rt in [self.controller, *(proc.rt for proc in self.procs.values())]:
+            if rt is not None:
+                live += [a for a, c in rt.children.items() if c.returncode is None]
+                live += [a for a in rt.child_ready if a not in rt.children]  # not launched yet
+        return _targets.resolve_procs(target, running=live, what=what)
+
+    def crash_proc(self, proc: object) -> None:
+        """Kill simulated procs (their connections break, like SIGKILL): ``proc`` is an
+        address, a ``ProcMesh`` slice or an ``ActorMesh`` (its procs)."""
+        addresses = self._procs_of(proc, "crash_proc(proc)")
 
         def crash() -> None:
-            for address, proc in list(self.procs.items()):
-                if address.startswith(f"sim://{host}/"):
-                    proc.kill()
-            self.network.crash_host(host)
+            for address in addresses:
+                self._crash(address)
 
         self._on_loop(crash)
 
-    def restart_host(self, host: str) -> None:
-        self._on_loop(lambda: self.network.restart_host(host))
+    def crash_host(self, host: object) -> None:
+        """Crash hosts: every proc on them dies and their links break. ``host`` is a host
+        name, a rank in the simulation's host mesh, a ``HostMesh``/``ProcMesh`` slice, an
+        ``ActorMesh`` (the hosts of its procs) or a proc address."""
+        names = self._hosts_of(host, "crash_host(host)")
+        if CONTROLLER_HOST in names:
+            raise ValueError(
+                f"crash_host(host): the controller's host {CONTROLLER_HOST!r} cannot crash (the "
+                "program runs there); crash the procs on it with crash_proc"
+            )
 
-    def pause_proc(self, address: str, duration: float) -> None:
-        """Pause a simulated proc for ``duration`` virtual seconds, as SIGSTOP would (see
-        :meth:`SimNetwork.pause`); longer than the heartbeat timeout, its parent kills it."""
-        if address not in self.procs:
-            raise LookupError(f"no running simulated proc at {address!r}")
-        self._on_loop(lambda: self._pause(address, duration))
+        def crash() -> None:
+            for name in names:
+                for address, proc in list(self.procs.items()):
+                    if address.startswith(f"sim://{name}/"):
+                        proc.kill()
+                self.network.crash_host(name)
+
+        self._on_loop(crash)
+
+    def restart_host(self, host: object) -> None:
+        """Let crashed hosts take new procs again (targets as for :meth:`crash_host`)."""
+        names = self._hosts_of(host, "restart_host(host)")
+
+        def restart() -> None:
+            for name in names:
+                self.network.restart_host(name)
+
+        self._on_loop(restart)
+
+    def pause_proc(self, proc: object, duration: float) -> None:
+        """Pause simulated procs for ``duration`` virtual seconds, as SIGSTOP would (see
+        :meth:`SimNetwork.pause`); longer than the heartbeat timeout, its parent kills it.
+        ``proc`` is as for :meth:`crash_proc`."""
+        _targets.check_duration(duration, "pause_proc(duration)")
+        addresses = self._procs_of(proc, "pause_proc(proc)")
+
+        def pause() -> None:
+            for address in addresses:
+                self._pause(address, duration)
+
+        self._on_loop(pause)
 
     def _pause(self, address: str, duration: float) -> None:
         proc = self.procs.get(address)
-        transport = getattr(proc.rt, "transport", None) if proc is not None else None
+        if proc is None:
+            self.network._record("pause", f"{address} had exited already")
+            return
+        transport = proc.transport
         if isinstance(transport, SimTransport):
             self.network.pause(transport, duration, label=address)
+            return
+        # Launched, not serving yet (a pause right after spawn_procs): pause it as soon as
+        # its transport exists, until the same moment the pause would have ended.
+        until = trio.current_time() + duration
+        assert self._nursery is not None
+
+        async def when_serving() -> None:
+            while proc.transport is None and address in self.procs:
+                await trio.lowlevel.checkpoint()
+            if isinstance(proc.transport, SimTransport):
+                left = until - trio.current_time()
+                self.network.pause(proc.transport, left, label=address)
+
+        self._nursery.start_soon(when_serving)
 
     def _crash(self, address: str) -> None:
         proc = self.procs.get(address)
         if proc is not None:
             self.network._record("crash_proc", address)
             proc.kill()
+        else:
+            self.network._record("crash_proc", f"{address} had exited already")
 
     async def wind_down(self) -> None:
         """After the program: stop injecting faults, heal the network, then let the
         invariant checker see failure reports arrive, stop every proc, and check the end."""
+        # What the program's last calls queued for the loop (a launch, a send) runs first:
+        # the program's end must not overtake the work it started.
+        await trio.testing.wait_all_tasks_blocked()
         self._faults.cancel()
         self.network.heal()
         await self.checker.finish()
@@ -348,16 +438,24 @@ class SimCluster:
 
     def partition(
         self,
-        a: Iterable[str],
-        b: Iterable[str],
+        a: object,
+        b: object,
         duration: float | None = None,
         one_way: bool = False,
     ) -> None:
-        """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given)."""
-        a, b = list(a), list(b)
+        """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given).
+        Each side is a host target (as for :meth:`crash_host`) or a list of them."""
+        a_hosts = self._hosts_of(a, "partition(a)", group=True)
+        b_hosts = self._hosts_of(b, "partition(b)", group=True)
+        _targets.check_duration(duration, "partition(duration)", allow_none=True)
+        if set(a_hosts) & set(b_hosts):
+            raise ValueError(
+                f"partition sides must not share hosts (both have "
+                f"{sorted(set(a_hosts) & set(b_hosts))!r})"
+            )
 
         def cut() -> None:
-            number = self.network.partition(a, b, one_way=one_way)
+            number = self.network.partition(a_hosts, b_hosts, one_way=one_way)
             if duration is not None:
                 assert self._nursery is not None
 
@@ -373,17 +471,45 @@ class SimCluster:
         """End every partition and delay (clogs and pauses end by themselves)."""
         self._on_loop(self.network.heal)
 
-    def disconnect(self, host_a: str, host_b: str) -> None:
-        """Break every connection between two hosts (both ends told; they may reconnect)."""
-        self._on_loop(lambda: self.network.disconnect(host_a, host_b))
+    def _pairs(self, a: object, b: object, what: str) -> list[tuple[str, str]]:
+        a_hosts = self._hosts_of(a, f"{what}(host_a)", group=True)
+        b_hosts = self._hosts_of(b, f"{what}(host_b)", group=True)
+        # One host on both sides means the links between processes on that host.
+        return list(dict.fromkeys((min(x, y), max(x, y)) for x in a_hosts for y in b_hosts))
 
-    def clog(self, host: str, duration: float) -> None:
+    def disconnect(self, host_a: object, host_b: object) -> None:
+        """Break every connection between two hosts (both ends told; they may reconnect).
+        Either side may name several hosts (every pair across is broken)."""
+        pairs = self._pairs(host_a, host_b, "disconnect")
+
+        def disconnect() -> None:
+            for x, y in pairs:
+                self.network.disconnect(x, y)
+
+        self._on_loop(disconnect)
+
+    def clog(self, host: object, duration: float) -> None:
         """Hold every frame from and to ``host`` for ``duration``, then deliver in order."""
-        self._on_loop(lambda: self.network.clog(host, duration))
+        names = self._hosts_of(host, "clog(host)", group=True)
+        _targets.check_duration(duration, "clog(duration)")
 
-    def delay(self, host_a: str, host_b: str, extra: float, duration: float) -> None:
+        def clog() -> None:
+            for name in names:
+                self.network.clog(name, duration)
+
+        self._on_loop(clog)
+
+    def delay(self, host_a: object, host_b: object, extra: float, duration: float) -> None:
         """Add ``extra`` seconds of one-way latency between two hosts for ``duration``."""
-        self._on_loop(lambda: self.network.delay(host_a, host_b, extra, duration))
+        pairs = self._pairs(host_a, host_b, "delay")
+        _targets.check_duration(extra, "delay(extra)")
+        _targets.check_duration(duration, "delay(duration)")
+
+        def delay() -> None:
+            for x, y in pairs:
+                self.network.delay(x, y, extra, duration)
+
+        self._on_loop(delay)
 
 
 @attrs.frozen
@@ -450,6 +576,7 @@ def simulate(
     faults: Faults | FaultSchedule | None = None,
     timeout: float | None = 24 * 3600.0,
     buggify: bool | None = False,
+    skip_idle: bool = True,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.
 
@@ -459,7 +586,9 @@ def simulate(
     other acknowledgement cadences; :mod:`regency.sim._buggify`): ``True``, ``False``, or
     ``None`` to let the seed decide. Every run is checked against the runtime's invariants
     (:mod:`regency.sim._invariants`); a violation raises :class:`InvariantViolation` with the
-    seed and how to replay the run.
+    seed and how to replay the run. ``skip_idle=False`` runs every heartbeat tick instead of
+    skipping idle stretches of virtual time (:mod:`regency.sim._ticker`; for checking that
+    the skipping changes nothing that matters).
     """
 
     if buggify not in (True, False, None):
@@ -471,8 +600,11 @@ def simulate(
         replay += f", faults={faults!r}"
     if buggify is not False:
         replay += f", buggify={buggify!r}"
+    if not skip_idle:
+        replay += ", skip_idle=False"
     replay += ")"
     checkers: list[InvariantChecker] = []
+    locksteps: list[Lockstep] = []
     switched: list[Buggify] = []
 
     async def main(rng: random.Random) -> tuple[Any, float]:
@@ -482,8 +614,9 @@ def simulate(
             return await run(rng, bug)
 
     async def run(rng: random.Random, bug: Buggify) -> tuple[Any, float]:
-        cluster = SimCluster(rng, faults, buggify=bug)
+        cluster = SimCluster(rng, faults, buggify=bug, skip_idle=skip_idle)
         checkers.append(cluster.checker)
+        locksteps.append(cluster.lockstep)
         async with cluster.running() as controller:
             mesh = cluster.hosts(hosts)
             start = trio.current_time()
@@ -501,8 +634,15 @@ def simulate(
             return value, elapsed
 
     try:
-        (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
-    except BaseException as exc:
+        try:
+            (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
+        finally:
+            for lockstep in locksteps:
+                lockstep.close()  # threads of procs that never stopped unwind now
+    except BaseException as raised:
+        # The program's own error comes back as itself, not inside the cluster's nursery's
+        # exception group.
+        exc = _sole_exception(raised)
         if checkers and checkers[0].violations:
             exc.add_note("invariant violations seen before it:\n  " + "\n  ".join(
                 checkers[0].violations[:10]
@@ -510,11 +650,20 @@ def simulate(
         if switched and switched[0].on:
             exc.add_note(switched[0].describe())
         exc.add_note(f"replay: {replay}")
-        raise
+        if exc is raised:
+            raise
+        raise exc from None
     if switched[0].on:
         replay += f"  # {switched[0].describe()}"
     checkers[0].raise_if_violated(replay)
     return SimResult(value, elapsed, digest, events, seed)
+
+
+def _sole_exception(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def start_simulated_controller(seed: int) -> Runtime:

@@ -159,24 +159,29 @@ class InvariantChecker(Probe):
             )
         return self._bound
 
+    def frames_in_flight(self) -> bool:
+        """Whether a frame was sent and neither handled nor failed yet."""
+        return any(self._in_flight.values())
+
     async def watch(self) -> None:
-        """Flag frames that are neither handled nor failed within :meth:`bound` (a hang)."""
-        while True:
-            await trio.sleep(self.SCAN)
-            now = trio.current_time()
-            bound = self.bound()
-            for session, frames in list(self._in_flight.items()):
-                for index, frame in frames.items():
-                    if frame.seen is None:
-                        frame.seen = now
-                    elif now - frame.seen > bound:
-                        self._violate(
-                            f"frame #{index} of delivery session {session} from "
-                            f"{frame.sender} to {frame.to} was neither handled nor failed "
-                            f"within {bound:.0f} s (a hang)"
-                        )
-                        del self._in_flight[session]
-                        break
+        """Flag frames that are neither handled nor failed within :meth:`bound` (a hang),
+        scanning every :attr:`SCAN` seconds (a periodic job of the cluster's ticker)."""
+        await self.cluster.ticker.every(lambda: self.SCAN, self.scan, owner=self, kind="scan")
+
+    def scan(self, now: float) -> None:
+        bound = self.bound()
+        for session, frames in list(self._in_flight.items()):
+            for index, frame in frames.items():
+                if frame.seen is None:
+                    frame.seen = now
+                elif now - frame.seen > bound:
+                    self._violate(
+                        f"frame #{index} of delivery session {session} from "
+                        f"{frame.sender} to {frame.to} was neither handled nor failed "
+                        f"within {bound:.0f} s (a hang)"
+                    )
+                    del self._in_flight[session]
+                    break
 
     def _owner_alive(self, orphan: _Orphan) -> bool:
         cluster = self.cluster

@@ -11,13 +11,22 @@ back, at a deterministic point, when that future resolves.
 
 from __future__ import annotations
 
+import contextvars
+import queue
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from ..core._executor import Mailbox
 from ..core._future import Future, blocking
+
+if TYPE_CHECKING:
+    from ..core._runtime import Runtime
+
+T = TypeVar("T")
 
 
 class _Job:
@@ -36,7 +45,15 @@ class _Worker:
         self.turn = threading.Semaphore(0)
         self.job: _Job | None = None
         self.lockstep = lockstep
+        #: Its job's task was cancelled (its proc died): the loop never hands it the baton
+        #: again during the run, as a killed process's threads never run again.
+        self.frozen = False
+        #: Set by :meth:`Lockstep.close`: every wait raises ``trio.RunFinishedError``.
+        self.abandoned = False
+        #: Waiting for its actor's next message (no user code on its stack).
+        self.in_mailbox = False
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        lockstep._workers.append(self)
 
     def _main(self) -> None:
         blocking.wait = self.lockstep._wait
@@ -62,6 +79,7 @@ class Lockstep:
     def __init__(self) -> None:
         self._loop_turn = threading.Semaphore(0)
         self._idle: list[_Worker] = []
+        self._workers: list[_Worker] = []
         self._count = 0
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -81,7 +99,7 @@ class Lockstep:
     async def run(self, fn: Callable[[], Any]) -> Any:
         """Run blocking ``fn`` on a lockstep thread; its result or exception comes back here.
 
-        This is the runtime's ``sync_runner`` inside a simulation.
+        The simulator runs blocking jobs (a program, a bounded cleanup) through it.
         """
         if self._idle:
             worker = self._idle.pop()
@@ -93,10 +111,34 @@ class Lockstep:
         worker.job = job
         self._hand(worker, job)
         if not job.finished:
-            await job.done.wait()
+            try:
+                await job.done.wait()
+            except trio.Cancelled:
+                worker.frozen = True
+                raise
         if job.error is not None:
             raise job.error
         return job.result
+
+    def close(self) -> None:
+        """After the run (its loop is gone): let every thread still inside a job unwind, one
+        at a time (each wait raises ``trio.RunFinishedError``, as blocking on a finished
+        trio run does), then end every thread. A thread of a proc that was killed while it
+        ran user code stays blocked for good: a killed process's threads run no ``finally``
+        (it is a daemon thread, and holds little)."""
+        for worker in self._workers:
+            if worker.frozen and not worker.in_mailbox:
+                continue
+            if worker.job is not None and worker.thread.is_alive() and worker is not getattr(
+                self, "_main_worker", None
+            ):
+                worker.abandoned = True
+                worker.turn.release()
+                self._loop_turn.acquire(timeout=5.0)
+        for worker in self._idle:
+            worker.job = None
+            worker.turn.release()
+        self._idle.clear()
 
     def adopt_current_thread(self) -> Callable[[], None]:
         """Make the calling thread (a program's main thread) a lockstep thread that runs
@@ -121,16 +163,18 @@ class Lockstep:
     def _wait(self, fut: Future[Any], timeout: float | None) -> None:
         """On a lockstep thread: give the baton back until ``fut`` resolves (or ``timeout``
         virtual seconds pass: ``TimeoutError``)."""
+        worker: _Worker = blocking.worker
+        if worker.abandoned:
+            raise trio.RunFinishedError("the simulation has ended")
         if fut.done():
             return
-        worker: _Worker = blocking.worker
         job = worker.job
         assert job is not None and self._token is not None and self._nursery is not None
         state = {"woken": False}
         token, nursery = self._token, self._nursery
 
         def resume() -> None:  # on the loop
-            if not state["woken"]:
+            if not state["woken"] and not worker.frozen:
                 state["woken"] = True
                 self._hand(worker, job)
 
@@ -144,5 +188,126 @@ class Lockstep:
             token.run_sync_soon(lambda: nursery.start_soon(expire))
         self._loop_turn.release()
         worker.turn.acquire()
+        if worker.abandoned:
+            raise trio.RunFinishedError("the simulation ended while this thread waited")
         if not fut.done():
             raise TimeoutError(f"future not resolved within {timeout} virtual s")
+
+
+class _LockstepMailbox:
+    """An actor's mailbox whose ``get`` gives the baton back while it is empty."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[Any, ...]] = deque()
+        self._waiter: Future[None] | None = None
+
+    def put(self, item: tuple[Any, ...]) -> None:  # on the loop
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set_result(None)
+
+    def get(self) -> Any:  # on the actor's lockstep thread
+        while not self._items:
+            worker: _Worker = blocking.worker
+            waiter = self._waiter = Future()
+            worker.in_mailbox = True
+            try:
+                waiter.get()
+            finally:
+                worker.in_mailbox = False
+        return self._items.popleft()
+
+    def get_nowait(self) -> tuple[Any, ...]:
+        if not self._items:
+            raise queue.Empty
+        return self._items.popleft()
+
+
+class LockstepExecutor:
+    """The executor of a simulated runtime (see :mod:`regency.core._executor`): the same
+    actor-thread code as production, on lockstep threads, so that it runs deterministically
+    and virtual time stands still while it runs."""
+
+    def __init__(self, lockstep: Lockstep, rt: Runtime) -> None:
+        self._lockstep = lockstep
+        self._rt = rt
+
+    def start_thread(self, fn: Callable[[], None], name: str) -> None:
+        # The job belongs to the runtime's nursery: when the proc dies, its thread freezes.
+        self._rt.nursery.start_soon(self._lockstep.run, fn, name=name)
+
+    def mailbox(self) -> Mailbox:
+        return _LockstepMailbox()
+
+    def _submit(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
+        """Run ``fn`` on the loop, then resolve ``fut``, in the calling thread's context."""
+        context = contextvars.copy_context()
+        token = self._lockstep._token
+        assert token is not None
+
+        def on_loop() -> None:
+            try:
+                context.run(fn)
+            except BaseException as exc:  # pragma: no cover - fn settles fut itself
+                fut.set_exception(exc)
+
+        token.run_sync_soon(on_loop)
+
+    def to_loop(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        fut: Future[T] = Future()
+        rt = self._rt
+
+        async def task() -> None:
+            try:
+                result = await fn(*args)
+            except trio.Cancelled:
+                raise  # the proc is going away: its thread stays frozen
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+        def start() -> None:
+            try:
+                rt.nursery.start_soon(task)
+            except RuntimeError:  # its nursery has closed: the proc is gone
+                pass
+
+        self._submit(start, fut)
+        return fut.get()
+
+    def to_loop_sync(self, fn: Callable[[], T]) -> T:
+        fut: Future[T] = Future()
+
+        def call() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        self._submit(call, fut)
+        return fut.get()
+
+    def run_bounded(self, fn: Callable[[], None], timeout: float) -> bool:
+        done: Future[None] = Future()
+
+        async def job() -> None:
+            try:
+                await self._lockstep.run(fn)
+            finally:
+                done.set_result(None)
+
+        self._submit(lambda: self._rt.nursery.start_soon(job), done)
+        try:
+            done.get(timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        result: T = await self._lockstep.run(fn)
+        return result

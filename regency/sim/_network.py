@@ -35,6 +35,7 @@ so Hypothesis shrinks failing schedules toward the fewest, shortest faults.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
@@ -517,6 +518,11 @@ class SimTransport(Transport):
         self._max_frame_bytes = max_frame_bytes
         self._heap: list[_Entry] = []
         self._wakeup = trio.Event()
+        #: Entries of this transport in the network's heap (when it delivers for all).
+        self._queued = 0
+        #: The context of the process that made it: its sinks run in it (the current
+        #: runtime, among others), whichever task delivers.
+        self._context = contextvars.copy_context()
         self._dead = False
         #: Until when the process behind this transport is paused (see SimNetwork.pause).
         self._paused_until = -math.inf
@@ -524,6 +530,8 @@ class SimTransport(Transport):
         self._ends: dict[tuple[int, int], SimConnection] = {}
         self._token = trio.lowlevel.current_trio_token()
         self._thread = threading.get_ident()
+        #: Addresses it listens on (so a process's end need not scan every listener).
+        self._listening: dict[str, None] = {}
 
     @property
     def paused_until(self) -> float:
@@ -552,6 +560,7 @@ class SimTransport(Transport):
             raise OSError(f"sim address already in use: {address}")
         listener = SimListener(address, self, sinks)
         net._listeners[address] = listener
+        self._listening[address] = None
         net._record("listen", address)
         await trio.lowlevel.checkpoint()
         return listener
@@ -637,14 +646,24 @@ class SimTransport(Transport):
             return
         if seq is None:
             seq = next(self._net._seq)
+        net = self._net
+        if net._delivering:
+            self._queued += 1
+            heapq.heappush(net._heap, (at, seq, end, kind, payload, self))
+            if net._heap[0][1] == seq:
+                net._wakeup.set()
+            return
         heapq.heappush(self._heap, (at, seq, end, kind, payload))
         if self._heap[0][1] == seq:
             self._wakeup.set()
 
     async def _run(self) -> None:
-        """Deliver due entries forever, oldest first; on the way out, act as a dead process."""
+        """Deliver due entries forever, oldest first; on the way out, act as a dead process.
+        (With the network's one delivery task running, it only waits for the way out.)"""
         heap = self._heap
         try:
+            if self._net._delivering:
+                await trio.sleep_forever()
             while True:
                 now = trio.current_time()
                 if self._paused_until > now:
@@ -782,6 +801,12 @@ class SimNetwork:
         self._slowdowns: list[_Slowdown] = []
         self._clogs: dict[str, float] = {}
         self._crashed: set[str] = set()  # membership only: never iterated
+        #: Transports whose process runs, by name (in creation order).
+        self._live: dict[str, SimTransport] = {}
+        #: Set by :meth:`deliver`: one task delivers for every transport, from one heap.
+        self._delivering = False
+        self._heap: list[tuple[float, int, SimConnection, int, Any, SimTransport]] = []
+        self._wakeup = trio.Event()
 
     # -- public ---------------------------------------------------------------------------
 
@@ -820,6 +845,7 @@ class SimNetwork:
         self._hosts.setdefault(host)
         self._transports += 1
         transport = SimTransport(self, host, self._transports, max_frame_bytes)
+        self._live[transport.name] = transport
         # start_soon copies the calling context: the sinks run with the process's context.
         nursery.start_soon(transport._run, name=transport.name)
         self._record("transport", transport.name)
@@ -961,6 +987,70 @@ class SimNetwork:
         """Let a crashed ``host`` take new transports again (its old state is gone)."""
         self._crashed.discard(host)
         self._record("restart", host)
+
+    def start_delivery(self, nursery: trio.Nursery) -> None:
+        """Deliver due entries of every transport from one task in ``nursery`` (which must
+        outlive the transports), instead of a task per transport: what a large simulation
+        spends its time on is waking tasks. Call it before the first transport is made.
+        Each transport's entries are still handed over in (time, sequence) order, and a
+        paused process's entries wait, in order, until it resumes."""
+        if self._transports:
+            raise RuntimeError("start_delivery() must come before the first transport is made")
+        self._delivering = True
+        nursery.start_soon(self._deliver_all, name="sim network delivery")
+
+    async def _deliver_all(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            batch = []
+            while heap and heap[0][0] <= now:
+                batch.append(heapq.heappop(heap))
+            if batch:
+                for at, seq, end, kind, payload, transport in batch:
+                    transport._queued -= 1
+                    if transport._dead:
+                        continue
+                    if transport._paused_until > now:
+                        # A paused process takes nothing in: it waits, keeping its order.
+                        transport._queued += 1
+                        heapq.heappush(heap, (transport._paused_until, seq, end, kind, payload,
+                                              transport))
+                        continue
+                    try:
+                        transport._context.run(transport._dispatch, (at, seq, end, kind, payload))
+                    except Exception:
+                        log.exception("%s: a sink callback failed", transport.name)
+                await trio.lowlevel.checkpoint()
+                continue
+            self._wakeup = trio.Event()
+            with trio.move_on_at(heap[0][0] if heap else math.inf):
+                await self._wakeup.wait()
+
+    def quiet(self, now: float) -> bool:
+        """Nothing in flight and no fault in force: no frame, FIN, accept or loss waits to
+        be delivered, no dial is pending, no process is paused, and no partition, delay or
+        clog holds. What happens next on such a network is only what is sent next."""
+        if self._cuts or any(s.until > now for s in self._slowdowns):
+            return False
+        if any(until > now for until in self._clogs.values()):
+            return False
+        for transport in self._live.values():
+            if transport._heap or transport._queued or transport._paused_until > now:
+                return False
+            if any(end._pending or end._parked for end in transport._ends.values()):
+                return False
+        return True
+
+    def base_latency(self, src: str, dst: str) -> float:
+        """The one-way latency between two hosts without jitter (what a frame takes at
+        least)."""
+        return self._links.get(_pair(src, dst), self._latency).base
+
+    def max_latency(self) -> float:
+        """The longest one-way latency any link may draw (base plus jitter)."""
+        links = [self._latency, *self._links.values()]
+        return max(link.base + link.jitter for link in links)
 
     def apply(self, fault: LinkFault) -> None:
         """Apply one explicit link fault now (its ``at`` is ignored)."""
@@ -1160,6 +1250,7 @@ class SimNetwork:
     def _unlisten(self, listener: SimListener, kind: str) -> None:
         if self._listeners.get(listener.address) is listener:
             del self._listeners[listener.address]
+            listener._transport._listening.pop(listener.address, None)
             self._record(kind, listener.address)
 
     def _transport_gone(self, transport: SimTransport) -> None:
@@ -1169,9 +1260,11 @@ class SimNetwork:
         sockets of a killed process.
         """
         transport._dead = True
+        self._live.pop(transport.name, None)
         self._record("transport_gone", transport.name)
-        for listener in list(self._listeners.values()):
-            if listener._transport is transport:
+        for address in list(transport._listening):
+            listener = self._listeners.get(address)
+            if listener is not None and listener._transport is transport:
                 self._unlisten(listener, "unlisten")
         for end in list(transport._ends.values()):
             self._mark_closed(

@@ -175,3 +175,56 @@ class Interpreter(Actor):
         import sys
 
         return sys.executable
+
+
+class Doomed(Actor):
+    @endpoint
+    def die(self) -> None:
+        import os
+
+        os._exit(3)
+
+
+class WaitingOwner(Actor):
+    """Awaits news of its child's death inside an endpoint, as Monarch allows: the owner's
+    ``__supervise__`` runs at the endpoint's next await point, not after it returns."""
+
+    def __init__(self) -> None:
+        self.heard: asyncio.Event | None = None
+        self.failures: list[str] = []
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.failures.append(str(failure))
+        if self.heard is not None:
+            self.heard.set()
+        return True
+
+    @endpoint
+    async def spawn_child_and_wait_for_its_death(self) -> list[str]:
+        from regency.actor import this_host
+
+        self.heard = asyncio.Event()
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        child = procs.spawn("doomed", Doomed)
+        child.die.broadcast()
+        await asyncio.wait_for(self.heard.wait(), 30)
+        return self.failures
+
+
+class Finisher(Actor):
+    """Stops itself when its work is done (Monarch's actor_instance.stop())."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    @endpoint
+    def work(self) -> int:
+        self.done += 1
+        return self.done
+
+    @endpoint
+    def finish(self) -> str:
+        from regency.actor import context
+
+        context().actor_instance.stop("work done")
+        return "stopping"

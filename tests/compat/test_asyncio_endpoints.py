@@ -57,6 +57,7 @@ def test_asyncio_error_reaches_caller(workers: Any) -> None:
         workers.slice(gpus=0).raises.call_one().get(T)
 
 
+@pytest.mark.slow
 def test_failed_background_task_is_reported() -> None:
     """A task started with asyncio.create_task that fails is reported in the proc's log,
     naming the task, and the actor goes on serving."""
@@ -106,3 +107,16 @@ def test_asyncio_in_the_simulator_takes_virtual_time() -> None:
     assert first.virtual_time >= 3601
     assert first.trace_hash == second.trace_hash
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.slow
+def test_supervise_runs_while_an_async_endpoint_waits() -> None:
+    from .actors import WaitingOwner
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = procs.spawn("owner", WaitingOwner)
+        failures = owner.spawn_child_and_wait_for_its_death.call_one().get(T)
+    finally:
+        procs.stop().get(T)
+    assert len(failures) == 1 and "doomed" in failures[0]

@@ -96,6 +96,7 @@ def test_public_names_exist() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_identity_log_prefix_and_shutdown_context() -> None:
     script = textwrap.dedent(
         """
@@ -140,6 +141,7 @@ def test_identity_log_prefix_and_shutdown_context() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     """Monarch's test_del_runs_on_proc_mesh_stop: procs stop by letting Python finalize."""
     from regency.actor import this_host
@@ -158,6 +160,7 @@ def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_with_python_executable(tmp_path: Path) -> None:
     from regency.actor import this_host
 
@@ -175,3 +178,27 @@ def test_with_python_executable(tmp_path: Path) -> None:
     assert got == [str(python), str(python)]
     with pytest.raises(FileNotFoundError, match="is not an executable file"):
         this_host().with_python_executable(str(tmp_path / "missing"))
+
+
+@pytest.mark.slow
+def test_an_actor_stops_itself_after_draining_its_mailbox() -> None:
+    from regency.actor import SupervisionError, context, this_host
+
+    from .actors import Finisher
+
+    with pytest.raises(RuntimeError, match="root client cannot stop itself"):
+        context().actor_instance.stop()
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        one = procs.spawn("finisher", Finisher).slice(gpus=0)
+        assert one.finish.call_one().get(30) == "stopping"
+        with pytest.raises(SupervisionError, match="stopped"):
+            one.work.call_one().get(30)
+        # Messages already queued when it stops itself are handled first.
+        two = procs.spawn("finisher2", Finisher).slice(gpus=0)
+        futures = [two.work.call_one(), two.finish.call_one()]
+        assert [f.get(30) for f in futures] == [1, "stopping"]
+        with pytest.raises(SupervisionError, match="stopped"):
+            two.work.call_one().get(30)
+    finally:
+        procs.stop().get(30)

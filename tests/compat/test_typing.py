@@ -50,6 +50,7 @@ PROGRAM = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # runs mypy in a subprocess
 def test_mypy_checks_endpoint_calls(tmp_path: Path) -> None:
     program = tmp_path / "user_program.py"
     program.write_text(PROGRAM)

@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
 import regency
 from regency.actor import ActorMesh, Channel, ProcMesh, SupervisionError, this_host
 
+from ..conftest import SpawnProcs
 from .actors import (
     Asker,
     AsyncExiter,
@@ -23,20 +25,29 @@ from .actors import (
     TwiceAnswering,
 )
 
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
+
 T = 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def procs() -> ProcMesh:
+def procs() -> Iterator[ProcMesh]:
     pm = this_host().spawn_procs(per_host={"gpus": 2})
-    pm.initialized.get(T)
-    return pm
+    try:
+        pm.initialized.get(T)
+        yield pm
+    finally:
+        pm.stop().get(T)
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_sibling_procs_can_talk_before_they_all_listen(attempt: int) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 4})
+def test_sibling_procs_can_talk_before_they_all_listen(
+    spawn_procs: SpawnProcs, attempt: int
+) -> None:
+    pm = spawn_procs(per_host={"gpus": 4})
     counters = pm.spawn("counters", Counter, attempt)
     asker = pm.slice(gpus=0).spawn("asker", Asker, counters)
     assert asker.ask.call_one().get(T) == [attempt] * 4
@@ -44,8 +55,10 @@ def test_sibling_procs_can_talk_before_they_all_listen(attempt: int) -> None:
 
 
 @pytest.mark.parametrize(("cls", "method"), [(Exiter, "exit_sync"), (AsyncExiter, "exit_async")])
-def test_base_exception_fails_the_actor_and_poisons_only_its_proc(cls: type, method: str) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+def test_base_exception_fails_the_actor_and_poisons_only_its_proc(
+    spawn_procs: SpawnProcs, cls: type, method: str
+) -> None:
+    pm = spawn_procs(per_host={"gpus": 2})
     mesh = pm.spawn(f"dies_{method}", cls)
     with pytest.raises(
         SupervisionError,

@@ -11,8 +11,10 @@ import pytest
 import regency
 from regency.core._config import Config
 from regency.core._environment import PRODUCTION, Environment, production
+from regency.core._executor import ThreadExecutor
 from regency.core._probe import Probe
 from regency.core._runtime import Runtime
+from regency.core._ticker import TrioTicker
 from regency.rdma._state import state_of
 
 ROOT = Path(regency.__file__).parent
@@ -26,19 +28,27 @@ def _runtime(env: Environment | None = None) -> Runtime:
 
 
 def test_a_runtime_takes_everything_world_specific_from_its_environment() -> None:
-    async def runner(fn: object) -> None: ...
+    made: list[Runtime] = []
 
+    class Executor(ThreadExecutor):
+        def __init__(self, rt: Runtime) -> None:
+            super().__init__(rt)
+            made.append(rt)
+
+    ticker = TrioTicker()
     probe = Probe()
-    env = Environment(sync_runner=runner, probe=probe, ack_every=5, ack_delay=0.5)
+    env = Environment(executor=Executor, ticker=ticker, probe=probe, ack_every=5, ack_delay=0.5)
     rt = _runtime(env)
-    assert rt.env is env and rt.sync_runner is runner and rt.probe is probe
+    assert rt.env is env and rt.ticker is ticker and rt.probe is probe
+    assert isinstance(rt.executor, Executor) and made == [rt]  # one executor per runtime
     assert (rt.ack_every, rt.ack_delay) == (5, 0.5)
     assert _runtime().env is PRODUCTION is production()
-    assert PRODUCTION.sync_runner is None and PRODUCTION.probe is None
+    assert PRODUCTION.executor is ThreadExecutor and PRODUCTION.probe is None
+    assert isinstance(PRODUCTION.ticker, TrioTicker)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         env.probe = None  # type: ignore[misc]
     # Nothing pokes a hook into a running runtime: the world is the environment's.
-    for hook in ("probe", "sync_runner", "ack_every", "ack_delay"):
+    for hook in ("probe", "ticker", "ack_every", "ack_delay"):
         with pytest.raises(AttributeError):
             setattr(rt, hook, None)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -16,8 +17,13 @@ from regency.actor import ProcMesh, SupervisionError, this_host
 from regency.core import current_runtime
 from regency.transports import AuthenticationError, Connection, open_transport
 
+from ..conftest import SpawnProcs
 from ..conftest import pid_alive as _alive
 from .actors import Counter
+
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
 
 T = 30
 
@@ -77,10 +83,13 @@ def test_procs_exit_when_controller_returns() -> None:
 
 
 @pytest.fixture(scope="module")
-def procs() -> ProcMesh:
+def procs() -> Iterator[ProcMesh]:
     pm = this_host().spawn_procs(per_host={"gpus": 2})
-    pm.initialized.get(T)
-    return pm
+    try:
+        pm.initialized.get(T)
+        yield pm
+    finally:
+        pm.stop().get(T)
 
 
 class _Quiet:
@@ -111,10 +120,10 @@ async def test_bad_frames_close_one_connection_and_the_proc_keeps_serving(
     assert (await counters.value.call()).values() == [1, 1]
 
 
-def test_calls_to_a_killed_proc_fail_instead_of_hanging() -> None:
+def test_calls_to_a_killed_proc_fail_instead_of_hanging(spawn_procs: SpawnProcs) -> None:
     from .actors import Mixed, Where
 
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    pm = spawn_procs(per_host={"gpus": 2})
     where = pm.spawn("where", Where).where.call().get(T)
     victim = where.values()[1]["pid"]
     slow = pm.spawn("slow", Mixed)

@@ -9,6 +9,10 @@ import textwrap
 
 import pytest
 
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
+
 PROGRAM = textwrap.dedent(
     """
     import sys

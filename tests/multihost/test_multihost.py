@@ -8,21 +8,23 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-import regency
 from regency.actor import HostMesh, SupervisionError, attach_to_workers
 from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 
-from ..conftest import TEST_SECRET, RootFailures
+from ..conftest import TEST_SECRET, RootFailures, SpawnProcs
 from ..conftest import pid_alive as _alive
 from .actors import Relay, Where
 
-pytestmark = pytest.mark.skipif(
-    virtual_hosts_available() is not None, reason=str(virtual_hosts_available())
-)
+pytestmark = [
+    pytest.mark.slow,  # real processes on network namespaces
+    pytest.mark.skipif(
+        virtual_hosts_available() is not None, reason=str(virtual_hosts_available())
+    ),
+]
 T = 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -47,9 +49,11 @@ def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
 
 
 
-def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHost]) -> None:
+def test_spawn_call_broadcast_across_hosts(
+    mesh: HostMesh, hosts: list[VirtualHost], spawn_procs: SpawnProcs
+) -> None:
     two = mesh.slice(hosts=slice(0, 2))
-    pm = two.spawn_procs(per_host={"gpus": 2})
+    pm = spawn_procs(per_host={"gpus": 2}, on=two)
     assert pm.sizes == {"hosts": 2, "gpus": 2}
     where = pm.spawn("where", Where)
     addresses = where.where.call().get(T)
@@ -66,9 +70,9 @@ def test_spawn_call_broadcast_across_hosts(mesh: HostMesh, hosts: list[VirtualHo
 
 
 def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
-    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures, spawn_procs: SpawnProcs
 ) -> None:
-    pm = mesh.slice(hosts=slice(1, 3)).spawn_procs(per_host={"gpus": 1})
+    pm = spawn_procs(per_host={"gpus": 1}, on=mesh.slice(hosts=slice(1, 3)))
     where = pm.spawn("victims", Where)
     pids = where.pid.call().get(T).values()
     busy = where.slice(hosts=1).bump.call_one()  # host index 1 of the slice: hosts[2]
@@ -89,9 +93,9 @@ def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
 
 
 def test_a_cut_link_that_heals_loses_nothing_and_duplicates_nothing(
-    mesh: HostMesh, hosts: list[VirtualHost]
+    mesh: HostMesh, hosts: list[VirtualHost], spawn_procs: SpawnProcs
 ) -> None:
-    pm = mesh.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
+    pm = spawn_procs(per_host={"gpus": 1}, on=mesh.slice(hosts=0))
     counter = pm.spawn("counter", Where)
     assert counter.bump.call_one().get(T) == 1
     hosts[0].cut()
@@ -106,25 +110,26 @@ def test_a_cut_link_that_heals_loses_nothing_and_duplicates_nothing(
 
 
 def test_a_cut_link_that_stays_cut_is_detected_by_heartbeat(
-    mesh: HostMesh, hosts: list[VirtualHost], roots: RootFailures
+    mesh: HostMesh,
+    hosts: list[VirtualHost],
+    roots: RootFailures,
+    spawn_procs: SpawnProcs,
+    configured: Callable[..., None],
 ) -> None:
-    regency.configure(heartbeat_interval=0.2, heartbeat_timeout=2.0)
+    configured(heartbeat_interval=0.2, heartbeat_timeout=2.0)
+    pm = spawn_procs(per_host={"gpus": 1}, on=mesh.slice(hosts=1))
+    lonely = pm.spawn("lonely", Where)
+    lonely.bump.call_one().get(T)
+    start = time.monotonic()
+    hosts[1].cut()
     try:
-        pm = mesh.slice(hosts=1).spawn_procs(per_host={"gpus": 1})
-        lonely = pm.spawn("lonely", Where)
-        lonely.bump.call_one().get(T)
-        start = time.monotonic()
-        hosts[1].cut()
-        try:
-            with pytest.raises(SupervisionError, match="sent no heartbeat"):
-                lonely.bump.call_one().get(T)
-            roots.wait_for("lonely")
-            detected = time.monotonic() - start
-        finally:
-            hosts[1].restore()
-        assert detected < 5
+        with pytest.raises(SupervisionError, match="sent no heartbeat"):
+            lonely.bump.call_one().get(T)
+        roots.wait_for("lonely")
+        detected = time.monotonic() - start
     finally:
-        regency.configure(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+        hosts[1].restore()
+    assert detected < 5
 
 
 def test_wrong_secret_and_garbage_are_refused_and_the_worker_keeps_serving(

@@ -19,11 +19,13 @@ BACKENDS = ("same_host", "tcp")
 @pytest.fixture(scope="package")
 def peers() -> Iterator[ActorMesh[Peer]]:
     pm = this_host().spawn_procs(per_host={"procs": 3})
-    mesh = pm.spawn("peers", Peer)
-    mesh.pid.call().get(T)
-    yield mesh
-    mesh.stop().get(T)
-    pm.stop().get(T)
+    try:
+        mesh = pm.spawn("peers", Peer)
+        mesh.pid.call().get(T)
+        yield mesh
+        mesh.stop().get(T)
+    finally:
+        pm.stop().get(T)
 
 
 @pytest.fixture(params=BACKENDS)

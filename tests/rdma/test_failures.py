@@ -11,8 +11,13 @@ import pytest
 from regency.actor import ActorError, ActorMesh, SupervisionError, this_host
 from regency.rdma import RDMAOwnerLostError, set_backend
 
+from ..conftest import SpawnProcs
 from .actors import Peer
 from .conftest import BACKENDS, T
+
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
 
 
 @pytest.fixture(params=BACKENDS)
@@ -20,10 +25,12 @@ def victim(request: pytest.FixtureRequest) -> Iterator[tuple[ActorMesh[Peer], in
     """A proc of its own, with the backend under test forced in the controller."""
     set_backend(request.param)
     pm = this_host().spawn_procs(per_host={"procs": 1})
-    peer = pm.spawn("victim", Peer)
-    yield peer, peer.pid.call_one().get(T)
-    set_backend(None)
-    pm.stop().get(T)
+    try:
+        peer = pm.spawn("victim", Peer)
+        yield peer, peer.pid.call_one().get(T)
+    finally:
+        set_backend(None)
+        pm.stop().get(T)
 
 
 def test_owner_killed_before_the_transfer(victim: tuple[ActorMesh[Peer], int]) -> None:
@@ -48,9 +55,9 @@ def test_owner_killed_before_first_contact(victim: tuple[ActorMesh[Peer], int]) 
 
 
 def test_a_sibling_proc_hears_of_a_killed_owner_at_once(
-    peers: ActorMesh[Peer], backend: str
+    spawn_procs: SpawnProcs, peers: ActorMesh[Peer], backend: str
 ) -> None:
-    pm = this_host().spawn_procs(per_host={"procs": 1})
+    pm = spawn_procs(per_host={"procs": 1})
     owner = pm.spawn("short_lived", Peer)
     pid = owner.pid.call_one().get(T)
     buf = owner.make.call_one("b", b"q" * 100).get(T)

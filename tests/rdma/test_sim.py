@@ -58,6 +58,7 @@ def test_transfers_are_byte_exact_over_the_simulated_network() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.slow
 def test_same_seed_same_trace(seed: int) -> None:
     first = simulate(transfers, seed=seed, hosts=2)
     second = simulate(transfers, seed=seed, hosts=2)

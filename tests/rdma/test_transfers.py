@@ -24,6 +24,10 @@ from regency.rdma._registry import registry
 from .actors import Peer
 from .conftest import T
 
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
+
 
 def pattern(n: int, seed: int) -> bytes:
     """Distinct, position-dependent bytes (catches shifted or repeated chunks)."""

@@ -128,6 +128,7 @@ UNCHANGED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_an_unchanged_program_runs_simulated_by_configuration() -> None:
     env = {**os.environ, "REGENCY_RUNTIME": "sim", "REGENCY_SEED": "9"}
     out = subprocess.run(
@@ -156,6 +157,7 @@ FAILING = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_failing_simulated_program_prints_how_to_replay_it() -> None:
     env = {**os.environ, "REGENCY_RUNTIME": "sim", "REGENCY_SEED": "11"}
     out = subprocess.run(

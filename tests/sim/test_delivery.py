@@ -72,6 +72,7 @@ def _handled_twice(schedule: FaultSchedule) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_simulator_finds_and_shrinks_a_planted_duplicate_delivery_bug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -78,6 +78,7 @@ async def chatter(rng: random.Random, faults: Faults = NOISY, duration: float = 
     return len(net.events)
 
 
+@pytest.mark.slow
 def test_same_seed_same_trace_over_many_seeds() -> None:
     hashes = []
     kinds: set[str] = set()

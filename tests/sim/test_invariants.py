@@ -96,6 +96,7 @@ def workload(hosts: Any) -> list[Any]:
     suppress_health_check=list(HealthCheck),
 )
 @given(schedule=fault_schedules(HOSTS, horizon=6.0, max_faults=4, crashes=True, procs=True))
+@pytest.mark.slow
 def test_random_faults_crashes_and_pauses_keep_the_invariants(
     schedule: FaultSchedule, roots: RootFailures
 ) -> None:
@@ -315,6 +316,7 @@ PLANTED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_an_unchanged_program_under_sim_reports_violations_at_exit() -> None:
     env = {**os.environ, "REGENCY_RUNTIME": "sim", "REGENCY_SEED": "3"}
     out = subprocess.run(
@@ -346,5 +348,5 @@ def test_bad_process_faults_and_options_are_refused() -> None:
         return "paused nobody"
 
     assert simulate(program, seed=1, hosts=1).value == (
-        "no running simulated proc at 'sim://host0/nobody'"
+        "pause_proc(proc): no running simulated proc at 'sim://host0/nobody'"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +74,7 @@ def _spawn(machine: Supervisor, spawned: list[tuple[str, list[str]]]) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
+@pytest.mark.slow
 def test_each_rank_is_reported_at_most_once_and_never_after_stop(
     scenario: tuple[list[tuple[str, list[str]]], list[object]],
 ) -> None:

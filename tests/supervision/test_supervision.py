@@ -9,23 +9,29 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-import regency
-from regency.actor import SupervisionError, this_host
+from regency.actor import SupervisionError
 
-from ..conftest import RootFailures
+from ..conftest import RootFailures, SpawnProcs
 from ..conftest import pid_alive as _alive
 from .actors import AsyncManager, Level, Manager, Tidy, Worker
+
+#: Real processes: the slow tier (pytest -m "not slow" skips it).
+pytestmark = pytest.mark.slow
+
 
 T = 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_broadcast_exception_fails_one_rank_and_the_rest_serve(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 8})
+def test_broadcast_exception_fails_one_rank_and_the_rest_serve(
+    spawn_procs: SpawnProcs, roots: RootFailures
+) -> None:
+    pm = spawn_procs(per_host={"gpus": 8})
     workers = pm.spawn("eight", Worker)
     workers.explode_if.broadcast(5)
     failure = roots.wait_for("eight")
@@ -55,9 +61,9 @@ def test_broadcast_exception_fails_one_rank_and_the_rest_serve(roots: RootFailur
     ids=["os._exit", "segfault"],
 )
 def test_proc_death_fails_calls_and_reaches_the_owner(
-    roots: RootFailures, endpoint: str, args: tuple[int, ...], code: int
+    spawn_procs: SpawnProcs, roots: RootFailures, endpoint: str, args: tuple[int, ...], code: int
 ) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    pm = spawn_procs(per_host={"gpus": 2})
     name = f"dies_by_{endpoint}"
     workers = pm.spawn(name, Worker)
     busy = workers.slice(gpus=1).work.call_one(30)
@@ -73,8 +79,8 @@ def test_proc_death_fails_calls_and_reaches_the_owner(
     pm.stop().get(T)
 
 
-def test_kill_9_under_load(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+def test_kill_9_under_load(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
+    pm = spawn_procs(per_host={"gpus": 2})
     workers = pm.spawn("killed", Worker)
     victim = workers.slice(gpus=0).pid.call_one().get(T)
     in_flight = [workers.slice(gpus=0).work.call_one(0.001) for _ in range(200)]
@@ -92,16 +98,16 @@ def test_kill_9_under_load(roots: RootFailures) -> None:
     pm.stop().get(T)
 
 
-def test_init_failure_reaches_the_owner(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
+def test_init_failure_reaches_the_owner(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
+    pm = spawn_procs(per_host={"gpus": 2})
     pm.spawn("badinit", Worker, True)
     failure = roots.wait_for("badinit")
     assert "__init__ raised builtins.ValueError: worker refused to start" in str(failure)
     pm.stop().get(T)
 
 
-def test_supervise_handles_a_child_failure(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"m": 1})
+def test_supervise_handles_a_child_failure(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
+    pm = spawn_procs(per_host={"m": 1})
     manager = pm.spawn("handler", Manager, "handle")
     manager.break_worker.call_one(1).get(T)
     deadline = time.monotonic() + T
@@ -115,8 +121,8 @@ def test_supervise_handles_a_child_failure(roots: RootFailures) -> None:
     pm.stop().get(T)
 
 
-def test_async_supervise(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"m": 1})
+def test_async_supervise(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
+    pm = spawn_procs(per_host={"m": 1})
     manager = pm.spawn("amanager", AsyncManager)
     manager.break_worker.call_one().get(T)
     deadline = time.monotonic() + T
@@ -128,8 +134,10 @@ def test_async_supervise(roots: RootFailures) -> None:
 
 
 @pytest.mark.parametrize("policy", ["ignore", "raise", "exit"])
-def test_unhandled_child_failure_escalates_to_the_root(roots: RootFailures, policy: str) -> None:
-    pm = this_host().spawn_procs(per_host={"m": 1})
+def test_unhandled_child_failure_escalates_to_the_root(
+    spawn_procs: SpawnProcs, roots: RootFailures, policy: str
+) -> None:
+    pm = spawn_procs(per_host={"m": 1})
     name = f"manager_{policy}"
     manager = pm.spawn(name, Manager, policy)
     worker_pids = manager.worker_pids.call_one().get(T)
@@ -155,8 +163,8 @@ def test_unhandled_child_failure_escalates_to_the_root(roots: RootFailures, poli
     pm.stop().get(T)
 
 
-def test_three_levels_of_owners(roots: RootFailures) -> None:
-    pm = this_host().spawn_procs(per_host={"p": 1})
+def test_three_levels_of_owners(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
+    pm = spawn_procs(per_host={"p": 1})
     top = pm.spawn("level3", Level, 3)
     pids = top.pids.call_one().get(T)
     assert len(set(pids)) == 3
@@ -170,9 +178,9 @@ def test_three_levels_of_owners(roots: RootFailures) -> None:
     pm.stop().get(T)
 
 
-def test_cleanup_runs_on_stop_and_on_failure(roots: RootFailures) -> None:
+def test_cleanup_runs_on_stop_and_on_failure(spawn_procs: SpawnProcs, roots: RootFailures) -> None:
     with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
-        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        pm = spawn_procs(per_host={"gpus": 2})
         tidy = pm.spawn("tidy", Tidy, log.name)
         tidy.slice(gpus=1).fail.broadcast()
         roots.wait_for("tidy")
@@ -187,18 +195,17 @@ def test_cleanup_runs_on_stop_and_on_failure(roots: RootFailures) -> None:
         pm.stop().get(T)
 
 
-def test_a_stuck_proc_is_found_by_heartbeat(roots: RootFailures) -> None:
-    regency.configure(heartbeat_interval=0.1, heartbeat_timeout=1.0)
-    try:
-        pm = this_host().spawn_procs(per_host={"gpus": 1})
-        workers = pm.spawn("stuck", Worker)
-        workers.work.call_one().get(T)
-        hung = workers.hang_the_loop.call_one(60)
-        with pytest.raises(SupervisionError, match="sent no heartbeat for"):
-            hung.get(T)
-        assert "stuck" in roots.wait_for("stuck").cause.summary
-    finally:
-        regency.configure(heartbeat_interval=1.0, heartbeat_timeout=10.0)
+def test_a_stuck_proc_is_found_by_heartbeat(
+    spawn_procs: SpawnProcs, roots: RootFailures, configured: Callable[..., None]
+) -> None:
+    configured(heartbeat_interval=0.1, heartbeat_timeout=1.0)
+    pm = spawn_procs(per_host={"gpus": 1})
+    workers = pm.spawn("stuck", Worker)
+    workers.work.call_one().get(T)
+    hung = workers.hang_the_loop.call_one(60)
+    with pytest.raises(SupervisionError, match="sent no heartbeat for"):
+        hung.get(T)
+    assert "stuck" in roots.wait_for("stuck").cause.summary
 
 
 
