@@ -109,7 +109,7 @@ class Engine:
         self.procs = procs
         self.size = len(procs)
         rt = current_runtime()
-        self.simulated = rt.sync_runner is not None
+        self.simulated = rt.env.simulated_host is not None
         whole = mesh._shape if len(mesh._shape) == len(procs) else None
         env = _env_for(procs, whole)
         store: tuple[str, int, str] | None = None

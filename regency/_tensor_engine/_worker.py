@@ -148,7 +148,7 @@ class TensorWorker(Actor):
         self.rank = current_rank().rank
         self.refs: dict[int, Any] = {}
         rt = current_runtime()
-        simulated = rt.sync_runner is not None
+        simulated = rt.env.simulated_host is not None  # procs share one OS process
         if not simulated:  # simulated procs share one os.environ
             os.environ.update(env_by_rank[self.rank])
         #: Simulated procs share one process, hence torch's one default generator: each worker
