@@ -14,6 +14,7 @@ from benchmarks import (
     bench_actors,
     bench_dispatch,
     bench_multihost,
+    bench_protect,
     bench_sim,
     bench_supervision,
     bench_transports,
@@ -52,6 +53,7 @@ def main() -> None:
     else:
         _table("RDMA buffers (issue #5)", bench_rdma.run())
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
+    _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
     _table("Simulator (issue #4)", bench_sim.run())
     try:
         from benchmarks import bench_tensor_engine

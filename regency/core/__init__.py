@@ -20,6 +20,7 @@ from ._controller import current_runtime
 from ._endpoint import Actor, EndpointSpec, endpoint
 from ._errors import (
     ActorError,
+    DecodeError,
     RemoteException,
     RemoteFailure,
     SupervisionError,
@@ -40,6 +41,7 @@ __all__ = [
     "Channel",
     "Config",
     "Context",
+    "DecodeError",
     "Endpoint",
     "EndpointSpec",
     "Extent",

@@ -57,6 +57,10 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     os.environ.update(record["config"])
     if env:
         os.environ.update(env)
+    from ._launcher import PRIVATE_ENV
+
+    for name in PRIVATE_ENV:  # the secret came in the record; keep it out of os.environ
+        os.environ.pop(name, None)
     for entry in reversed(record["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -22,6 +22,7 @@ from ._config import Config, current_config
 from ._errors import SupervisionError, UndeliverableError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
+from ._liveness import BusyWatch
 
 if TYPE_CHECKING:
     from ._outbox import Outbox
@@ -47,6 +48,8 @@ class Child:
         self.heartbeat_timeout = 10.0
         #: Who starts it, when not the runtime's own launcher.
         self.launcher: ProcLauncher | None = None
+        #: Whether "silent but busy" was logged for it already (once is enough).
+        self.busy_logged = False
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -86,6 +89,8 @@ class ChildProcs:
     children: dict[str, Child]
     on_child_exit: list[Callable[[Child], None]]
     _child_ids: itertools.count[int]
+    #: CPU time of silent children between looks (busy or stuck, see _liveness).
+    _busy: BusyWatch
 
     def on_runtime_thread(self) -> bool:
         raise NotImplementedError
@@ -200,9 +205,29 @@ class ChildProcs:
     def _check_heartbeats(self, now: float) -> None:
         """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
         for child in list(self.children.values()):
+            handle = child.handle
+            local_pid = handle.pid if handle is not None and not handle.remote else 0
             if child.last_seen is None or child.returncode is not None:
+                if local_pid and child.returncode is not None:
+                    self._busy.forget(local_pid)
                 continue
             silent = now - child.last_seen
+            # Every look samples the child's CPU time, so that when it falls silent we know
+            # whether it has been computing. Silent but computing (a long C call holding the
+            # GIL) is not stuck; a stopped proc, or one using no CPU, is (see _liveness).
+            busy = bool(local_pid) and self._busy.busy(
+                local_pid, now, max(child.heartbeat_timeout, 1.0)
+            )
+            if busy and silent > child.heartbeat_timeout:
+                if not child.busy_logged:
+                    child.busy_logged = True
+                    log.warning(
+                        "proc %s has sent no heartbeat for %.1f s but its CPU time advances: "
+                        "busy (a long call holding the GIL), not stuck",
+                        child.proc_id,
+                        silent,
+                    )
+                continue
             if silent > child.heartbeat_timeout and child.handle is not None:
                 child.killed_for = f"sent no heartbeat for {silent:.1f} s (stuck)"
                 log.error("proc %s %s; killing it", child.proc_id, child.killed_for)

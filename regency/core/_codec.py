@@ -44,9 +44,11 @@ from ._messages import (
     Heartbeat,
     Hello,
     Kill,
+    Lapsed,
     Launch,
     Lease,
     Pickled,
+    Refused,
     Reply,
     Reserve,
     Session,
@@ -252,6 +254,8 @@ _EXITED = 23
 _KILL = 24
 _LEASE = 25
 _DETACH = 26
+_REFUSED = 27
+_LAPSED = 28
 
 #: Replies skip the pickled envelope:
 #: ``u32 0xFFFFFFFF | u64 port_id | u32 index | u8 status | payload pickle``.
@@ -279,8 +283,24 @@ def _load(parts: list[memoryview]) -> Any:
         if len(parts) == 1:
             return pickle.loads(parts[0])
         return pickle.loads(parts[0], buffers=parts[1:])
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a value's __reduce__ runs arbitrary code: SystemExit too
+        return undecodable(exc)
+
+
+def undecodable(exc: BaseException) -> Undecodable:
+    """What unpickling raised, as data. An ``Exception`` is kept as it is; anything else
+    (``SystemExit``, ``GeneratorExit``: a value's ``__reduce__`` runs arbitrary code) becomes
+    a ``DecodeError`` (a ``ValueError``) saying so, so that nothing out of a peer's pickle
+    can stop a runtime or an actor."""
+    if isinstance(exc, Exception):
         return Undecodable(exc)
+    from ._errors import DecodeError
+
+    error = DecodeError(f"unpickling raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc.with_traceback(None)
+    return Undecodable(error)
 
 
 def _pack(envelope: tuple[Any, ...], payload: Sequence[bytes | memoryview] = ()) -> Frame:
@@ -367,6 +387,10 @@ def encode(msg: M.Wire) -> Frame:
             return _pack((_LEASE, msg.controller))
         case Detach():
             return _pack((_DETACH, msg.controller))
+        case Refused():
+            return _pack((_REFUSED, msg.address, msg.reason))
+        case Lapsed():
+            return _pack((_LAPSED, msg.worker, msg.reason))
         case _:
             assert_never(msg)
 
@@ -385,8 +409,10 @@ def decode(frame: memoryview) -> M.Wire:
             raise ValueError(f"reply frame of {len(frame)} bytes is too short") from None
         try:
             value = pickle.loads(frame[_PORT_BODY:])
-        except Exception as exc:
-            value = Undecodable(exc)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            value = undecodable(exc)
         return Reply(port_id, index, status, value)
     if head == _SESSION_HEAD:
         if len(frame) < 12:
@@ -406,8 +432,10 @@ def decode(frame: memoryview) -> M.Wire:
                     args = pickle.loads(parts[0])
                 else:
                     args = pickle.loads(parts[0], buffers=parts[1:])
-            except Exception as exc:
-                args = Undecodable(exc)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                args = undecodable(exc)
             return Call(actor, method, port, rank, labels, sizes, args)
         return _from_envelope(env, parts)
     except (TypeError, ValueError) as exc:
@@ -458,6 +486,12 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
     if kind == _DETACH:
         _, controller, _ = env
         return Detach(controller)
+    if kind == _REFUSED:
+        _, address, reason, _ = env
+        return Refused(address, reason)
+    if kind == _LAPSED:
+        _, worker, reason, _ = env
+        return Lapsed(worker, reason)
     raise ValueError(f"unknown frame kind {kind!r}")
 
 

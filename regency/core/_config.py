@@ -20,6 +20,11 @@ def _check_transport(_: Any, __: Any, value: str) -> None:
         raise ValueError(f"default_transport must be one of {_TRANSPORTS} (got {value!r})")
 
 
+def _check_protection(_: Any, __: Any, value: str) -> None:
+    if value not in ("aead", "off"):
+        raise ValueError(f"tcp_protection must be one of ('aead', 'off') (got {value!r})")
+
+
 def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
@@ -52,6 +57,11 @@ class Config:
     default_transport: str = attrs.field(default="unix", validator=_check_transport)
     #: Host address procs listen on when the transport is tcp.
     tcp_host: str = "127.0.0.1"
+    #: Frame protection on tcp:// links: "aead" (every frame sealed with AES-256-GCM under
+    #: per-connection keys from the handshake; docs/transports.md) or "off" (frames in the
+    #: clear, authenticated only by the handshake: for measuring the cost on a trusted
+    #: network). Every process of a job must use the same setting.
+    tcp_protection: str = attrs.field(default="aead", validator=_check_protection)
     #: Largest frame a connection accepts; bigger ones close that connection.
     max_frame_bytes: int = attrs.field(
         default=1 << 31, validator=lambda _inst, a, v: _positive(a, v)

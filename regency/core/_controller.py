@@ -82,6 +82,8 @@ def start_production_controller(config: Config) -> Runtime:
         try:
             trio.run(rt.serve)
         except BaseException as exc:  # surfaced to the thread that started us
+            if rt.started.is_set():
+                rt.runtime_died(exc)
             errors.append(exc)
             rt.started.set()
 
@@ -125,6 +127,13 @@ def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> 
 
     if _booted.pop(id(rt), None) is None and _current._runtime is not rt:
         return  # already shut down (shutdown_context, then atexit)
+    if rt.died is not None:  # its loop is gone (and its procs with its thread)
+        if _current._runtime is rt:
+            _current._runtime = None
+        import shutil
+
+        shutil.rmtree(jobdir, ignore_errors=True)
+        return
     try:
         stop_owned_procs(rt, timeout=1.0)
         rt.call_soon(lambda: detach_all(rt))

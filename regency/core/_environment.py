@@ -37,7 +37,11 @@ ExecutorFactory = Callable[["Runtime"], Executor]
 
 def open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.Transport]:
     """Sockets, nng and the in-process transport, behind the job secret's handshake."""
-    return transports.open_transport(rt.secret, max_frame_bytes=rt.config.max_frame_bytes)
+    return transports.open_transport(
+        rt.secret,
+        max_frame_bytes=rt.config.max_frame_bytes,
+        protect_tcp=rt.config.tcp_protection != "off",
+    )
 
 
 def _no_host_launcher(worker: str) -> ProcLauncher | None:

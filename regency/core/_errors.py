@@ -79,3 +79,8 @@ class SupervisionError(RuntimeError):
 
 class UndeliverableError(SupervisionError):
     """The message could not reach its destination."""
+
+
+class DecodeError(ValueError):
+    """A message arrived but could not be unpickled (its ``__reduce__``/``__setstate__``
+    raised, even ``SystemExit``). Fails the one call it belongs to; nothing else."""

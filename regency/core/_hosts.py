@@ -6,6 +6,7 @@ See :mod:`regency.core._worker` for the worker daemon and the protocol.
 from __future__ import annotations
 
 import functools
+import logging
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,8 @@ from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
 from ._runtime import Runtime
+
+log = logging.getLogger("regency.hosts")
 
 
 class HostRef(NamedTuple):
@@ -59,12 +62,30 @@ class _Hosts:
         self.workers: dict[str, HostRef] = {}
         self.ports: dict[str, deque[int]] = {}
         self.launchers: dict[str, WorkerLauncher] = {}
+        #: Workers that dropped us (our lease ran out there), with their word for why.
+        self.lapsed: dict[str, str] = {}
         rt.extensions[M.Exited] = self._exited
+        rt.extensions[M.Refused] = self._refused
+        rt.extensions[M.Lapsed] = self._lapsed
 
     def _exited(self, msg: M.Exited) -> None:
         for launcher in self.launchers.values():
             if launcher.exited(msg.address, msg.code):
                 return
+
+    def _refused(self, msg: M.Refused) -> None:
+        """A worker did not launch one of our procs: fail it now, saying why, instead of
+        letting it time out as "did not start"."""
+        child = self.rt.children.get(msg.address)
+        if child is not None and child.returncode is None:
+            child.killed_for = f"was refused by its worker: {msg.reason}"
+            log.error("proc %s %s", child.proc_id, child.killed_for)
+        self._exited(M.Exited(msg.address, 1))
+
+    def _lapsed(self, msg: M.Lapsed) -> None:
+        if msg.worker in self.workers and msg.worker not in self.lapsed:
+            log.error("%s", msg.reason)
+            self.lapsed[msg.worker] = msg.reason
 
     async def renew_leases(self) -> None:
         while True:
@@ -85,6 +106,9 @@ class _Hosts:
         return fut.get(timeout)
 
     def take_ports(self, worker: str, count: int) -> list[int]:
+        lapsed = self.lapsed.get(worker)
+        if lapsed is not None:
+            raise ConnectionError(lapsed)
         pool = self.ports[worker]
         if len(pool) < count:
             if self.rt.on_runtime_thread():
@@ -165,6 +189,8 @@ def attach_to_workers(
             )
     rt = current_runtime()
     hosts = getattr(rt, "hosts", None)
+    if hosts is not None:
+        hosts.lease = min(hosts.lease, lease)  # renew often enough for the shortest lease
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
         # Our procs on other hosts must be able to reach us: listen on the interface that
@@ -186,6 +212,7 @@ def attach_to_workers(
             raise ConnectionError(f"the worker at {address} did not answer") from None
         except SupervisionError as exc:
             raise ConnectionError(f"cannot reach the worker at {address}: {exc}") from None
+        hosts.lapsed.pop(address, None)
         hosts.workers[address] = HostRef(address, hostname, ip)
         hosts.ports[address] = deque(ports)
         refs.append(HostRef(address, hostname, ip))

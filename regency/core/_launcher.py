@@ -18,6 +18,19 @@ from typing import Any
 
 import trio
 
+#: Environment variables never handed to a proc or the zygote: the job secret reaches procs
+#: only through their bootstrap record (a pipe), never the environment, where any process of
+#: the same user (and ``ps e`` for some) could read it.
+PRIVATE_ENV = ("REGENCY_SECRET",)
+
+
+def child_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus ``extra``, without :data:`PRIVATE_ENV`."""
+    env = {**os.environ, **(extra or {})}
+    for name in PRIVATE_ENV:
+        env.pop(name, None)
+    return env
+
 
 class ProcHandle(abc.ABC):
     pid: int
@@ -90,7 +103,7 @@ class LocalLauncher(ProcLauncher):
         env: Mapping[str, str],
         on_exit: Callable[[int], None],
     ) -> ProcHandle:
-        child_env = {**os.environ, **env}
+        child_env = child_environ(env)
         popen = subprocess.Popen(
             [self._executable, "-m", "regency.core._bootstrap"],
             stdin=subprocess.PIPE,
@@ -175,6 +188,7 @@ class ZygoteLauncher(ProcLauncher):
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 close_fds=True,
+                env=child_environ(),
             )
         except OSError:
             os.close(read_fd)
@@ -196,7 +210,11 @@ class ZygoteLauncher(ProcLauncher):
         request_id = next(self._ids)
         handle = _ZygoteHandle(on_exit)
         self._by_id[request_id] = handle
-        request = {"id": request_id, "record": dict(bootstrap), "env": dict(env)}
+        request = {
+            "id": request_id,
+            "record": dict(bootstrap),
+            "env": {k: v for k, v in env.items() if k not in PRIVATE_ENV},
+        }
         try:
             self._popen.stdin.write(json.dumps(request).encode() + b"\n")
             self._popen.stdin.flush()

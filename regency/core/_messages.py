@@ -212,8 +212,25 @@ class Detach:
     controller: str
 
 
+@attrs.frozen
+class Refused:
+    """(worker -> controller) the proc at ``address`` was not launched, because ``reason``
+    (its port was taken, the controller is not the one the worker serves)."""
+
+    address: str
+    reason: str
+
+
+@attrs.frozen
+class Lapsed:
+    """(worker -> controller) the worker at ``worker`` dropped this controller: ``reason``."""
+
+    worker: str
+    reason: str
+
+
 #: What a worker daemon and a controller say to each other (handled by runtime extensions).
-HostMessage = Attach | Reserve | Launch | Exited | Kill | Lease | Detach
+HostMessage = Attach | Reserve | Launch | Exited | Kill | Lease | Detach | Refused | Lapsed
 #: Every frame a runtime dispatches.
 Message = Call | Reply | Spawn | StopActor | StopProc | Hello | Failed | Heartbeat | HostMessage
 #: Every frame on the wire.

@@ -52,6 +52,8 @@ class Outbox:
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
         # proc ids (from pids) can repeat, e.g. in containers.
         self._machine = Outbound(f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}")
+        #: When the runtime's watchdog first saw this outbox failed (it is forgotten later).
+        self.broken_at: float | None = None
 
     @property
     def _session(self) -> str:
@@ -228,6 +230,9 @@ class Outbox:
 
     def _broken(self, exc: BaseException) -> None:
         """Give up: the peer exited or cannot be reached."""
+        # Kept for later senders' errors; its traceback would keep the frames (and receive
+        # buffers) of the reader that raised it alive.
+        exc = exc.with_traceback(None)
         with self._lock:
             actions = self._machine.give_up(exc)
         if actions:

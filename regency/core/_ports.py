@@ -7,8 +7,11 @@ import itertools
 import logging
 from typing import Any, Protocol
 
+import trio
+
 from .. import transports
 from . import _codec
+from ._errors import DecodeError
 from ._messages import Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
@@ -35,11 +38,15 @@ class PortTable:
     address: str
     ports: dict[int, PortHandler]
     _port_ids: itertools.count[int]
+    #: Set when the runtime's loop died: new calls fail with it at once.
+    died: Exception | None
 
     def send(self, address: str, frame: transports.Frame) -> None:
         raise NotImplementedError
 
     def open_port(self, handler: PortHandler) -> tuple[str, int]:
+        if self.died is not None:  # the runtime's loop is gone: this call could never finish
+            raise self.died
         port_id = next(self._port_ids)
         self.ports[port_id] = handler
         return (self.address, port_id)
@@ -60,9 +67,26 @@ class PortTable:
         try:
             value = reply.payload
             if type(value) is Undecodable:
-                raise value.error
+                endpoint = getattr(handler, "endpoint", None)
+                if endpoint is None:
+                    raise value.error
+                # A reply that cannot be unpickled fails that call, naming it.
+                error = value.error
+                detail = (
+                    str(error)
+                    if isinstance(error, DecodeError)
+                    else f"unpickling raised {type(error).__name__}: {error}"
+                )
+                value = Undecodable(
+                    DecodeError(
+                        f"cannot unpickle the reply of {endpoint} from rank {reply.index}: "
+                        f"{detail}"
+                    )
+                )
             finished = handler.deliver(reply.index, reply.status, value)
-        except Exception as exc:
+        except (KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:  # a handler's unpickling may raise anything
             log.exception("reply port %s failed", port_id)
             handler.fail(exc)
             finished = True

@@ -73,6 +73,8 @@ class Replies:
                 return False
             seen[index] = True
         try:
+            if type(value) is M.Undecodable:
+                raise value.error
             if status != M.OK:
                 value = _decode(self.endpoint, index, status, value)  # raises
             self.reducer.add(index, value)

@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import random
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, assert_never
@@ -34,12 +35,14 @@ from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
+from ._delivery import FAILED
 from ._environment import Environment, TransportFactory, production
-from ._errors import RemoteFailure, UndeliverableError
+from ._errors import RemoteFailure, SupervisionError, UndeliverableError
 from ._executor import Executor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._launcher import ProcLauncher, ZygoteLauncher
+from ._liveness import BusyWatch
 from ._mailbox import ActorCell
 from ._outbox import Outbox
 from ._oversight import Oversight
@@ -104,6 +107,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.poisoned: RemoteFailure | None = None
         self._lost: set[str] = set()
         self._sessions = itertools.count(1)
+        #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
+        self.died: SupervisionError | None = None
+        self._busy = BusyWatch()
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
 
@@ -135,6 +141,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         """Run until :meth:`stop`. Signals readiness once listening."""
         self.thread_id = threading.get_ident()
         runtime_threads.add(self.thread_id)
+        clean = False
         self.token = trio.lowlevel.current_trio_token()
         self._stop_event = trio.Event()
         try:
@@ -170,13 +177,45 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 await self._stop_event.wait()
                 self._shutdown_children()
                 nursery.cancel_scope.cancel()
+            clean = True
         finally:
             runtime_threads.discard(self.thread_id)
             for cell in list(self.actors.values()):
                 cell.abandon()
-            for handler in list(self.ports.values()):
-                handler.fail(UndeliverableError("the runtime stopped"))
-            self.ports.clear()
+            if clean:  # otherwise runtime_died() fails them, saying why
+                for handler in list(self.ports.values()):
+                    handler.fail(UndeliverableError("the runtime stopped"))
+                self.ports.clear()
+
+    def runtime_died(self, exc: BaseException) -> None:
+        """The trio loop of this runtime ended with ``exc`` (called on its thread once
+        ``trio.run`` has returned): say so on stderr, fail every pending call with an error
+        naming the cause, and refuse new ones at once instead of letting them hang."""
+        cause = exc
+        while True:  # the one exception behind trio's wrappers
+            if isinstance(cause, trio.TrioInternalError) and cause.__cause__ is not None:
+                cause = cause.__cause__
+            elif isinstance(cause, BaseExceptionGroup) and len(cause.exceptions) == 1:
+                cause = cause.exceptions[0]
+            else:
+                break
+        self.died = SupervisionError(
+            f"the Regency runtime thread died: {type(cause).__name__}: {cause}"
+        )
+        import traceback
+
+        print(
+            f"regency: {self.died}; failing {len(self.ports)} pending call(s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        traceback.print_exception(cause, file=sys.stderr)
+        for handler in list(self.ports.values()):
+            try:
+                handler.fail(self.died)
+            except Exception:
+                log.exception("failing a pending call")
+        self.ports.clear()
 
     async def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run an endpoint's coroutine here: trio code and asyncio code both work in it
@@ -221,7 +260,23 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         for box in list(self._outboxes.values()):
             box.check_stalled(now)
         self._forget_idle_sessions(now)
+        self._forget_broken_outboxes(now)
         self._check_heartbeats(now)
+
+    def _forget_broken_outboxes(self, now: float) -> None:
+        """Drop outboxes to peers that are gone for good (the session failed), once no
+        resend or late report can concern them any more, so a long-lived process (a worker
+        serving controller after controller) does not keep one per peer it ever had. Procs
+        this runtime launched keep theirs: their failure is part of their record."""
+        horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
+        for address, box in list(self._outboxes.items()):
+            if box._machine.state != FAILED or address in self.children:
+                continue
+            if box.broken_at is None:
+                box.broken_at = now
+            elif now - box.broken_at > horizon:
+                del self._outboxes[address]
+                self._lost.discard(address)
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
@@ -308,7 +363,18 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     # -- receiving -----------------------------------------------------------------------
 
     def on_frame(self, frame: memoryview) -> None:
-        """Dispatch one frame. A malformed frame raises, closing that one connection."""
+        """Dispatch one frame. A malformed frame raises, closing that one connection; what
+        cannot be unpickled inside a well-formed one fails only the call it belongs to.
+        Nothing a peer sends can stop this runtime: a ``BaseException`` out of handling a
+        frame becomes a ``ValueError`` here."""
+        try:
+            self._on_frame(frame)
+        except (Exception, KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:
+            raise ValueError(f"handling a frame raised {type(exc).__name__}: {exc}") from exc
+
+    def _on_frame(self, frame: memoryview) -> None:
         msg = _codec.decode(frame)
         # The two kinds that are nearly all the traffic skip the match (same outcome).
         if type(msg) is M.Reply:
@@ -342,6 +408,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 child = self.children.get(msg.address)
                 if child is not None and child.last_seen is not None:
                     child.last_seen = trio.current_time()
+                    child.busy_logged = False
             case M.StopActor():
                 self._to_actor(msg.actor, msg)
             case M.StopProc():
@@ -355,8 +422,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 child = self.children.get(msg.address)
                 if child is not None:
                     child.last_seen = trio.current_time()
-            case M.Attach() | M.Reserve() | M.Launch() | M.Exited() | M.Kill() | M.Lease() | (
-                M.Detach()
+            case (
+                M.Attach() | M.Reserve() | M.Launch() | M.Exited() | M.Kill() | M.Lease()
+                | M.Detach() | M.Refused() | M.Lapsed()
             ):
                 extension = self.extensions.get(type(msg))
                 if extension is None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
 import tempfile
+from collections import OrderedDict
 from urllib.parse import urlsplit
 
 import trio
@@ -27,12 +29,22 @@ from . import _messages as M
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
 from ._launcher import ProcHandle
+from ._liveness import BusyWatch
 from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
 
 #: Ports handed out per RESERVE (and at ATTACH) when the controller asks for none in particular.
 PORT_BATCH = 32
+#: Most ports a worker holds reserved at once (each is a bound socket, a descriptor).
+MAX_HELD_PORTS = 1024
+#: Seconds the lease watcher sleeps between looks; a look much later than that means this
+#: worker itself was not running (paused, stopped, starved), which is not the controller's
+#: silence.
+_LEASE_TICK = 0.1
+_PAUSE = 0.5
+#: A proc whose CPU time advanced within this many seconds counts as busy (vouched for).
+_BUSY_WINDOW = 1.0
 
 
 class WorkerService:
@@ -45,6 +57,14 @@ class WorkerService:
         self.lease = 0.0
         self.deadline = 0.0
         self.procs: dict[str, ProcHandle] = {}
+        #: Reserved ports, each held by a bound (not listening) SO_REUSEADDR socket until
+        #: its proc exits or the controller goes: another process cannot bind it meanwhile,
+        #: while our proc (which binds with SO_REUSEADDR too) can.
+        self.held: dict[int, socket.socket] = {}
+        #: Controllers dropped because their lease ran out, with why (the latest few), so a
+        #: late request from one gets a clear answer.
+        self.lapsed: OrderedDict[str, str] = OrderedDict()
+        self._busy = BusyWatch()
         rt.extensions[M.Attach] = self._attach
         rt.extensions[M.Reserve] = self._reserve
         rt.extensions[M.Launch] = self._launch
@@ -64,25 +84,56 @@ class WorkerService:
             return
         if self.controller not in (None, controller):
             self._release(f"a new controller attached ({controller})")
+        self.lapsed.pop(controller, None)
         self.controller = controller
         self.lease = float(lease)
         self.deadline = now + self.lease
         log.info("attached to the controller at %s (lease %.1f s)", controller, self.lease)
-        info = (socket.gethostname(), self.host_ip, self._free_ports(PORT_BATCH))
-        self.rt.send_port(port, 0, M.OK, info)
+        try:
+            ports = self._reserve_ports(PORT_BATCH)
+        except OSError as exc:
+            self.rt.send_port(port, 0, M.ERROR, RemoteFailure("regency.WorkerBusy", str(exc), ""))
+            return
+        self.rt.send_port(port, 0, M.OK, (socket.gethostname(), self.host_ip, ports))
+
+    def _not_ours(self, controller: str) -> str:
+        """Why a request from ``controller`` is refused (it is not the one we serve)."""
+        lapsed = self.lapsed.get(controller)
+        if lapsed is not None:
+            return lapsed
+        if self.controller is None:
+            return f"the worker at {self.rt.address} is not attached to this controller"
+        return f"the worker at {self.rt.address} serves another controller ({self.controller})"
 
     def _reserve(self, msg: M.Reserve) -> None:
-        if msg.controller == self.controller:
-            self.rt.send_port(msg.port, 0, M.OK, self._free_ports(int(msg.count)))
+        controller, count, port = msg.controller, msg.count, msg.port
+        if controller != self.controller:
+            why = self._not_ours(controller)
+            self.rt.send_port(port, 0, M.ERROR, RemoteFailure("regency.NotAttached", why, ""))
+            return
+        try:
+            self.rt.send_port(port, 0, M.OK, self._reserve_ports(int(count)))
+        except OSError as exc:
+            self.rt.send_port(port, 0, M.ERROR, RemoteFailure("regency.WorkerBusy", str(exc), ""))
 
     def _launch(self, msg: M.Launch) -> None:
-        if msg.controller != self.controller:
-            log.warning("ignored a launch from %s, which is not our controller", msg.controller)
-            return
+        controller = msg.controller
         if type(msg.payload) is M.Undecodable:
             raise msg.payload.error
+        requests = msg.payload
+        if controller != self.controller:
+            why = self._not_ours(controller)
+            log.warning("refused a launch from %s: %s", controller, why)
+            for record, _env in requests:
+                self._refuse(controller, record["address"], why)
+            return
         assert self.rt.launcher is not None
-        for record, env in msg.payload:
+        for record, env in requests:
+            taken = self._port_taken(record["address"])
+            if taken is not None:
+                log.error("not launching %s: %s", record["proc_id"], taken)
+                self._refuse(controller, record["address"], taken)
+                continue
             # The proc runs on this host: our interpreter's path, our job dir, us as parent.
             record["sys_path"] = list(sys.path)
             record["jobdir"] = self.rt.jobdir
@@ -97,8 +148,41 @@ class WorkerService:
                 record, env, functools.partial(self._exited, address)
             )
 
+    def _refuse(self, controller: str, address: str, why: str) -> None:
+        try:
+            self.rt.post(controller, M.Refused(address, why))
+        except Exception as exc:
+            log.warning("could not tell %s that %s was refused: %s", controller, address, exc)
+
+    def _port_taken(self, address: str) -> str | None:
+        """Why the proc at ``address`` could not listen there, or None when it can: another
+        process may have taken the port although we reserved it (one that also sets
+        SO_REUSEADDR and listens), which the proc would only find out by dying."""
+        port = urlsplit(address).port
+        if port is None:
+            return None
+        probe = socket.socket(socket.AF_INET6 if ":" in self.host_ip else socket.AF_INET)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((self.host_ip, port))
+        except OSError as exc:
+            return (
+                f"port {port} on {socket.gethostname()} ({self.host_ip}) was taken by another "
+                f"process after this worker reserved it ({exc.strerror or exc}); spawn again "
+                "to get other ports"
+            )
+        finally:
+            probe.close()
+        return None
+
     def _exited(self, address: str, code: int) -> None:
-        self.procs.pop(address, None)
+        handle = self.procs.pop(address, None)
+        if handle is not None and handle.pid:
+            self._busy.forget(handle.pid)
+        port = urlsplit(address).port
+        held = self.held.pop(port, None) if port is not None else None
+        if held is not None:
+            held.close()
         if self.controller is not None:
             try:
                 self.rt.post(self.controller, M.Exited(address, code))
@@ -106,16 +190,27 @@ class WorkerService:
                 log.warning("could not report the exit of %s: %s", address, exc)
 
     def _kill(self, msg: M.Kill) -> None:
-        handle = self.procs.get(msg.address)
-        if msg.controller == self.controller and handle is not None:
+        controller, address = msg.controller, msg.address
+        handle = self.procs.get(address)
+        if controller == self.controller and handle is not None:
             handle.kill()
 
     def _renew(self, msg: M.Lease) -> None:
-        if msg.controller == self.controller:
+        controller = msg.controller
+        if controller == self.controller:
             self.deadline = trio.current_time() + self.lease
+        elif controller in self.lapsed:
+            self._tell_lapsed(controller)
+
+    def _tell_lapsed(self, controller: str) -> None:
+        try:
+            self.rt.post(controller, M.Lapsed(self.rt.address, self.lapsed[controller]))
+        except Exception as exc:
+            log.info("could not tell %s its lease lapsed: %s", controller, exc)
 
     def _detach(self, msg: M.Detach) -> None:
-        if msg.controller == self.controller:
+        controller = msg.controller
+        if controller == self.controller:
             self._release("the controller detached")
 
     # -- lifetime ------------------------------------------------------------------------
@@ -126,25 +221,76 @@ class WorkerService:
             log.warning("killing %d proc(s): %s", len(self.procs), why)
         for handle in self.procs.values():
             handle.kill()
+        # Ports reserved and not in use by a proc go back; the rest follow their procs.
+        in_use = {urlsplit(address).port for address in self.procs}
+        for port in [p for p in self.held if p not in in_use]:
+            self.held.pop(port).close()
         self.controller = None
 
     async def watch_lease(self) -> None:
+        """Drop a controller not heard from for its lease, and vouch for busy procs."""
+        last = trio.current_time()
+        next_vouch = last
         while True:
-            await trio.sleep(0.1)
-            if self.controller is not None and trio.current_time() > self.deadline:
+            await trio.sleep(_LEASE_TICK)
+            now = trio.current_time()
+            late, last = now - last - _LEASE_TICK, now
+            if late > _PAUSE and self.controller is not None:
+                # This worker did not run for that long: the renewals sent meanwhile are
+                # still unread on the socket. That time does not count against the lease.
+                log.warning("this worker was paused for %.1f s; extending the lease", late)
+                self.deadline += late
+                continue
+            if self.controller is not None and now > self.deadline:
+                controller = self.controller
+                why = (
+                    f"the worker at {self.rt.address} dropped this controller: nothing heard "
+                    f"from it for its lease of {self.lease:.1f} s, so its procs were killed; "
+                    "call attach_to_workers again to use this host"
+                )
                 self._release(f"the controller's lease ran out ({self.lease:.1f} s)")
+                self.lapsed[controller] = why
+                while len(self.lapsed) > 16:
+                    self.lapsed.popitem(last=False)
+                self._tell_lapsed(controller)
+            if now >= next_vouch:
+                next_vouch = now + self.rt.config.heartbeat_interval
+                self._vouch_for_busy_procs()
 
-    def _free_ports(self, count: int) -> list[int]:
-        held = []
-        try:
-            for _ in range(count):
-                s = socket.socket(socket.AF_INET6 if ":" in self.host_ip else socket.AF_INET)
+    def _vouch_for_busy_procs(self) -> None:
+        """A proc in a long C call that holds the GIL sends no heartbeats; we can see that it
+        computes (its CPU time advances, it is not stopped) and say so to the controller,
+        whose watchdog would otherwise kill it as stuck. A stopped or idle-silent proc gets
+        no word from us."""
+        if self.controller is None:
+            return
+        for address, handle in list(self.procs.items()):
+            if handle.pid and self._busy.busy(handle.pid, trio.current_time(), _BUSY_WINDOW):
+                try:
+                    self.rt.post(self.controller, M.Heartbeat(address))
+                except Exception:
+                    return
+
+    def _reserve_ports(self, count: int) -> list[int]:
+        """Bind ``count`` free ports and hold them (see ``held``)."""
+        if len(self.held) + count > MAX_HELD_PORTS:
+            raise OSError(
+                f"the worker at {self.rt.address} holds {len(self.held)} reserved ports; "
+                f"reserving {count} more would exceed {MAX_HELD_PORTS}"
+            )
+        ports = []
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET6 if ":" in self.host_ip else socket.AF_INET)
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind((self.host_ip, 0))
-                held.append(s)
-            return [s.getsockname()[1] for s in held]
-        finally:
-            for s in held:
+            except OSError:
                 s.close()
+                raise
+            port = s.getsockname()[1]
+            self.held[port] = s
+            ports.append(port)
+        return ports
 
 
 async def _serve(rt: Runtime, service: WorkerService) -> None:
@@ -180,4 +326,7 @@ def serve_worker(listen: str, secret: bytes) -> None:
     )
     set_current_runtime(rt)
     service = WorkerService(rt, host_ip)
-    trio.run(_serve, rt, service)
+    try:
+        trio.run(_serve, rt, service)
+    finally:
+        shutil.rmtree(jobdir, ignore_errors=True)

@@ -100,8 +100,12 @@ async def open_transport(
     *,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     tls: TlsSettings | None = None,
+    protect_tcp: bool = True,
 ) -> AsyncIterator[MultiTransport]:
     """Open every backend; closing the context cancels all their connections.
+
+    ``protect_tcp``: seal every frame on ``tcp://`` links with keys from the handshake
+    (:mod:`._protect`); both ends of a link must agree. Off only to measure its cost.
 
     ``tls`` holds the certificates for ``nng+tls+tcp``; without it they are read from
     ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and ``REGENCY_TLS_CA``.
@@ -110,7 +114,7 @@ async def open_transport(
         raise ValueError(f"job secret must be at least 16 bytes (got {len(secret)})")
     async with trio.open_nursery() as nursery:
         backends: list[Transport] = [
-            SocketTransport(nursery, secret, max_frame_bytes),
+            SocketTransport(nursery, secret, max_frame_bytes, protect_tcp=protect_tcp),
             InprocTransport(nursery),
         ]
         try:

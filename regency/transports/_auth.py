@@ -63,6 +63,12 @@ def check_client_proof(secret: bytes, nonce_s: bytes, proof: bytes) -> bytes:
     return _mac(secret, b"s", nonce_c, nonce_s)
 
 
+def client_nonce_of(proof: bytes) -> bytes:
+    """The client's nonce in a (checked) client proof: with the server's nonce, the salt of
+    the connection's frame keys (:mod:`._protect`)."""
+    return proof[len(MAGIC) : len(MAGIC) + NONCE_BYTES]
+
+
 def check_server_proof(secret: bytes, nonce_c: bytes, nonce_s: bytes, proof: bytes) -> None:
     if not hmac.compare_digest(proof, _mac(secret, b"s", nonce_c, nonce_s)):
         raise ValueError("server does not know the job secret")
