@@ -13,6 +13,7 @@ import regency.actor
 from benchmarks import (
     bench_actors,
     bench_dispatch,
+    bench_logs,
     bench_multihost,
     bench_protect,
     bench_sim,
@@ -55,6 +56,7 @@ def main() -> None:
     _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
     _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
     _table("Simulator (issue #4)", bench_sim.run())
+    _table("Log forwarding and the debugger's driver (issue #15)", bench_logs.run())
     try:
         from benchmarks import bench_tensor_engine
     except ImportError as exc:

@@ -1,4 +1,4 @@
-"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``."""
+"""``regency`` command line: ``regency worker --listen tcp://HOST:PORT``, ``regency debug``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument(
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )
+    _add_debug_command(commands)
     args = parser.parse_args(argv)
+    if args.command == "debug":
+        return _debug(args)
     logging.basicConfig(
         level=os.environ.get("REGENCY_LOG_LEVEL", "INFO"),
         format="[worker] %(levelname)s %(name)s: %(message)s",
@@ -39,6 +43,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"regency worker: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _add_debug_command(commands: Any) -> None:
+    debug = commands.add_parser(
+        "debug", help="attach to the controller's debug server (see docs/debugging.md)"
+    )
+    debug.add_argument(
+        "--host",
+        default=os.environ.get("REGENCY_DEBUG_SERVER_HOST", "localhost"),
+        help="debug server host (default: $REGENCY_DEBUG_SERVER_HOST or localhost)",
+    )
+    debug.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("REGENCY_DEBUG_SERVER_PORT", "27000")),
+        help="debug server port (default: $REGENCY_DEBUG_SERVER_PORT or 27000)",
+    )
+    debug.add_argument(
+        "--token", help="the server's token (default: read from ~/.regency/debug-PORT.token)"
+    )
+
+
+def _debug(args: argparse.Namespace) -> int:
+    from ._debugger._client import run_client
+
+    return run_client(args.host, args.port, token=args.token)
 
 
 if __name__ == "__main__":

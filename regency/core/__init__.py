@@ -17,7 +17,7 @@ from ._context import (
     current_size,
 )
 from ._controller import current_runtime
-from ._endpoint import Actor, EndpointSpec, endpoint
+from ._endpoint import Actor, EndpointSpec, concurrent_endpoint, endpoint
 from ._errors import (
     ActorError,
     DecodeError,
@@ -31,6 +31,7 @@ from ._launcher import LocalLauncher, ProcLauncher
 from ._proc_mesh import HostMesh, ProcMesh, proc_mesh, this_host, this_proc
 from ._runtime import Runtime
 from ._shape import Extent, MeshAlgebra, Point, Shape, ValueMesh
+from ._singletons import get_or_spawn_controller
 
 __all__ = [
     "Accumulator",
@@ -62,6 +63,7 @@ __all__ = [
     "UndeliverableError",
     "ValueMesh",
     "as_endpoint",
+    "concurrent_endpoint",
     "configure",
     "context",
     "current_actor_name",
@@ -70,6 +72,7 @@ __all__ = [
     "current_runtime",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "proc_mesh",
     "send",
     "this_host",

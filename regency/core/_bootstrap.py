@@ -42,6 +42,17 @@ def _die_with_parent(parent_pid: int, watch_stdin: bool) -> None:
     threading.Thread(target=exit_on_eof, name="regency-parent-watch", daemon=True).start()
 
 
+def _install_services(rt: Any) -> None:
+    """Log forwarding (when configured) and the remote ``breakpoint()`` hook."""
+    from .._debugger import install_breakpoint_hook
+
+    if rt.config.enable_log_forwarding:
+        from .._logs import install_proc
+
+        install_proc(rt)
+    install_breakpoint_hook()
+
+
 def main() -> None:
     line = sys.stdin.buffer.readline()
     if not line:
@@ -88,6 +99,8 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     from .._actor_config import install_log_prefix
 
     install_log_prefix()
+    rt.root_address = record.get("root_address")
+    _install_services(rt)
     code = 0
     try:
         if record.get("boot"):

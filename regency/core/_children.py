@@ -84,6 +84,7 @@ class ChildProcs:
     jobdir: str
     config: Config
     launcher: ProcLauncher | None
+    root_address: str | None
     #: Sends to a planned child wait for its HELLO: set then, or when it exits.
     child_ready: dict[str, trio.Event]
     children: dict[str, Child]
@@ -155,6 +156,7 @@ class ChildProcs:
             "proc_id": child.proc_id,
             "address": child.address,
             "parent_address": self.address,
+            "root_address": self.root_address or self.address,
             "secret": self.secret.hex(),
             "jobdir": self.jobdir,
             "config": self.config.to_env(),
@@ -268,6 +270,9 @@ async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -
 
 
 async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> None:
+    from .. import _logs
+
+    await _logs.flush_procs(rt, addresses)  # a barrier: no line printed before stop is lost
     for address in addresses:
         rt.oversight.feed(ProcStopped(address))  # stopping is not failing
     children = [rt.children[a] for a in addresses if a in rt.children]

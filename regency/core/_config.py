@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -83,6 +83,9 @@ class Config:
     heartbeat_interval: float = attrs.field(
         default=1.0, validator=lambda _inst, a, v: _positive(a, v)
     )
+    #: Tee every proc's stdout and stderr to the controller (docs/logging.md); read when
+    #: procs are spawned.
+    enable_log_forwarding: bool = False
     #: Seconds without a heartbeat after which a spawner declares a proc stuck and kills it.
     heartbeat_timeout: float = attrs.field(
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
@@ -92,20 +95,32 @@ class Config:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}
 
 
+def _boolean(raw: str) -> bool:
+    """An environment flag: 1/true/yes/on or 0/false/no/off, any case."""
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
 def _from_env() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in attrs.fields(Config):
         raw = os.environ.get(f"REGENCY_{f.name.upper()}")
         if raw is None:
             continue
-        kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float}[
-            str(f.type)
-        ]
+        kinds: dict[str, Callable[[str], Any]] = {
+            "str": str, "int": int, "float": float, "bool": _boolean
+        }
+        kind = kinds[f.type.__name__ if isinstance(f.type, type) else str(f.type)]
         try:
             out[f.name] = kind(raw)
         except ValueError:
             raise ValueError(
-                f"environment variable REGENCY_{f.name.upper()} must be {kind.__name__} "
+                f"environment variable REGENCY_{f.name.upper()} must be "
+                f"{'a boolean (1/0, true/false)' if kind is _boolean else str(f.type)} "
                 f"(got {raw!r})"
             ) from None
     return out

@@ -53,6 +53,8 @@ class EndpointSpec(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self.explicit_response_port = explicit_response_port
         self.propagate = propagate
+        #: ``@concurrent_endpoint``: each call runs as its own task; the mailbox moves on.
+        self.concurrent = False
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -125,6 +127,64 @@ def endpoint(
         if not callable(f):
             raise TypeError(f"@endpoint decorates a function (got {f!r})")
         return EndpointSpec(f, explicit_response_port=explicit_response_port, propagate=propagate)
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
+
+
+class _ConcurrentDecorator(Protocol):
+    def __call__(
+        self, fn: Callable[Concatenate[Any, P], Awaitable[R]], /
+    ) -> EndpointSpec[P, R]: ...
+
+
+class _PortConcurrentDecorator(Protocol):
+    def __call__(
+        self, fn: Callable[Concatenate[Any, Port[R], P], Awaitable[None]], /
+    ) -> EndpointSpec[P, R]: ...
+
+
+@overload
+def concurrent_endpoint(
+    fn: Callable[Concatenate[Any, P], Awaitable[R]], /
+) -> EndpointSpec[P, R]: ...
+@overload
+def concurrent_endpoint(
+    *,
+    explicit_response_port: Literal[True],
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _PortConcurrentDecorator: ...
+@overload
+def concurrent_endpoint(
+    *,
+    explicit_response_port: Literal[False] = False,
+    propagate: Any = None,
+    instrument: bool = True,
+) -> _ConcurrentDecorator: ...
+def concurrent_endpoint(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    explicit_response_port: bool = False,
+    propagate: Any = None,
+    instrument: bool = True,
+) -> Any:
+    """An async endpoint whose calls do not wait for each other (Monarch's
+    ``@concurrent_endpoint``): each message starts its own task on the proc's loop and the
+    actor's mailbox moves on at once, so a call that waits (for input, for another call)
+    never holds up the next. Only the start order is guaranteed. A call with a caller
+    waiting answers it (value or error); one without, that raises, fails the actor."""
+
+    def wrap(f: Callable[..., Any]) -> EndpointSpec[..., Any]:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@concurrent_endpoint decorates an async function (got {f!r})")
+        spec: EndpointSpec[..., Any] = EndpointSpec(
+            f, explicit_response_port=explicit_response_port, propagate=propagate
+        )
+        spec.concurrent = True
+        return spec
 
     if fn is not None:
         return wrap(fn)

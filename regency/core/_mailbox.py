@@ -40,6 +40,7 @@ import trio
 
 from .. import supervision as S
 from .. import transports
+from .._debugger import _remote as _dbg
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -135,6 +136,8 @@ class ActorCell:
         self._wakeup = trio.Event()
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
+        #: Calls of concurrent endpoints still running (cancelled when the actor retires).
+        self._running: set[trio.CancelScope] = set()
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -282,6 +285,8 @@ class ActorCell:
 
         def retire() -> None:
             self.rt.actor_gone(self, failure)
+            for scope in list(self._running):  # concurrent calls still running
+                scope.cancel()
             while True:
                 try:
                     item = self._queue.get_nowait()
@@ -352,6 +357,9 @@ class ActorCell:
     def _call(self, item: M.Call) -> Generator[Any, Any, bool]:
         """Handle one call; False when the actor died of it."""
         spec = self.endpoints.get(item.method)
+        if spec is not None and spec.concurrent:
+            yield _OnLoop(lambda: self._start_concurrent(item))
+            return True  # the mailbox moves on; the call runs as its own task
         token = current.set(self._context(item))
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
@@ -362,7 +370,9 @@ class ActorCell:
                     coro = fn(obj, *args, **kwargs)
                     self._in_async_endpoint += 1
                     try:
-                        result = await self.rt.run_coroutine(coro)
+                        # trio and asyncio both work in it (run_coroutine), and its steps run
+                        # in a greenlet: a breakpoint() in it waits without stopping the loop.
+                        result = await _dbg.drive(self.rt.run_coroutine(coro))
                     finally:
                         self._in_async_endpoint -= 1
                         coro.close()  # cancelled before it started: no "never awaited"
@@ -377,11 +387,15 @@ class ActorCell:
                 if inspect.iscoroutine(result):  # an async plain method via as_endpoint
                     coro = result
                     result = yield _Await(lambda: self.rt.run_coroutine(coro))
+                if _dbg.open_sessions:  # the endpoint returned: its debug session ends
+                    _dbg.call_ended(None)
                 if not explicit:
                     self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
             raise  # the runtime is shutting down, or gone
         except BaseException as exc:
+            if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
+                _dbg.call_ended(exc)
             cause = self._raised(item, exc)
             if cause is not None:
                 yield from self._die(cause, exc)
@@ -389,6 +403,45 @@ class ActorCell:
         finally:
             current.reset(token)
         return True
+
+    def _start_concurrent(self, item: M.Call) -> None:
+        """On the loop: start a concurrent endpoint's call as its own task. Its cancel scope
+        is registered now: the actor may retire before the task starts."""
+        scope = trio.CancelScope()
+        self._running.add(scope)
+        self.rt.nursery.start_soon(self._concurrent, item, scope)
+
+    async def _concurrent(self, item: M.Call, scope: trio.CancelScope) -> None:
+        """A concurrent endpoint's call, cancelled when the actor retires (its caller then
+        gets DEAD, as for a message still queued). With no caller waiting, its failure is
+        queued as an Escalate: the actor dies in mailbox order."""
+        spec = self.endpoints.get(item.method)
+        token = current.set(self._context(item))
+        try:
+            with scope:
+                try:
+                    if scope.cancel_called:
+                        await trio.lowlevel.checkpoint()  # retired before we started: raises
+                    fn, args, kwargs, explicit = self._prepare(item, spec)
+                    coro = fn(self.obj, *args, **kwargs)
+                    try:
+                        result = await _dbg.drive(self.rt.run_coroutine(coro))
+                    finally:
+                        coro.close()
+                    if not explicit:
+                        self._succeeded(item, result)
+                except trio.Cancelled:
+                    raise
+                except BaseException as exc:
+                    cause = self._raised(item, exc)
+                    if cause is not None:
+                        self.enqueue(M.Escalate(cause))
+                finally:
+                    self._running.discard(scope)
+            if scope.cancelled_caught and item.port is not None:
+                self._reply(item.port, item.rank, M.DEAD, self._stopped_failure())
+        finally:
+            current.reset(token)
 
     def _raised(self, item: M.Call, exc: BaseException) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just

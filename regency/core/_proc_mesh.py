@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from .. import _logs
 from .._tensor_engine._procmesh import TensorEngineMesh
 from . import _codec
 from . import _messages as M
@@ -19,6 +21,7 @@ from ._hosts import HostRef, shutdown_hosts, worker_launcher
 from ._launcher import LocalLauncher
 from ._replies import _Acks
 from ._shape import MeshAlgebra, Shape
+from ._singletons import ensure_registry
 
 A = TypeVar("A", bound=Actor)
 
@@ -95,6 +98,17 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         addresses = [self._procs[r][1] for r in self._shape.ranks]
         rt.start_soon(_stop_procs, rt, addresses, done)
         return done
+
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = 3,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """Forward this mesh's stdout/stderr to the controller (docs/logging.md). Await it
+        (trio or asyncio) or ``.get()`` it: it resolves once every proc applies the change,
+        after the lines written before it."""
+        return _logs.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._shape.dim_sizes()}>"
@@ -188,6 +202,9 @@ class HostMesh(MeshAlgebra):
             children = rt.plan_on_launchers(launchers, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        if rt.parent_address is None:  # procs may ask the controller for its singletons
+            rt.call_soon(lambda: ensure_registry(rt))
+        _logs.procs_planned(rt, children)
         python = self._python
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None

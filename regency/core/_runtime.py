@@ -78,6 +78,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.launcher: ProcLauncher | None = None
         self.address = address or self._default_address(proc_id)
         self.parent_address = parent_address
+        #: The job's controller (procs learn it from their bootstrap record); None: this one.
+        self.root_address: str | None = None
         self.rng = random.Random(seed)
         self.actors: dict[str, ActorCell] = {}
         #: Keys of actors that stopped or failed here, with why (later messages bounce).

@@ -20,6 +20,7 @@ import attrs
 import trio
 import trio.testing
 
+from .._logs._sim import install_sim_proc
 from ..core import _codec, _config
 from ..core._config import current_config
 from ..core._environment import Environment
@@ -215,6 +216,7 @@ class SimCluster:
             # As a launch through a dead host's worker fails: the spawner sees the proc exit.
             raise OSError(f"cannot start proc {record['proc_id']}: host {host!r} has crashed")
         rt = self._runtime(host, record["proc_id"], record["parent_address"], record["address"])
+        install_sim_proc(rt, host, self.now)  # log forwarding, when configured
         scope = trio.CancelScope()
         proc = _SimProc(self, rt, scope)
         self.procs[rt.address] = proc

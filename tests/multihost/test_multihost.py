@@ -197,3 +197,23 @@ def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
     mine = again.spawn_procs(per_host={"gpus": 1})
     assert mine.spawn("w", Where).bump.call_one().get(T) == 1
     again.shutdown().get(T)
+
+
+def test_remote_procs_forward_their_output(
+    mesh: HostMesh, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regency.core._config import overridden
+
+    from ..logs.actors import Printer
+
+    with overridden(enable_log_forwarding=True):
+        pm = mesh.slice(hosts=slice(0, 2)).spawn_procs(per_host={"gpus": 1})
+    printers = pm.spawn("printers", Printer)
+    pm.logging_option(stream_to_client=True, aggregate_window_sec=None).get(T)
+    printers.say.call("remote").get(T)
+    pm.stop().get(T)  # the flush barrier runs over the TCP links first
+    out, err = capsys.readouterr()
+    for rank in (0, 1):
+        assert f"] [{rank}] out remote {rank}\n" in out
+        assert f"] [{rank}] sub remote {rank}\n" in out
+        assert f"] [{rank}] err remote {rank}\n" in err

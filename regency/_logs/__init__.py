@@ -1,0 +1,230 @@
+"""Remote logs at the controller: every proc's stdout and stderr, teed and forwarded.
+
+``regency.configure(enable_log_forwarding=True)`` (or ``REGENCY_ENABLE_LOG_FORWARDING=1``)
+before spawning procs; then ``await proc_mesh.logging_option(...)``. See docs/logging.md.
+
+* :mod:`._tee`: in each proc, the fd-level tee and the control port.
+* :mod:`._sink`: in the controller, the sink port that prints (and groups) lines.
+* :mod:`._aggregate`: the pure grouping of similar lines.
+* :mod:`._leftovers`: what a proc killed by a signal left unread in its pipes.
+* :mod:`._sim`: the simulator's side.
+* :mod:`._records`: the messages between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..core._future import Future, resolved
+from ..core._singletons import root_address
+from ._records import CONTROL_PORT, SINK_PORT, Flush, Init, Mode, PrintWindows, SetMode
+from ._sink import LogSink, ensure_sink, sink_of
+
+if TYPE_CHECKING:
+    from ..core._children import Child
+    from ..core._mesh import ProcMesh
+    from ..core._runtime import Runtime
+
+__all__ = [
+    "LogSink",
+    "Mode",
+    "flush",
+    "flush_procs",
+    "install_proc",
+    "logging_option",
+    "procs_planned",
+    "root_address",
+    "sink_of",
+]
+
+log = logging.getLogger("regency.logs")
+
+
+def install_proc(rt: Runtime) -> None:
+    """In a new proc (bootstrap), when forwarding is on: start the tee."""
+    from ._tee import install_tee
+
+    install_tee(rt)
+
+
+#: Per runtime: the procs it spawned with forwarding on (only they have a control port to
+#: answer a mode change or a flush).
+_forwarding: weakref.WeakKeyDictionary[Runtime, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _teed(rt: Runtime, addresses: Sequence[str]) -> list[str]:
+    known = _forwarding.get(rt, set())
+    return [a for a in addresses if a in known]
+
+
+def procs_planned(rt: Runtime, children: Sequence[Child]) -> None:
+    """The spawner planned ``children`` (in rank order). With forwarding on, their first
+    message is their rank and the default mode (stream, 3 s window, INFO as in Monarch)."""
+    if not rt.config.enable_log_forwarding:
+        return
+    _forwarding.setdefault(rt, set()).update(child.address for child in children)
+    sink = root_address(rt)
+    if rt.parent_address is None:
+        rt.call_soon(lambda: ensure_sink(rt))
+    from ..core import _messages as M
+
+    for rank, child in enumerate(children):
+        rt.send_port((child.address, CONTROL_PORT), rank, M.OK, Init(rank, sink, Mode()))
+
+
+class _Countdown:
+    """Resolves ``fut`` after ``n`` acknowledgements; a lost proc fails it."""
+
+    def __init__(self, fut: Future[None], n: int, dests: frozenset[str], what: str) -> None:
+        self.fut, self.missing, self.dests, self.what = fut, n, dests, what
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        self.missing -= 1
+        if self.missing <= 0:
+            self.fut.set_result(None)
+            return True
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(RuntimeError(f"{self.what} failed: {exc}"))
+
+
+def _addresses(mesh: ProcMesh) -> list[str]:
+    procs, shape = mesh._procs, mesh._shape
+    return [procs[r][1] for r in shape.ranks]
+
+
+def logging_option(
+    mesh: ProcMesh,
+    stream_to_client: bool = True,
+    aggregate_window_sec: float | None = 3,
+    level: int = logging.INFO,
+) -> Future[None]:
+    """See :meth:`regency.actor.ProcMesh.logging_option`."""
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
+        raise ValueError(f"Invalid logging level: {level!r} (expected an int from 0 to 255)")
+    if aggregate_window_sec is not None and not stream_to_client:
+        raise RuntimeError("cannot set aggregate window without streaming to client")
+    mode = Mode(bool(stream_to_client), aggregate_window_sec, level)
+    from ..core._controller import current_runtime
+
+    rt = current_runtime()
+    addresses = _teed(rt, _addresses(mesh))
+    if not addresses:
+        warnings.warn(
+            "logging_option has no effect: log forwarding was off when these procs were "
+            "spawned (or they were not spawned from here); call "
+            "regency.configure(enable_log_forwarding=True) (or set "
+            "REGENCY_ENABLE_LOG_FORWARDING=1) before spawning them",
+            UserWarning,
+            stacklevel=3,
+        )
+        return resolved(None)
+    done: Future[None] = Future()
+    port = rt.open_port(
+        _Countdown(done, len(addresses), frozenset(addresses), "logging_option")
+    )
+    from ..core import _messages as M
+
+    for address in addresses:
+        rt.send_port((address, CONTROL_PORT), 0, M.OK, SetMode(mode, port))
+    return done
+
+
+def flush(mesh: ProcMesh) -> Future[None]:
+    """Resolve once every line ``mesh``'s procs wrote before this call is printed at the
+    controller (the barrier ``stop()`` runs first)."""
+    from ..core._controller import current_runtime
+
+    rt = current_runtime()
+    done: Future[None] = Future()
+    addresses = _addresses(mesh)
+
+    async def run() -> None:
+        try:
+            await flush_procs(rt, addresses)
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(None)
+
+    rt.start_soon(run)
+    return done
+
+
+class _Acked:
+    """Collects which procs' flushes the sink acknowledged (the value is the proc's address)."""
+
+    dests: frozenset[str] = frozenset()  # a lost proc is noticed through its exit instead
+
+    def __init__(self) -> None:
+        self.acked: set[str] = set()
+        self.windows_printed = False
+        self.changed = trio.Event()
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        origin = value
+        if origin is None:
+            self.windows_printed = True
+        else:
+            self.acked.add(origin)
+        self.changed.set()
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.changed.set()
+
+
+async def flush_procs(rt: Runtime, addresses: Sequence[str]) -> None:
+    """A barrier: returns once every line the procs at ``addresses`` wrote before now has
+    been printed at the controller. Each proc drains its pipes, sends the rest, then
+    ``Flushed`` to the sink, which acknowledges; then the sink prints its open windows. A
+    proc that exits meanwhile stops being waited for; none waits longer than
+    ``stop_timeout``."""
+    addresses = _teed(rt, addresses)
+    if not addresses:
+        return
+    from ..core import _messages as M
+
+    acks = _Acked()
+    port = rt.open_port(acks)
+    pending: set[str] = set()
+    for address in addresses:
+        child = rt.children.get(address)
+        if child is not None and child.returncode is not None:
+            continue
+        try:
+            rt.send_port((address, CONTROL_PORT), 0, M.OK, Flush(port))
+        except Exception:
+            continue  # unreachable: nothing to wait for
+        pending.add(address)
+
+    async def watch_exit(child: Child) -> None:
+        await child.exited.wait()
+        pending.discard(child.address)
+        acks.changed.set()
+
+    try:
+        with trio.move_on_after(rt.config.stop_timeout):
+            async with trio.open_nursery() as nursery:
+                for address in pending:
+                    child = rt.children.get(address)
+                    if child is not None:
+                        nursery.start_soon(watch_exit, child)
+                while pending - acks.acked:
+                    await acks.changed.wait()
+                    acks.changed = trio.Event()
+                nursery.cancel_scope.cancel()
+            # Every proc's lines are in: print the open windows (lines of all ranks grouped).
+            rt.send_port((root_address(rt), SINK_PORT), 0, M.OK, PrintWindows(port))
+            while not acks.windows_printed:
+                await acks.changed.wait()
+                acks.changed = trio.Event()
+    finally:
+        rt.close_port(port[1])
