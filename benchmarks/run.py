@@ -68,6 +68,12 @@ def main() -> None:
         from benchmarks import bench_notebook
 
         _table("Jupyter kernel, through nbclient (issue #18)", bench_notebook.run())
+    try:
+        from benchmarks import bench_tensor_engine
+    except ImportError as exc:
+        print(f"\n(tensor-engine figures skipped: {exc})")
+    else:
+        _table("Tensor engine, CPU and gloo (issue #14)", bench_tensor_engine.run())
 
 
 if __name__ == "__main__":

@@ -1,10 +1,44 @@
 """Regency: a single-controller actor runtime for distributed PyTorch.
 
 User code imports :mod:`regency.actor` (Monarch's names); :func:`configure` selects
-transports and limits.
+transports and limits; the tensor engine's names (``regency.Tensor``, ``regency.remote``,
+``regency.inspect``, ...) are Monarch's ``monarch`` ones.
 """
+
+from typing import Any
 
 from .config import configure
 
 __version__ = "0.1.0"
-__all__ = ["configure"]
+
+#: The tensor engine's names (Monarch's ``monarch`` top level); they import torch, so they
+#: load on first use (docs/tensors.md).
+_TENSOR_NAMES = (
+    "Stream",
+    "Tensor",
+    "call_on_shard_and_fetch",
+    "fetch_shard",
+    "get_active_mesh",
+    "get_active_stream",
+    "grad_generator",
+    "inspect",
+    "no_mesh",
+    "reduce",
+    "reduce_",
+    "remote",
+    "show",
+    "slice_mesh",
+    "to_mesh",
+)
+
+__all__ = ["configure", *_TENSOR_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TENSOR_NAMES:
+        from . import _tensor_engine
+
+        value = getattr(_tensor_engine, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'regency' has no attribute {name!r}")

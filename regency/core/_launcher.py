@@ -194,7 +194,9 @@ class ZygoteLauncher(ProcLauncher):
         read_fd, write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "regency.core._zygote", str(write_fd), self._jobdir],
+                # A controller that imported torch forks procs with torch imported too.
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd), self._jobdir]
+                + (["torch"] if "torch" in sys.modules else []),
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 close_fds=True,

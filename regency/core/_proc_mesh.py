@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from .. import _logs
+from .._tensor_engine._procmesh import TensorEngineMesh
 from . import _codec
 from . import _messages as M
 from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
@@ -25,7 +26,7 @@ from ._singletons import ensure_registry
 A = TypeVar("A", bound=Actor)
 
 
-class ProcMesh(MeshAlgebra):
+class ProcMesh(TensorEngineMesh, MeshAlgebra):
     """Processes, arranged as a mesh; spawn actors on them."""
 
     __slots__ = ("_procs", "_ready", "_shape")

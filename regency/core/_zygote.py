@@ -109,6 +109,9 @@ def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
 
     from . import _proc_mesh, _runtime  # noqa: F401
 
+    if "torch" in sys.argv[2:]:  # seconds of import paid once, not per proc (tensor engine)
+        import torch  # noqa: F401
+
     gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
