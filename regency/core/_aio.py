@@ -60,11 +60,25 @@ class AsyncioBridge:
     async def _run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         import trio_asyncio  # imported on first use: it costs ~30 ms of cold start
 
+        _keep_stock_asyncio_outside_trio()
         async with trio_asyncio.open_loop() as loop:
             loop.set_exception_handler(_report_loop_error)
             loop.set_task_factory(_reporting_task_factory)
             task_status.started(loop)
             await trio.sleep_forever()
+
+
+def _keep_stock_asyncio_outside_trio() -> None:
+    """Importing trio-asyncio makes ``asyncio.new_event_loop()`` (and so ``asyncio.run``)
+    build trio-asyncio loops in every thread of the process, also outside trio, where the
+    program (a notebook kernel, a library calling ``asyncio.run``) expects stock asyncio.
+    Outside trio, hand those calls back to the policy that was in force before the import
+    (a per-thread ``set_event_loop_policy`` still wins); inside trio nothing changes."""
+    from trio_asyncio import _loop
+
+    faked = type(_loop._faked_policy)
+    if getattr(faked, "policy", None) is None:
+        faked.policy = _loop._original_policy
 
 
 async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:

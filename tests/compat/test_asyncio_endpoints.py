@@ -120,3 +120,26 @@ def test_supervise_runs_while_an_async_endpoint_waits() -> None:
     finally:
         procs.stop().get(T)
     assert len(failures) == 1 and "doomed" in failures[0]
+
+
+def test_asyncio_run_in_the_controller_stays_stock_asyncio() -> None:
+    """Once an async endpoint ran in the controller's own process (trio-asyncio imported), a
+    program's ``asyncio.run`` (a notebook kernel's loop, a library) still gets stock asyncio."""
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from regency.actor import this_proc
+        from tests.compat.actors import AsyncioWorker
+        w = this_proc().spawn("aio", AsyncioWorker)
+        print("endpoint", w.sleep_then.call_one(0.01, 4).get(30))
+        async def main():
+            return type(asyncio.get_running_loop()).__name__
+        print("loop", asyncio.run(main()))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "endpoint 4" in done.stdout
+    assert "loop _UnixSelectorEventLoop" in done.stdout
