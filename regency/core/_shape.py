@@ -595,8 +595,9 @@ class MeshAlgebra:
     def rename(self, /, **kw: str) -> Self:
         return self._with_shape(self._shape.rename(**kw))
 
-    def size(self, dim: str) -> int:
-        return self._shape.size(dim)
+    def size(self, dim: str | None = None) -> int:
+        """The size of ``dim``; with no dim, the number of points (as Monarch's)."""
+        return len(self._shape) if dim is None else self._shape.size(dim)
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -623,3 +623,16 @@ def test_point_prints_as_monarch_does() -> None:
     point = Point(3, Extent(["hosts", "gpus"], [2, 2]))
     assert str(point) == "{'hosts': 1/2, 'gpus': 1/2}"
     assert str(Point(0, Extent([], []))) == "{}"
+
+
+def test_mesh_size_without_a_dim_is_the_number_of_points() -> None:
+    class M(MeshAlgebra):
+        def __init__(self, shape: Shape) -> None:
+            self._shape = shape
+
+        def _with_shape(self, shape: Shape) -> M:
+            return M(shape)
+
+    mesh = M(Shape.full(["hosts", "gpus"], [2, 3]))
+    assert mesh.size() == 6 and mesh.size("gpus") == 3
+    assert mesh.slice(gpus=0).size() == 2
