@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
+import inspect
+import itertools
 import re
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -28,6 +31,8 @@ __all__ = [
     "configured",
     "get_global_config",
     "get_runtime_config",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]
 
 _UNITS = {
@@ -197,3 +202,64 @@ def get_runtime_config() -> dict[str, Any]:
 def clear_runtime_config() -> None:
     """Forget every :func:`configure` setting: back to ``REGENCY_*`` variables and defaults."""
     _reset_overrides()
+
+
+def parametrize_config(**options: Iterable[Any]) -> Callable[[_F], _F]:
+    """A pytest decorator: run the test once per combination (cartesian product) of the
+    given settings, each run inside ``configured(...)``. Keys are checked now, so a typo fails
+    at collection instead of running the test under the defaults."""
+    if not options:
+        raise ValueError("parametrize_config needs at least one setting to vary")
+    keys = list(options)
+    return _parametrize(keys, list(itertools.product(*(list(options[k]) for k in keys))))
+
+
+def parametrize_config_pointwise(**options: Sequence[Any]) -> Callable[[_F], _F]:
+    """Like :func:`parametrize_config`, but the i-th run takes the i-th value of every
+    setting (all sequences must have the same length)."""
+    if not options:
+        raise ValueError("parametrize_config_pointwise needs at least one setting to vary")
+    keys = list(options)
+    lengths = {k: len(options[k]) for k in keys}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(
+            f"parametrize_config_pointwise needs sequences of one length (got {lengths})"
+        )
+    return _parametrize(keys, list(zip(*(options[k] for k in keys), strict=True)))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _parametrize(keys: list[str], rows: list[tuple[Any, ...]]) -> Callable[[_F], _F]:
+    import pytest
+
+    settings = [dict(zip(keys, row, strict=True)) for row in rows]
+    for one in settings:
+        _translate(one)  # refuse unknown or inapplicable keys before any test runs
+    ids = ["-".join(f"{k}={v}" for k, v in one.items()) for one in settings]
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+        extra = inspect.Parameter("_regency_config", inspect.Parameter.KEYWORD_ONLY)
+        wrapped_signature = signature.replace(parameters=[*signature.parameters.values(), extra])
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, _regency_config: dict[str, Any], **kwargs: Any) -> Any:
+                with configured(**_regency_config):
+                    return await fn(*args, **kwargs)
+
+            wrapper: Any = run_async
+        else:
+
+            @functools.wraps(fn)
+            def run(*args: Any, _regency_config: dict[str, Any], **kwargs: Any) -> Any:
+                with configured(**_regency_config):
+                    return fn(*args, **kwargs)
+
+            wrapper = run
+        wrapper.__signature__ = wrapped_signature
+        return cast(_F, pytest.mark.parametrize("_regency_config", settings, ids=ids)(wrapper))
+
+    return decorate

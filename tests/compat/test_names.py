@@ -202,3 +202,24 @@ def test_an_actor_stops_itself_after_draining_its_mailbox() -> None:
             two.work.call_one().get(30)
     finally:
         procs.stop().get(30)
+
+
+@config.parametrize_config(stop_actor_timeout={"1s", "2s"}, cleanup_timeout={"3s"})
+def test_parametrize_config_runs_each_combination() -> None:
+    now = current_config()
+    assert now.stop_timeout in (1.0, 2.0) and now.cleanup_timeout == 3.0
+
+
+@config.parametrize_config_pointwise(stop_actor_timeout=["1s", "4s"], cleanup_timeout=[5, 6])
+def test_parametrize_config_pointwise_runs_in_lockstep(tmp_path: Path) -> None:
+    now = current_config()
+    assert (now.stop_timeout, now.cleanup_timeout) in ((1.0, 5.0), (4.0, 6.0))
+    assert tmp_path.exists()  # the test's own fixtures still arrive
+
+
+def test_parametrize_config_restores_and_refuses_bad_keys() -> None:
+    assert current_config().stop_timeout == 5.0  # the parametrized runs left nothing behind
+    with pytest.raises(TypeError, match="'tail_log_lines' is Monarch's and does not apply"):
+        config.parametrize_config(tail_log_lines={1})
+    with pytest.raises(ValueError, match="sequences of one length"):
+        config.parametrize_config_pointwise(stop_actor_timeout=["1s"], cleanup_timeout=[1, 2])
