@@ -98,6 +98,22 @@ def _always_on(key: str, value: Any) -> tuple[str, Any]:
     return ("", None)
 
 
+def _no_ibverbs(key: str, value: Any) -> tuple[str, Any]:
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be True or False (got {value!r})")
+    # Monarch without ibverbs moves RDMA bytes over its TCP fallback; so does this.
+    return ("rdma_backend", "tcp") if value else ("", None)
+
+
+def _tcp_fallback(key: str, value: Any) -> tuple[str, Any]:
+    if value is not True:
+        raise ValueError(
+            f"{key}={value!r}: Regency always has a path without an RDMA NIC (same-host copy "
+            "or TCP) and cannot switch it off; force one with rdma_backend"
+        )
+    return ("", None)
+
+
 def _transport(key: str, value: Any) -> tuple[str, Any]:
     name = getattr(value, "name", value)  # Monarch passes a ChannelTransport or a string
     text = str(name).lower()
@@ -119,6 +135,8 @@ _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
     "cleanup_timeout": _seconds("cleanup_timeout"),
     "supervision_watchdog_timeout": _seconds("heartbeat_timeout"),
     "mesh_bootstrap_enable_pdeathsig": _always_on,
+    "rdma_disable_ibverbs": _no_ibverbs,
+    "rdma_allow_tcp_fallback": _tcp_fallback,
 }
 
 #: Monarch's keys that have no meaning in Regency, and why.
