@@ -106,12 +106,10 @@ def _no_ibverbs(key: str, value: Any) -> tuple[str, Any]:
 
 
 def _tcp_fallback(key: str, value: Any) -> tuple[str, Any]:
-    if value is not True:
-        raise ValueError(
-            f"{key}={value!r}: Regency always has a path without an RDMA NIC (same-host copy "
-            "or TCP) and cannot switch it off; force one with rdma_backend"
-        )
-    return ("", None)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be True or False (got {value!r})")
+    # No fallback means RDMA over ibverbs only (transfers fail with the reason without a NIC).
+    return ("", None) if value else ("rdma_backend", "ibverbs")
 
 
 def _transport(key: str, value: Any) -> tuple[str, Any]:
@@ -168,6 +166,11 @@ _NOT_HERE = {
 
 
 def _translate(settings: dict[str, Any]) -> dict[str, Any]:
+    if settings.get("rdma_disable_ibverbs") is True and settings.get("rdma_allow_tcp_fallback") is False:
+        raise ValueError(
+            "rdma_disable_ibverbs=True with rdma_allow_tcp_fallback=False leaves no way to move "
+            "RDMA bytes; drop one of them"
+        )
     native = {f.name for f in attrs.fields(Config)}
     out: dict[str, Any] = {}
     for key, value in settings.items():

@@ -53,8 +53,10 @@ def test_monarch_keys_translate(clean_config: None) -> None:
 def test_monarch_rdma_keys(clean_config: None) -> None:
     config.configure(rdma_disable_ibverbs=True, rdma_allow_tcp_fallback=True)
     assert current_config().rdma_backend == "tcp"
-    with pytest.raises(ValueError, match="always has a path without an RDMA NIC"):
-        config.configure(rdma_allow_tcp_fallback=False)
+    config.configure(rdma_allow_tcp_fallback=False)
+    assert current_config().rdma_backend == "ibverbs"
+    with pytest.raises(ValueError, match="leaves no way to move RDMA bytes"):
+        config.configure(rdma_disable_ibverbs=True, rdma_allow_tcp_fallback=False)
 
 
 def test_regency_configure_takes_monarch_keys_too(clean_config: None) -> None:
