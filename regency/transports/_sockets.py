@@ -353,13 +353,7 @@ class SocketConnection(Connection):
                 start += _HEADER + size
                 if self._closed:
                     return
-            if start == end:
-                start = end = 0
-            elif start:
-                # Keep the partial frame at the front so it can always complete in place.
-                view[: end - start] = view[start:end]
-                end -= start
-                start = 0
+            start, end = _compact(view, start, end)
             await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _read_records(self, opener: _protect.Opener) -> None:
@@ -410,12 +404,7 @@ class SocketConnection(Connection):
                     del frame
                     if self._closed:
                         return
-            if start == end:
-                start = end = 0
-            elif start:
-                view[: end - start] = view[start:end]
-                end -= start
-                start = 0
+            start, end = _compact(view, start, end)
             await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _recv_into_exactly(self, target: memoryview) -> None:
@@ -733,4 +722,12 @@ def _check_private_dir(path: str) -> None:
         )
 
 
-
+def _compact(view: memoryview, start: int, end: int) -> tuple[int, int]:
+    """After handling the whole frames in ``view[start:end]``: move the partial frame left
+    to the front, so that it can always complete in place; the new ``(start, end)``."""
+    if start == end:
+        return 0, 0
+    if start:
+        view[: end - start] = view[start:end]
+        return 0, end - start
+    return start, end
