@@ -60,7 +60,13 @@ class ActorInstance:
         cell = rt.actors.get(self.actor_id)
         if cell is None:
             raise RuntimeError(f"actor {self} is not running in this process")
-        rt.call_soon(lambda: cell.enqueue(M.StopActor(self.actor_id, None)))
+        ctx = current.get()
+        if ctx is not None and ctx.actor_instance.actor_id == self.actor_id:
+            # From its own handler: queued before the handler's reply leaves, so a message
+            # sent after the caller saw that reply is never handled.
+            cell.stop_when_handled = True
+        else:
+            rt.call_soon(lambda: cell.enqueue(M.StopActor(self.actor_id, None)))
 
 
 class Context:

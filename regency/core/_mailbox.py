@@ -136,6 +136,9 @@ class ActorCell:
         self._wakeup = trio.Event()
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
+        # Set by context().actor_instance.stop() inside a handler: StopActor is queued when
+        # that handler ends, before its reply is sent.
+        self.stop_when_handled = False
         #: Calls of concurrent endpoints still running (cancelled when the actor retires).
         self._running: set[trio.CancelScope] = set()
 
@@ -402,6 +405,7 @@ class ActorCell:
                 return False
         finally:
             current.reset(token)
+        self._queue_requested_stop()  # a handler that replied through an explicit port
         return True
 
     def _start_concurrent(self, item: M.Call) -> None:
@@ -443,9 +447,22 @@ class ActorCell:
         finally:
             current.reset(token)
 
+    def _queue_requested_stop(self) -> None:
+        """The handler that just ended asked its actor to stop: queue StopActor now, from
+        the thread that ran it, so it is ahead of anything sent after the reply."""
+        if self.stop_when_handled:
+            self.stop_when_handled = False
+            stop = M.StopActor(self.key, None)
+            if self.threaded:
+                self._queue.put(stop)
+            else:
+                self._deque.append(stop)
+                self._wakeup.set()
+
     def _raised(self, item: M.Call, exc: BaseException) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just
         gets the error (an ``Exception`` with a caller waiting)."""
+        self._queue_requested_stop()
         port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
         if isinstance(exc, Exception) and port is not None:
@@ -459,6 +476,7 @@ class ActorCell:
         return cause
 
     def _succeeded(self, item: M.Call, result: Any) -> None:
+        self._queue_requested_stop()
         port, index = item.port, item.rank
         if port is None:
             return
