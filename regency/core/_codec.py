@@ -401,6 +401,15 @@ def encode(msg: M.Wire) -> Frame:
             assert_never(msg)
 
 
+_PORT_MARK_BYTES = _PORT_MARK.to_bytes(4, "little")
+
+
+def is_compact_reply(frame: memoryview) -> bool:
+    """Whether ``frame`` is a reply in the compact layout (what a thread that reads its own
+    reply handles; see ``core/_leader.py``), told without unpickling anything."""
+    return frame[:4] == _PORT_MARK_BYTES
+
+
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""

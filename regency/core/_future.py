@@ -37,11 +37,18 @@ blocking = threading.local()
 #: tracks an asyncio future awaited on the main thread (returns its forget function).
 notebook: Any = None
 
+#: Set by a production runtime (``core/_leader.py``): ``reader(fut, timeout)`` waits for
+#: ``fut`` on the calling thread by reading the runtime's inbound connections itself, so the
+#: reply wakes this thread directly instead of the loop, which would then wake this thread.
+#: Returns False when it cannot (the loop is reading, no connection to lead...): the thread
+#: then waits on a lock as before.
+reader: Callable[[Future[Any], float | None], bool] | None = None
+
 
 class Future(Generic[R]):
     """The eventual value of a remote call (Monarch's ``Future``)."""
 
-    __slots__ = ("_callbacks", "_event", "_exception", "_lock", "_value")
+    __slots__ = ("_bell", "_callbacks", "_event", "_exception", "_lock", "_value")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -51,6 +58,9 @@ class Future(Generic[R]):
         # than threading.Event, which matters on the round-trip path.
         self._event: Any = None
         self._callbacks: list[Callable[[], None]] | None = None  # allocated on first use
+        # The doorbell of a thread that waits for this future while it reads sockets
+        # (``reader``): resolving rings it, as releasing ``_event`` wakes a lock waiter.
+        self._bell: Any = None
 
     # -- resolution (runtime side) -------------------------------------------------------
 
@@ -66,10 +76,12 @@ class Future(Generic[R]):
                 return
             self._exception = exc
             self._value = value
-            event, callbacks = self._event, self._callbacks
+            event, callbacks, bell = self._event, self._callbacks, self._bell
             self._callbacks = None
         if event is not None:
             event.release()
+        if bell is not None:
+            bell.ring()
         if callbacks:
             for callback in callbacks:
                 callback()
@@ -210,12 +222,22 @@ class Future(Generic[R]):
 
 
 def _wait_on_lock(fut: Future[Any], timeout: float | None) -> None:
-    """How a plain thread waits for ``fut``: on a lock the resolver releases."""
+    """How a plain thread waits for ``fut``: reading its reply itself where the runtime
+    lets it (``reader``), else on a lock the resolver releases."""
     if threading.get_ident() in runtime_threads:
         raise RuntimeError(
             "Future.get() would block the runtime's event loop; "
             "use `await fut` inside async endpoints"
         )
+    lead = reader
+    if lead is not None and lead(fut, timeout):
+        return
+    block(fut, timeout)
+
+
+def block(fut: Future[Any], timeout: float | None) -> None:
+    """Wait for ``fut`` on a lock its resolver releases (``TimeoutError`` after
+    ``timeout`` seconds)."""
     with fut._lock:
         if fut._event is None:
             fut._event = _thread.allocate_lock()

@@ -5,7 +5,10 @@ each inbound connection (numbering frames, dropping resends, acknowledging), and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -14,10 +17,14 @@ from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Session
 
+_is_reply = _codec.is_compact_reply
+
 if TYPE_CHECKING:
     from ._config import Config
     from ._environment import Environment
     from ._runtime import Runtime
+
+log = logging.getLogger("regency.transports")
 
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
 
@@ -38,6 +45,33 @@ class InboundSink:
         self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
+        with self._rt.dispatch_lock:  # a thread may be handling frames of another connection
+            self._frame_received(conn, frame)
+
+    def frame_on_thread(self, conn: transports.Connection, frame: memoryview) -> bool:
+        """A frame read by a thread that waits for a reply (``core/_leader.py``), not by the
+        loop. Replies are handled here, as the loop would; False leaves any other frame to
+        the loop (the thread hands the connection back with the frame unread)."""
+        receiver = self._receiver
+        if receiver.state is None or self._probe is not None or not _is_reply(frame):
+            return False
+        rt = self._rt
+        with rt.dispatch_lock:
+            if receiver.frame() is not None:
+                try:
+                    rt.on_frame(frame)
+                except Exception as exc:  # a malformed frame: the loop closes the connection
+                    log.error("closing connection to %s after bad frame: %r", conn.peer, exc)
+                    rt.call_soon(conn.close)
+                    return True
+            if receiver.ack_due:
+                self.ack()
+            elif not self._ack_pending:
+                self._ack_pending = True
+                rt.call_soon(lambda: rt.ack_later(self))
+        return True
+
+    def _frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
         if receiver.state is None or frame[:4] == _SESSION_MARK:
             msg = _codec.decode(frame)
@@ -48,6 +82,8 @@ class InboundSink:
                 if previous is not None:
                     self._rt.session_closed(previous)
                 self._conn = conn
+                if hasattr(conn, "lead"):  # threads waiting for replies may read it
+                    self._rt.leadable[id(self)] = conn
             else:
                 self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
             return
@@ -66,6 +102,10 @@ class InboundSink:
             self._rt.ack_later(self)
 
     def ack(self) -> None:
+        with self._rt.dispatch_lock:
+            self._ack()
+
+    def _ack(self) -> None:
         self._ack_pending = False
         conn = self._conn
         if conn is None or conn.closed:
@@ -79,6 +119,7 @@ class InboundSink:
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None
+        self._rt.leadable.pop(id(self), None)
         session = self._receiver.ended()
         if session is not None:
             self._rt.session_closed(session)
@@ -93,8 +134,20 @@ class InboundSessions:
     _sessions_in: SessionTable
     _to_ack: dict[int, InboundSink]  # insertion-ordered: deterministic
     _ack_scheduled: bool
+    #: Held while a frame is handled, on the loop or on a thread reading its own reply.
+    dispatch_lock: threading.RLock
+    #: Inbound connections a waiting thread may read (``core/_leader.py``), by sink.
+    leadable: dict[int, Any]
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:  # provided by Runtime
+        raise NotImplementedError
+
+    def on_frame(self, frame: memoryview) -> None:  # provided by Runtime
+        raise NotImplementedError
 
     def _init_inbound_sessions(self) -> None:
+        self.dispatch_lock = threading.RLock()
+        self.leadable = {}
         self._sessions_in = SessionTable()
         self._to_ack = {}
         self._ack_scheduled = False

@@ -253,7 +253,9 @@ class _OutboundSink:
         if type(msg) is Ack:
             self._outbox.acknowledged(msg.count)
         else:
-            self._outbox._rt.dispatch(msg)
+            rt = self._outbox._rt
+            with rt.dispatch_lock:
+                rt.dispatch(msg)
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         if exc is None:

@@ -28,7 +28,7 @@ import trio
 
 from .. import transports
 from ..supervision import FailureCause, ProcLost, RanksFailed
-from . import _codec
+from . import _codec, _future
 from . import _messages as M
 from ._aio import AsyncioBridge, drive
 from ._children import Child, ChildProcs
@@ -42,6 +42,7 @@ from ._executor import Executor, ThreadExecutor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._launcher import ProcLauncher, ZygoteLauncher
+from ._leader import Leader
 from ._liveness import BusyWatch
 from ._mailbox import ActorCell
 from ._outbox import Outbox
@@ -112,6 +113,10 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
         self.died: SupervisionError | None = None
         self._busy = BusyWatch()
+        #: Threads of this process that wait for a reply read it themselves (production).
+        self.leader: Leader | None = (
+            Leader(self) if isinstance(self.executor, ThreadExecutor) else None
+        )
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
 
@@ -177,6 +182,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 if self.parent_address is not None:
                     nursery.start_soon(self._send_heartbeats, self.parent_address)
                 nursery.start_soon(self._watchdog)
+                if self.leader is not None and _future.reader is None:
+                    _future.reader = self.leader.wait
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -184,6 +191,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 nursery.cancel_scope.cancel()
             clean = True
         finally:
+            if self.leader is not None and _future.reader == self.leader.wait:
+                _future.reader = None
             runtime_threads.discard(self.thread_id)
             for cell in list(self.actors.values()):
                 cell.abandon()

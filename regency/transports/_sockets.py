@@ -14,6 +14,7 @@ import errno
 import logging
 import mmap
 import os
+import select
 import socket
 import stat
 import threading
@@ -56,6 +57,30 @@ _KERNEL_BUFFER = 4 << 20
 # costs a page fault per 4 KiB (64 MiB: 250-350 ms here, against 25 ms to refill a warm
 # buffer), and released once no frame needed it for this many seconds.
 _KEEP_BIG = 1.0
+
+# Who reads an unprotected connection (see SocketConnection.lead): the loop's reader task
+# (reading, or about to), the reader task waiting in wait_readable (a thread may take over),
+# a thread, or the reader task woken while a thread read (it waits to be handed back).
+_LOOP, _LOOP_WAITING, _THREAD, _PARKED = 0, 1, 2, 3
+
+
+def _loop_epoll() -> Any:
+    """The running trio loop's epoll object, or None where trio does not use epoll.
+
+    A thread that takes over reading a connection silences the loop's interest in the
+    socket with one ``epoll_ctl`` (and restores it when it hands back) instead of waking
+    the loop twice. trio arms each fd with ``EPOLLONESHOT`` on every ``wait_readable`` and
+    re-arms only then, so a silenced fd stays silent until the thread re-arms it; a wake-up
+    that races with the take-over is harmless (the reader task sees the baton and parks).
+    This reads trio internals (trio is pinned); ``tests/transports`` checks that the path
+    is taken, so an upgrade that moves them fails there rather than going slow silently.
+    """
+    try:
+        manager = trio._core._run.GLOBAL_RUN_CONTEXT.runner.io_manager
+        epoll = manager._epoll
+    except AttributeError:
+        return None
+    return epoll if isinstance(epoll, select.epoll) else None
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -133,6 +158,18 @@ class SocketConnection(Connection):
         self._closed = False
         self._error: BaseException | None = None
         self.sink: FrameSink | None = None
+        # Reading by a thread (lead/read_led/give_back). The baton says who may read; the
+        # receive buffer and its parse position live here so either reader goes on where the
+        # other stopped. Lock order: _read_lock, then _lock. Closing the socket takes
+        # _read_lock, so a thread never reads a closed (or reused) descriptor.
+        self._read_lock = threading.Lock()
+        self._baton = _LOOP
+        self._epoll: Any = _loop_epoll() if protection is None else None
+        self._fd = sock.fileno()
+        self._rview: memoryview | None = None
+        self._rstart = self._rend = 0
+        self._wait_scope: trio.CancelScope | None = None
+        self._handed_back: trio.Event | None = None
 
     @property
     def closed(self) -> bool:
@@ -302,31 +339,29 @@ class SocketConnection(Connection):
             self._notify_lost()
 
     async def _read_frames(self) -> None:
-        """Unprotected connections: ``u32 length + payload`` frames."""
+        """Unprotected connections: ``u32 length + payload`` frames. A thread may read for a
+        while instead (:meth:`lead`); the buffer and position are shared with it."""
         assert self.sink is not None
         sock = self._sock
         buf = bytearray(_RECV_BUFFER)
-        view = memoryview(buf)
+        view = self._rview = memoryview(buf)
         big: mmap.mmap | None = None
         big_used = 0.0  # trio time the big buffer last took a frame
-        start = end = 0
         while True:
-            try:
-                n = sock.recv_into(view[end:])
-            except BlockingIOError:
-                if big is not None and trio.current_time() - big_used > _KEEP_BIG:
-                    big = None  # no big frame for a while: give the buffer back
-                if big is None:
-                    await trio.lowlevel.wait_readable(sock)
-                else:
-                    with trio.move_on_at(big_used + _KEEP_BIG):
-                        await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError as exc:
-                raise ConnectionBroken(str(exc)) from exc
-            if n == 0:
-                raise ConnectionBroken("peer closed the connection")
-            end += n
+            start, end = self._rstart, self._rend  # a thread may have read meanwhile
+            if not _frame_ready(view, start, end):  # (a thread may have left one)
+                try:
+                    n = sock.recv_into(view[end:])
+                except BlockingIOError:
+                    if big is not None and trio.current_time() - big_used > _KEEP_BIG:
+                        big = None  # no big frame for a while: give the buffer back
+                    await self._await_readable(None if big is None else big_used + _KEEP_BIG)
+                    continue
+                except OSError as exc:
+                    raise ConnectionBroken(str(exc)) from exc
+                if n == 0:
+                    raise ConnectionBroken("peer closed the connection")
+                end += n
             while end - start >= _HEADER:
                 size = int.from_bytes(view[start : start + _HEADER], "little")
                 if size > self._max_frame:
@@ -343,6 +378,7 @@ class SocketConnection(Connection):
                         frame = memoryview(big)[:size]
                         have = end - start - _HEADER
                         frame[:have] = view[start + _HEADER : end]
+                        self._rstart = self._rend = 0
                         await self._recv_into_exactly(frame[have:])
                         start = end = 0
                         self.sink.frame_received(self, frame)
@@ -353,8 +389,145 @@ class SocketConnection(Connection):
                 start += _HEADER + size
                 if self._closed:
                     return
-            start, end = _compact(view, start, end)
+            self._rstart, self._rend = _compact(view, start, end)
             await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _await_readable(self, until: float | None) -> None:
+        """Wait until the socket is readable (or ``until``, trio time), letting a thread
+        take over reading meanwhile; return once the reader task may read again."""
+        if self._epoll is None:
+            if until is None:
+                await trio.lowlevel.wait_readable(self._sock)
+            else:
+                with trio.move_on_at(until):
+                    await trio.lowlevel.wait_readable(self._sock)
+            return
+        with self._read_lock:
+            self._baton = _LOOP_WAITING
+            scope = self._wait_scope = trio.CancelScope()
+            if until is not None:
+                scope.deadline = until
+        with scope:
+            await trio.lowlevel.wait_readable(self._sock)
+        with self._read_lock:
+            if self._baton == _THREAD:  # woken while a thread reads: wait for it
+                handed = self._handed_back = trio.Event()
+                self._baton = _PARKED
+            else:  # still ours, or handed back with frames to handle (baton _LOOP)
+                self._baton = _LOOP
+                return
+        await handed.wait()
+
+    # -- reading on a thread ----------------------------------------------------------------
+
+    def lead(self) -> bool:
+        """From a thread other than the loop's: take over reading this connection while the
+        reader task waits for data. False when it cannot (the loop is reading, another
+        thread leads, the connection is sealed, closed, or has writes queued). After True
+        the caller reads with :meth:`read_led` when ``fileno()`` polls readable, and must
+        :meth:`give_back`."""
+        epoll = self._epoll
+        if epoll is None or self._baton != _LOOP_WAITING:
+            return False
+        with self._read_lock:
+            if self._baton != _LOOP_WAITING or self._closed:
+                return False
+            with self._lock:
+                if self._pending or self._writing:
+                    return False  # the writer may wait for EPOLLOUT on the same fd
+                try:
+                    epoll.modify(self._fd, 0)
+                except OSError:
+                    return False
+            self._baton = _THREAD
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read_led(self) -> bool:
+        """On the leading thread: read what the socket has and hand each whole frame to the
+        sink's ``frame_on_thread``. Returns False when the thread must stop leading (it has
+        given the connection back): a frame the sink leaves to the loop, a frame bigger
+        than the buffer, end of stream or an error (the reader task meets it itself)."""
+        with self._read_lock:  # closing takes it: the descriptor is ours while held
+            if self._baton not in (_THREAD, _PARKED):  # (parked: the reader task woke)
+                return False
+            view, start, end = self._rview, self._rstart, self._rend
+            if self._closed or view is None:
+                self._give_back_locked(True)
+                return False
+            try:
+                n = self._sock.recv_into(view[end:])
+            except BlockingIOError:
+                return True
+            except OSError:
+                n = 0
+            if n == 0:
+                self._give_back_locked(True)
+                return False
+        # The frames are handled without the lock (a handler may close connections); the
+        # baton keeps the reader task off the buffer meanwhile.
+        end += n
+        handled = True
+        sink = self.sink
+        while end - start >= _HEADER:
+            size = int.from_bytes(view[start : start + _HEADER], "little")
+            if end - start - _HEADER < size:
+                handled = _HEADER + size <= len(view)  # else: too big for the buffer
+                break
+            if not sink.frame_on_thread(  # type: ignore[union-attr]
+                self, view[start + _HEADER : start + _HEADER + size]
+            ):
+                handled = False
+                break
+            start += _HEADER + size
+        with self._read_lock:
+            self._rstart, self._rend = _compact(view, start, end)
+            if not handled or self._closed:
+                self._give_back_locked(True)
+                return False
+        return True
+
+    def give_back(self) -> None:
+        """The leading thread is done: the reader task reads again."""
+        with self._read_lock:
+            if self._baton in (_THREAD, _PARKED):
+                self._give_back_locked(self._rstart != self._rend)
+
+    def _give_back_locked(self, wake: bool) -> None:
+        """Hand reading back to the loop (``_read_lock`` held). With ``wake`` (bytes left in
+        the buffer, or a condition the reader task must meet) the reader task is woken;
+        else the socket's interest is re-armed, which wakes it only when data comes."""
+        if self._baton == _PARKED:
+            self._baton = _LOOP
+            handed = self._handed_back
+            assert handed is not None
+            self._call_on_loop(handed.set)
+        elif wake or self._closed:
+            self._baton = _LOOP
+            scope = self._wait_scope
+            assert scope is not None
+            self._call_on_loop(scope.cancel)
+        else:
+            self._baton = _LOOP_WAITING
+            flags = select.EPOLLIN | select.EPOLLONESHOT
+            with self._lock:
+                if self._pending:
+                    flags |= select.EPOLLOUT  # see lead()
+                try:
+                    self._epoll.modify(self._fd, flags)
+                except OSError:
+                    self._baton = _LOOP
+                    scope = self._wait_scope
+                    assert scope is not None
+                    self._call_on_loop(scope.cancel)
+
+    def _call_on_loop(self, fn: Any) -> None:
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass
 
     async def _read_records(self, opener: _protect.Opener) -> None:
         """Protected connections: sealed records (see :mod:`._protect`). A record always
@@ -437,7 +610,8 @@ class SocketConnection(Connection):
             return
         self._lost_notified = True
         trio.lowlevel.notify_closing(self._sock)
-        self._sock.close()
+        with self._read_lock:
+            self._sock.close()
         if self.sink is not None:
             self.sink.connection_lost(self, self._error)
 
@@ -449,7 +623,8 @@ class SocketConnection(Connection):
                 return
             self._lost_notified = True
         trio.lowlevel.notify_closing(self._sock)
-        self._sock.close()
+        with self._read_lock:
+            self._sock.close()
 
     def close(self) -> None:
         with self._lock:
@@ -720,6 +895,15 @@ def _check_private_dir(path: str) -> None:
             f"unix sockets must live in a directory only this user can open "
             f"(got {path!r} with mode {stat.S_IMODE(st.st_mode):o}); use regency's socket dir"
         )
+
+
+def _frame_ready(view: memoryview, start: int, end: int) -> bool:
+    """Whether ``view[start:end]`` holds a whole frame, or the header of one too big for
+    the buffer (both are handled before reading more)."""
+    if end - start < _HEADER:
+        return False
+    size = int.from_bytes(view[start : start + _HEADER], "little")
+    return end - start - _HEADER >= size or _HEADER + size > len(view)
 
 
 def _compact(view: memoryview, start: int, end: int) -> tuple[int, int]:

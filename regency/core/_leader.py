@@ -1,0 +1,145 @@
+"""A thread that waits for a reply reads it itself (leader/follower).
+
+Without this, a reply to a thread blocked in ``Future.get()`` costs two wake-ups: the kernel
+wakes the runtime's trio loop, which reads and dispatches the frame, then releases the lock
+the thread sleeps on, and the thread wakes (about 20-30 us a hop on this machine, plus the
+loop's own round). Instead, a thread about to block takes over reading the runtime's
+inbound connections while the loop is idle on them (``SocketConnection.lead``: the loop's
+interest in those sockets is silenced, not woken), polls them itself, and hands each whole
+frame to the same sink code the loop runs (``InboundSink.frame_on_thread``), under the
+runtime's dispatch lock. Only replies are handled on the thread; any other frame, a frame too
+big for the buffer, end of stream or an error hands that connection back to the loop at
+once, unconsumed, so the loop handles it in order. When the future resolves (by a frame this
+thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread
+gives every connection back; the loop is woken only where bytes are left for it.
+
+Guarantees kept: frames of one connection are handled in order by exactly one reader at a
+time (the connection's baton); the delivery session's numbering and acknowledgements run in
+the sink as before; a proc that dies ends the stream, which hands the connection back to the
+loop, whose reader reports the loss and fails the future (the thread's doorbell wakes it);
+``get(timeout)`` polls with the time left and raises ``TimeoutError`` as before.
+
+The simulator's threads wait in lockstep (``blocking.wait``) and never come here; its
+transport has no sockets to lead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._future import Future, block
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+#: A thread leads at most this many connections (one poll over them); beyond that it waits
+#: on its lock, as every thread did before.
+MAX_LED = 16
+
+
+class Bell:
+    """A thread's doorbell: an eventfd it polls beside the sockets it leads."""
+
+    __slots__ = ("fd", "owner")
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.owner = threading.get_ident()
+
+    def ring(self) -> None:
+        if threading.get_ident() != self.owner:  # the owner is awake: it checks the future
+            os.eventfd_write(self.fd, 1)
+
+    def drain(self) -> None:
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+class Leader:
+    """One runtime's side of leader/follower: :meth:`wait` is ``_future.reader``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._local = threading.local()
+        #: How many waits read on their own thread, and how many could not (for tests).
+        self.led = 0
+        self.declined = 0
+
+    def _bell(self) -> Bell:
+        bell: Bell | None = getattr(self._local, "bell", None)
+        if bell is None:
+            bell = self._local.bell = Bell()
+        return bell
+
+    def wait(self, fut: Future[Any], timeout: float | None) -> bool:
+        """Wait for ``fut`` reading this runtime's inbound connections on this thread;
+        False (having waited for nothing) when no connection could be led."""
+        conns = list(self._rt.leadable.values())
+        if not conns or len(conns) > MAX_LED:
+            self.declined += 1
+            return False
+        taken = [conn for conn in conns if conn.lead()]
+        if not taken:
+            self.declined += 1
+            return False
+        bell = self._bell()
+        with fut._lock:
+            mine = fut._bell is None
+            if mine:
+                fut._bell = bell
+        try:
+            if not mine:  # another thread reads for this future already
+                self.declined += 1
+                for conn in taken:
+                    conn.give_back()
+                taken = []
+                return False
+            self.led += 1
+            deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+            poller = select.poll()
+            by_fd = {}
+            for conn in taken:
+                by_fd[conn.fileno()] = conn
+                poller.register(conn.fileno(), select.POLLIN)
+            poller.register(bell.fd, select.POLLIN)
+            while not fut.done():
+                if deadline is None:
+                    ms: int | None = None
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"future not resolved within {timeout} s")
+                    ms = math.ceil(left * 1000)
+                for fd, _ in poller.poll(ms):
+                    if fd == bell.fd:
+                        bell.drain()
+                        continue
+                    conn = by_fd.get(fd)
+                    if conn is not None and not conn.read_led():  # handed back to the loop
+                        poller.unregister(fd)
+                        del by_fd[fd]
+                        taken.remove(conn)
+                if not taken and not fut.done():
+                    # Nothing left to read here: wait as any thread does, for the time left.
+                    left_s = None if deadline is None else deadline - time.monotonic()
+                    for conn in taken:
+                        conn.give_back()
+                    block(fut, left_s)
+                    break
+            return True
+        finally:
+            with fut._lock:
+                if fut._bell is bell:
+                    fut._bell = None
+            for conn in taken:
+                conn.give_back()
