@@ -91,6 +91,13 @@ class Config:
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
     )
 
+    #: Threads that wait read their own messages from the sockets: a thread blocked in
+    #: ``Future.get`` its reply, an idle actor thread its next call (leader/follower; see
+    #: docs/internals.md, "Where the time goes"). False: only the trio loop reads, and hands
+    #: each message to the waiting thread (one more wake-up each way; for measuring the
+    #: difference). Read when a runtime starts; procs inherit the controller's setting.
+    thread_reads: bool = True
+
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}
 

@@ -76,7 +76,11 @@ class ThreadExecutor:
         threading.Thread(target=fn, name=name, daemon=True).start()
 
     def mailbox(self) -> Mailbox:
-        return queue.SimpleQueue()
+        leader = self._rt.leader
+        if leader is None:
+            return queue.SimpleQueue()
+        # Its get() reads the proc's sockets while empty (core/_leader.py): no hop.
+        return leader.mailbox()
 
     def to_loop(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return trio.from_thread.run(fn, *args, trio_token=self._rt.token)

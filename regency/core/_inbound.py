@@ -15,7 +15,7 @@ import trio
 from .. import transports
 from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
-from ._messages import Ack, Session
+from ._messages import Ack, Call, Session
 
 _is_reply = _codec.is_compact_reply
 
@@ -49,21 +49,35 @@ class InboundSink:
             self._frame_received(conn, frame)
 
     def frame_on_thread(self, conn: transports.Connection, frame: memoryview) -> bool:
-        """A frame read by a thread that waits for a reply (``core/_leader.py``), not by the
-        loop. Replies are handled here, as the loop would; False leaves any other frame to
-        the loop (the thread hands the connection back with the frame unread)."""
+        """A frame read by a thread (``core/_leader.py``), not by the loop: a thread blocked
+        in ``Future.get`` or an idle actor thread waiting for its next message. Replies,
+        and calls to actors that have a thread, are handled here as the loop would handle
+        them; False leaves any other frame to the loop (the thread hands the connection back
+        with the frame unread, so the loop handles it in order)."""
         receiver = self._receiver
-        if receiver.state is None or self._probe is not None or not _is_reply(frame):
+        if receiver.state is None or self._probe is not None or frame[:4] == _SESSION_MARK:
             return False
         rt = self._rt
+        call: Call | None = None
+        if not _is_reply(frame):
+            try:
+                msg = _codec.decode(frame)
+            except ValueError:
+                return False  # malformed: the loop meets it and closes the connection
+            if type(msg) is not Call or not rt.threaded_actor(msg.actor):
+                return False
+            call = msg
         with rt.dispatch_lock:
             if receiver.frame() is not None:
-                try:
-                    rt.on_frame(frame)
-                except Exception as exc:  # a malformed frame: the loop closes the connection
-                    log.error("closing connection to %s after bad frame: %r", conn.peer, exc)
-                    rt.call_soon(conn.close)
-                    return True
+                if call is not None:
+                    rt._to_actor(call.actor, call)
+                else:
+                    try:
+                        rt.on_frame(frame)
+                    except Exception as exc:  # malformed: the loop closes the connection
+                        log.error("closing connection to %s after bad frame: %r", conn.peer, exc)
+                        rt.call_soon(conn.close)
+                        return True
             if receiver.ack_due:
                 self.ack()
             elif not self._ack_pending:
@@ -143,6 +157,12 @@ class InboundSessions:
         raise NotImplementedError
 
     def on_frame(self, frame: memoryview) -> None:  # provided by Runtime
+        raise NotImplementedError
+
+    def threaded_actor(self, key: str) -> bool:  # provided by Runtime
+        raise NotImplementedError
+
+    def _to_actor(self, key: str, item: Call) -> None:  # provided by Runtime
         raise NotImplementedError
 
     def _init_inbound_sessions(self) -> None:

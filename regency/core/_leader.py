@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import select
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._future import Future, block
@@ -84,6 +86,35 @@ class Leader:
     def wait(self, fut: Future[Any], timeout: float | None) -> bool:
         """Wait for ``fut`` reading this runtime's inbound connections on this thread;
         False (having waited for nothing) when no connection could be led."""
+
+        def arm(bell: Bell | None) -> bool:
+            with fut._lock:
+                if bell is None:
+                    if fut._bell is not None and fut._bell.owner == threading.get_ident():
+                        fut._bell = None
+                    return True
+                if fut._bell is not None:
+                    return False  # another thread reads for this future already
+                fut._bell = bell
+                return True
+
+        return self._lead(fut.done, arm, timeout, lambda left: block(fut, left))
+
+    def mailbox(self) -> LeadingMailbox:
+        """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
+        return LeadingMailbox(self)
+
+    def _lead(
+        self,
+        done: Callable[[], bool],
+        arm: Callable[[Bell | None], bool],
+        timeout: float | None,
+        rest: Callable[[float | None], None],
+    ) -> bool:
+        """Read the runtime's inbound connections on this thread until ``done()``;
+        ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
+        ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
+        read here. False when no connection could be led (nothing was waited for)."""
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
             self.declined += 1
@@ -93,12 +124,9 @@ class Leader:
             self.declined += 1
             return False
         bell = self._bell()
-        with fut._lock:
-            mine = fut._bell is None
-            if mine:
-                fut._bell = bell
+        mine = arm(bell)
         try:
-            if not mine:  # another thread reads for this future already
+            if not mine:
                 self.declined += 1
                 for conn in taken:
                     conn.give_back()
@@ -112,7 +140,7 @@ class Leader:
                 by_fd[conn.fileno()] = conn
                 poller.register(conn.fileno(), select.POLLIN)
             poller.register(bell.fd, select.POLLIN)
-            while not fut.done():
+            while not done():
                 if deadline is None:
                     ms: int | None = None
                 else:
@@ -129,17 +157,49 @@ class Leader:
                         poller.unregister(fd)
                         del by_fd[fd]
                         taken.remove(conn)
-                if not taken and not fut.done():
+                if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
-                    left_s = None if deadline is None else deadline - time.monotonic()
-                    for conn in taken:
-                        conn.give_back()
-                    block(fut, left_s)
+                    rest(None if deadline is None else deadline - time.monotonic())
                     break
             return True
         finally:
-            with fut._lock:
-                if fut._bell is bell:
-                    fut._bell = None
+            if mine:
+                arm(None)
             for conn in taken:
                 conn.give_back()
+
+
+class LeadingMailbox:
+    """A production actor thread's mailbox (``ThreadExecutor.mailbox``): ``put`` on the
+    loop (or on a thread that read the message), ``get`` on the actor's thread, which reads
+    the runtime's sockets itself while the mailbox is empty, so a call to an idle actor
+    reaches it without a hop from the loop."""
+
+    __slots__ = ("_bell", "_get", "_leader", "_queue", "get_nowait")
+
+    def __init__(self, leader: Leader) -> None:
+        self._leader = leader
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._get = self._queue.get
+        self.get_nowait = self._queue.get_nowait
+        self._bell: Bell | None = None
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+        bell = self._bell  # after the put: a getter that armed sees the item, or is rung
+        if bell is not None:
+            bell.ring()
+
+    def get(self) -> Any:
+        q = self._queue
+        if q.empty():
+
+            def arm(bell: Bell | None) -> bool:
+                self._bell = bell
+                return True
+
+            def nonempty() -> bool:
+                return not q.empty()
+
+            self._leader._lead(nonempty, arm, None, lambda _left: None)
+        return self._get()

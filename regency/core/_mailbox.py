@@ -287,17 +287,20 @@ class ActorCell:
         from ._runtime import bounce
 
         def retire() -> None:
-            self.rt.actor_gone(self, failure)
-            for scope in list(self._running):  # concurrent calls still running
-                scope.cancel()
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                bounce(self.rt, item, failure)
-            while self._deque:
-                bounce(self.rt, self._deque.popleft(), failure)
+            # Under the dispatch lock: a thread that read a call for this actor queues it
+            # either before the drain (bounced here) or after (bounced as for a dead actor).
+            with self.rt.dispatch_lock:
+                self.rt.actor_gone(self, failure)
+                for scope in list(self._running):  # concurrent calls still running
+                    scope.cancel()
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    bounce(self.rt, item, failure)
+                while self._deque:
+                    bounce(self.rt, self._deque.popleft(), failure)
 
         self.rt.call_soon(retire)
 

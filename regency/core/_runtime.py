@@ -115,7 +115,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._busy = BusyWatch()
         #: Threads of this process that wait for a reply read it themselves (production).
         self.leader: Leader | None = (
-            Leader(self) if isinstance(self.executor, ThreadExecutor) else None
+            Leader(self)
+            if isinstance(self.executor, ThreadExecutor) and config.thread_reads
+            else None
         )
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
@@ -456,6 +458,12 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     def post(self, address: str, msg: M.Wire) -> None:
         """Encode ``msg`` and send it to the runtime at ``address``. Thread-safe."""
         self.send(address, _codec.encode(msg))
+
+    def threaded_actor(self, key: str) -> bool:
+        """Whether ``key`` is an actor here with a thread of its own (its calls may be
+        queued by a thread that read them; see ``InboundSink.frame_on_thread``)."""
+        cell = self.actors.get(key)
+        return cell is not None and cell.threaded
 
     def _to_actor(self, key: str, item: M.Call | M.StopActor) -> None:
         cell = self.actors.get(key)
