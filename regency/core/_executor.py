@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 if TYPE_CHECKING:
+    from ._leader import Leader
     from ._runtime import Runtime
 
 T = TypeVar("T")
@@ -76,7 +77,7 @@ class ThreadExecutor:
         threading.Thread(target=fn, name=name, daemon=True).start()
 
     def mailbox(self) -> Mailbox:
-        leader = self._rt.leader
+        leader: Leader | None = getattr(self._rt, "leader", None)
         if leader is None:
             return queue.SimpleQueue()
         # Its get() reads the proc's sockets while empty (core/_leader.py): no hop.

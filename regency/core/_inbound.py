@@ -53,9 +53,10 @@ class InboundSink:
         in ``Future.get`` or an idle actor thread waiting for its next message. Replies,
         and calls to actors that have a thread, are handled here as the loop would handle
         them; False leaves any other frame to the loop (the thread hands the connection back
-        with the frame unread, so the loop handles it in order)."""
+        with the frame unread, so the loop handles it in order). The simulator offers every
+        frame here first, on its loop, so simulations run this code."""
         receiver = self._receiver
-        if receiver.state is None or self._probe is not None or frame[:4] == _SESSION_MARK:
+        if receiver.state is None or frame[:4] == _SESSION_MARK:
             return False
         rt = self._rt
         call: Call | None = None
@@ -68,7 +69,12 @@ class InboundSink:
                 return False
             call = msg
         with rt.dispatch_lock:
-            if receiver.frame() is not None:
+            index = receiver.frame()
+            if index is not None:
+                probe = self._probe
+                if probe is not None:
+                    assert receiver.session is not None
+                    probe.frame_handled(rt, receiver.session, index)
                 if call is not None:
                     rt._to_actor(call.actor, call)
                 else:

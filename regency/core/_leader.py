@@ -76,6 +76,9 @@ class Leader:
         #: How many waits read on their own thread, and how many could not (for tests).
         self.led = 0
         self.declined = 0
+        #: Called on a thread that has taken over its connections, before it polls (tests
+        #: use it to act while a thread is the reader).
+        self.on_lead: Callable[[], None] | None = None
 
     def _bell(self) -> Bell:
         bell: Bell | None = getattr(self._local, "bell", None)
@@ -140,6 +143,9 @@ class Leader:
                 by_fd[conn.fileno()] = conn
                 poller.register(conn.fileno(), select.POLLIN)
             poller.register(bell.fd, select.POLLIN)
+            on_lead = self.on_lead
+            if on_lead is not None:
+                on_lead()
             while not done():
                 if deadline is None:
                     ms: int | None = None

@@ -506,10 +506,13 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 f"{self.poisoned.message}"
             )
         cell = ActorCell(self, key, name, point, payload, port, owner)
-        self.actors[key] = cell
+        # What waited in limbo goes in first, under the dispatch lock: from the moment the
+        # cell is in the table a thread that reads a call for it may queue it (_inbound).
+        with self.dispatch_lock:
+            self.actors[key] = cell
+            for item in self.limbo.pop(key, []):
+                cell.enqueue(item)
         cell.start()
-        for item in self.limbo.pop(key, []):
-            cell.enqueue(item)
 
     def poison(self, failure: RemoteFailure) -> None:
         """An actor here failed: refuse new actors from now on (Monarch's poisoned proc)."""

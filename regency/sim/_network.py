@@ -733,7 +733,13 @@ class SimTransport(Transport):
         net._record("deliver", f"{label} {size}B")
         assert end.sink is not None
         try:
-            end.sink.frame_received(end, memoryview(frame))
+            # Every frame is offered first to the path a production thread that waits for a
+            # reply or a call takes (core/_leader.py): the simulator runs that code too (on
+            # its loop); what it declines goes the loop's way, as in production.
+            on_thread = getattr(end.sink, "frame_on_thread", None)
+            view = memoryview(frame)
+            if on_thread is None or not on_thread(end, view):
+                end.sink.frame_received(end, view)
         except Exception as exc:
             log.error("closing sim connection to %s after bad frame: %r", end.peer, exc)
             net._fail(end, exc)

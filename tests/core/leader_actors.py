@@ -1,0 +1,54 @@
+"""Actors for tests/core/test_leader.py (importable by procs)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from regency.actor import Actor, endpoint
+from regency.core._current import current_runtime_or_none
+
+_GATE = threading.Event()
+
+
+class Seq(Actor):
+    """Records the order its calls arrive in."""
+
+    def __init__(self) -> None:
+        self.log: list[int] = []
+
+    @endpoint
+    def take(self, i: int) -> int:
+        self.log.append(i)
+        return i
+
+    @endpoint
+    def taken(self) -> list[int]:
+        return self.log
+
+    @endpoint
+    def led(self) -> int:
+        """How many times a thread of this proc read its own messages."""
+        rt = current_runtime_or_none()
+        assert rt is not None and rt.leader is not None
+        return rt.leader.led
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def block(self) -> None:
+        threading.Event().wait()
+
+
+class Gate(Actor):
+    @endpoint
+    def wait(self) -> str:
+        return "opened" if _GATE.wait(60) else "timed out"
+
+
+class Opener(Actor):
+    @endpoint
+    def open(self) -> None:
+        _GATE.set()

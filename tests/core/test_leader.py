@@ -1,0 +1,107 @@
+"""Threads that wait read their own messages (core/_leader.py), with real processes: the
+controller's thread in ``Future.get`` reads its reply, an idle actor thread its next call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from regency.actor import ProcMesh, SupervisionError
+from regency.core._controller import current_runtime
+from regency.core._leader import Leader
+
+from ..conftest import SpawnProcs
+from .leader_actors import Gate, Opener, Seq
+
+T = 30
+
+
+@pytest.fixture
+def pm(spawn_procs: SpawnProcs) -> ProcMesh:
+    return spawn_procs(per_host={"gpus": 2})
+
+
+@pytest.fixture
+def leader() -> Iterator[Leader]:
+    rt = current_runtime()
+    assert rt.leader is not None, "production runtimes read on waiting threads by default"
+    yield rt.leader
+    rt.leader.on_lead = None
+
+
+def test_replies_and_calls_are_read_by_the_threads_that_wait(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("lead_seq", Seq).slice(gpus=0)
+    seq.taken.call_one().get(T)
+    before, in_proc = leader.led, seq.led.call_one().get(T)
+    for i in range(200):
+        assert seq.take.call_one(i).get(T) == i
+    # Each round trip gives both threads a chance; a few lose it to the machine's load
+    # (the reply came before the thread got to wait, or the loop was reading).
+    assert leader.led - before >= 50
+    assert seq.led.call_one().get(T) - in_proc >= 50
+
+
+def test_calls_and_replies_stay_in_order_whichever_thread_reads_them(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("lead_order", Seq).slice(gpus=1)
+    before = leader.led
+    futures = []
+    for i in range(3000):
+        futures.append(seq.take.call_one(i))
+        if i % 50 == 0:  # the thread waits (and reads) while the rest queue up behind
+            assert futures[-1].get(T) == i
+    assert [f.get(T) for f in futures] == list(range(3000))
+    assert seq.taken.call_one().get(T) == list(range(3000))
+    assert leader.led > before
+
+
+def test_a_proc_killed_while_the_waiting_thread_reads_fails_the_call(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    victim = pm.spawn("lead_victim", Seq).slice(gpus=1)
+    pid = victim.pid.call_one().get(T)
+    leading = threading.Event()
+    leader.on_lead = leading.set
+
+    def kill_once_the_thread_reads() -> None:
+        if leading.wait(T):
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_the_thread_reads)
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(SupervisionError, match=r"lead_victim\.block failed.*(SIGKILL|signal 9)"):
+            victim.block.call_one().get(T)
+    finally:
+        leader.on_lead = None
+        leading.set()
+        killer.join()
+    assert time.monotonic() - started < 10
+
+
+def test_get_timeout_expires_while_the_thread_reads(pm: ProcMesh, leader: Leader) -> None:
+    gate = pm.spawn("lead_gate", Gate).slice(gpus=0)
+    opener = pm.spawn("lead_opener", Opener).slice(gpus=0)
+    fut = gate.wait.call_one()
+    for _ in range(5):  # a wait that found the loop mid-read waits on its lock: try again
+        before = leader.led
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"future not resolved within 0\.2 s"):
+            fut.get(0.2)
+        assert 0.15 <= time.monotonic() - started < 10
+        if leader.led > before:
+            break
+    else:
+        pytest.fail("the waiting thread never read its own connections")
+    opener.open.call_one().get(T)
+    assert fut.get(T) == "opened"  # the connections went back: the reply still comes
+    assert gate.wait.call_one().get(T) == "opened"

@@ -1,0 +1,74 @@
+"""The simulator runs the code a production thread runs when it reads its own reply or its
+actor's next call (``InboundSink.frame_on_thread``, core/_leader.py): its network offers
+every frame there first, on its loop, and what is declined goes the loop's way."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from regency.actor import Actor, endpoint
+from regency.core import _codec
+from regency.core._inbound import InboundSink
+from regency.core._messages import Call
+from regency.sim import simulate
+
+
+class Seq(Actor):
+    def __init__(self) -> None:
+        self.log: list[int] = []
+
+    @endpoint
+    def take(self, i: int) -> int:
+        self.log.append(i)
+        return i
+
+    @endpoint
+    def taken(self) -> list[int]:
+        return self.log
+
+
+class AsyncOnly(Actor):
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+def program(hosts: Any) -> tuple[list[int], list[int], str]:
+    procs = hosts.spawn_procs(per_host={"gpus": 1})
+    seq = procs.slice(hosts=0).spawn("seq", Seq)
+    futures = [seq.take.call_one(i) for i in range(50)]
+    answers = [f.get() for f in futures]
+    pong = procs.slice(hosts=1).spawn("async_only", AsyncOnly).ping.call_one().get()
+    return answers, seq.taken.call_one().get(), pong
+
+
+def test_frames_go_through_the_thread_path_in_a_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken: Counter[str] = Counter()
+    original = InboundSink.frame_on_thread
+
+    def observed(self: InboundSink, conn: Any, frame: memoryview) -> bool:
+        kind = "reply" if _codec.is_compact_reply(frame) else "other"
+        if kind == "other" and frame[:4] != _codec.SESSION_MARK:
+            try:
+                msg = _codec.decode(frame)
+            except ValueError:
+                msg = None
+            kind = "call" if type(msg) is Call else "other"
+        result = original(self, conn, frame)
+        taken[f"{kind} {'taken' if result else 'declined'}"] += 1
+        return result
+
+    monkeypatch.setattr(InboundSink, "frame_on_thread", observed)
+    result = simulate(program, seed=7, hosts=2)
+    assert result.value == (list(range(50)), list(range(50)), "pong")
+    assert taken["reply taken"] >= 50  # every compact reply
+    assert taken["call taken"] >= 50  # calls to an actor with a thread
+    # Calls to an all-async actor (no thread), spawns, acknowledgements...: the loop's.
+    assert taken["call declined"] >= 1
+    assert taken["other declined"] >= 1
+    assert taken["reply declined"] == 0

@@ -1,0 +1,166 @@
+"""A thread takes over reading a socket connection from the loop, and hands it back
+(``SocketConnection.lead`` / ``read_led`` / ``give_back``; used by ``core/_leader.py``)."""
+
+from __future__ import annotations
+
+import os
+import select
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from regency.transports import Connection, open_transport
+from regency.transports._sockets import SocketConnection, _loop_epoll
+
+SECRET = b"t" * 32
+
+
+@pytest.fixture
+def sockdir() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
+        os.chmod(d, 0o700)
+        yield d
+
+
+class Sink:
+    """Takes frames starting with ``T`` on a thread; everything else is left to the loop."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bytes]] = []
+        self.lost: list[BaseException | None] = []
+        self.conn: SocketConnection | None = None
+        self.changed = trio.Event()
+
+    def __call__(self, conn: Connection) -> Sink:
+        assert isinstance(conn, SocketConnection)
+        self.conn = conn
+        return self
+
+    def frame_on_thread(self, conn: Connection, frame: memoryview) -> bool:
+        if bytes(frame[:1]) != b"T":
+            return False
+        self.seen.append(("thread", bytes(frame)))
+        return True
+
+    def frame_received(self, conn: Connection, frame: memoryview) -> None:
+        self.seen.append(("loop", bytes(frame)))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def connection_lost(self, conn: Connection, exc: BaseException | None) -> None:
+        self.lost.append(exc)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, pred: Any) -> None:
+        with trio.fail_after(10):
+            while not pred():
+                await self.changed.wait()
+
+
+class Client:
+    def frame_received(self, conn: Connection, frame: memoryview) -> None:
+        pass
+
+    def connection_lost(self, conn: Connection, exc: BaseException | None) -> None:
+        pass
+
+
+def read_until_handed_back(conn: SocketConnection, within: float = 10.0) -> int:
+    """On a thread: poll and read until ``read_led`` hands the connection back; how many
+    reads it took."""
+    deadline = time.monotonic() + within
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    reads = 0
+    while time.monotonic() < deadline:
+        if poller.poll(100):
+            reads += 1
+            if not conn.read_led():
+                return reads
+    raise AssertionError("the thread never handed the connection back")
+
+
+async def test_a_thread_reads_between_loop_reads_in_order(sockdir: str) -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        assert _loop_epoll() is not None  # trio's epoll is where we expect it (pinned trio)
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        await trio.testing.wait_all_tasks_blocked()  # its reader waits for data
+        assert await trio.to_thread.run_sync(server.lead)
+        assert not await trio.to_thread.run_sync(server.lead)  # one reader at a time
+        for frame in (b"T1", b"T2", b"N3", b"T4"):
+            conn.send_nowait(frame)
+        await trio.to_thread.run_sync(read_until_handed_back, server)
+        # N3 is the loop's: the thread stopped before it, so N3 and what follows are the loop's.
+        await sink.wait_for(lambda: len(sink.seen) == 5)
+        conn.send_nowait(b"T5")
+        await sink.wait_for(lambda: len(sink.seen) == 6)
+        assert sink.seen == [
+            ("loop", b"L0"),
+            ("thread", b"T1"),
+            ("thread", b"T2"),
+            ("loop", b"N3"),
+            ("loop", b"T4"),
+            ("loop", b"T5"),
+        ]
+
+
+async def test_given_back_idle_the_loop_reads_again_without_being_woken(sockdir: str) -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        for round_ in range(20):
+            await trio.testing.wait_all_tasks_blocked()
+            assert await trio.to_thread.run_sync(server.lead)
+            await trio.to_thread.run_sync(server.give_back)  # nothing came: just re-armed
+            conn.send_nowait(b"L%d" % (round_ + 1))
+            await sink.wait_for(lambda n=round_ + 2: len(sink.seen) == n)
+        assert [who for who, _ in sink.seen] == ["loop"] * 21
+
+
+async def test_a_peer_that_goes_away_while_a_thread_reads_is_reported_by_the_loop(
+    sockdir: str,
+) -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        await trio.testing.wait_all_tasks_blocked()
+        assert await trio.to_thread.run_sync(server.lead)
+        conn.send_nowait(b"T1")
+        conn.close()
+        await trio.to_thread.run_sync(read_until_handed_back, server)
+        await sink.wait_for(lambda: len(sink.lost) == 1)
+        assert sink.seen == [("loop", b"L0"), ("thread", b"T1")]
+        assert server.closed and not server.lead()
+
+
+async def test_sealed_connections_are_never_led() -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen("tcp://127.0.0.1:0", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.conn is not None and not await trio.to_thread.run_sync(sink.conn.lead)
