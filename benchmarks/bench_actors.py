@@ -1,18 +1,16 @@
 """Actor figures of issues #2 and #13, measured end to end with real processes.
 
 Run through ``make bench`` (``benchmarks/run.py``), or directly:
-``python -m benchmarks.bench_actors``. ``python -m benchmarks.bench_actors --compare [ROUNDS]``
-runs the figures in fresh interpreters with ``thread_reads`` on and off, alternately (same
-run, same load): the effect of threads reading their own messages (docs/performance.md).
+``python -m benchmarks.bench_actors``. ``python -m benchmarks.bench_actors --compare [BLOCKS]``
+measures threads reading their own messages against the loop reading everything, in one
+process against the same procs, in alternating short blocks (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +35,10 @@ class Echo(Actor):
     @endpoint
     def nbytes(self, data: bytes) -> int:
         return len(data)
+
+    @endpoint
+    def thread_reads(self, on: bool) -> None:
+        _set_thread_reads(on)
 
 
 class AsyncEcho(Actor):
@@ -102,35 +104,75 @@ def run() -> list[tuple[str, str, float, str]]:
     return rows
 
 
-def compare(rounds: int) -> None:
-    """``run()`` in fresh interpreters, ``thread_reads`` on and off alternately; prints the
-    range of each figure per setting."""
-    seen: dict[tuple[str, str], list[float]] = {}
-    units: dict[str, str] = {}
-    for _ in range(rounds):
-        for setting in ("0", "1"):
-            env = {**os.environ, "REGENCY_THREAD_READS": setting}
-            out = subprocess.run(
-                [sys.executable, "-m", "benchmarks.bench_actors", "--json"],
-                env=env, capture_output=True, text=True, check=True, timeout=600,
-            ).stdout
-            for figure, _target, value, unit in json.loads(out.splitlines()[-1]):
-                seen.setdefault((figure, setting), []).append(value)
-                units[figure] = unit
-    print(f"{'figure':62s} {'thread_reads=False':>22s} {'thread_reads=True':>22s}")
-    for figure, unit in units.items():
+def _set_thread_reads(on: bool) -> None:
+    """In this process's runtime (a proc's, through :meth:`Echo.thread_reads`)."""
+    from regency.core._controller import current_runtime
+
+    leader = current_runtime().leader
+    if leader is None:
+        raise RuntimeError("this runtime has no leader: thread_reads was off at its start")
+    leader.enabled = on
+
+
+def compare(blocks: int) -> None:
+    """Threads reading their own messages, on and off, in one process against the same procs:
+    short blocks of each figure, alternating (the order flips every block), so that the
+    machine's load drifts over both settings alike. Prints the median and the quartiles of
+    the blocks, per figure and setting."""
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    echo = procs.spawn("echo", Echo)
+    one = echo.slice(gpus=0)
+    only_async = procs.slice(gpus=1).spawn("aecho", AsyncEcho)
+    echo.ping.call().get(30)
+    only_async.ping.call_one().get(30)
+
+    def pipelined(n: int = 5000) -> float:
+        t0 = time.perf_counter()
+        futs = [one.ping.call_one() for _ in range(n)]
+        for f in futs:
+            f.get()
+        return n / (time.perf_counter() - t0)
+
+    def per_call_us(fn: Callable[[], object], n: int) -> Callable[[], float]:
+        def block() -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            return (time.perf_counter() - t0) / n * 1e6
+
+        return block
+
+    figures: list[tuple[str, str, Callable[[], float]]] = [
+        ("call_one round trip, sync endpoint", "us", per_call_us(lambda: one.ping.call_one().get(), 300)),
+        ("call_one round trip, all-async actor", "us", per_call_us(lambda: only_async.ping.call_one().get(), 300)),
+        ("call_one round trip, async endpoint of a threaded actor", "us", per_call_us(lambda: one.aping.call_one().get(), 300)),
+        ("call over a 4-process mesh", "us", per_call_us(lambda: echo.ping.call().get(), 150)),
+        ("pipelined call_one, 5,000 calls", "calls/s", pipelined),
+    ]
+    seen: dict[tuple[str, bool], list[float]] = {}
+    for b in range(blocks + 1):
+        for on in (False, True) if b % 2 else (True, False):
+            _set_thread_reads(on)
+            echo.thread_reads.call(on).get(30)
+            for name, _unit, block in figures:
+                value = block()
+                if b:  # the first round warms up
+                    seen.setdefault((name, on), []).append(value)
+    _set_thread_reads(True)
+    procs.stop().get(30)
+    print(f"{'figure (median, quartiles of ' + str(blocks) + ' blocks)':58s} {'thread_reads off':>24s} {'thread_reads on':>24s}")
+    for name, unit, _ in figures:
         cells = []
-        for setting in ("0", "1"):
-            values = seen[(figure, setting)]
-            fmt = "{:,.3f}" if unit == "s" else "{:,.0f}"
-            cells.append(f"{fmt.format(min(values))}-{fmt.format(max(values))} {unit}")
-        print(f"{figure:62s} {cells[0]:>22s} {cells[1]:>22s}")
+        for on in (False, True):
+            q = statistics.quantiles(seen[(name, on)], n=4)
+            cells.append(f"{statistics.median(seen[(name, on)]):,.0f} ({q[0]:,.0f}-{q[2]:,.0f})")
+        print(f"{name:58s} {cells[0]:>24s} {cells[1]:>24s} {unit}")
 
 
 if __name__ == "__main__":
     if "--compare" in sys.argv:
         tail = sys.argv[sys.argv.index("--compare") + 1 :]
-        compare(int(tail[0]) if tail else 3)
+        compare(int(tail[0]) if tail else 20)
     elif "--json" in sys.argv:
         print(json.dumps(run()))
     else:

@@ -73,6 +73,9 @@ class Leader:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._local = threading.local()
+        #: False: threads wait as before, the loop reads everything (``thread_reads=False``
+        #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
+        self.enabled = True
         #: How many waits read on their own thread, and how many could not (for tests).
         self.led = 0
         self.declined = 0
@@ -118,6 +121,8 @@ class Leader:
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
         read here. False when no connection could be led (nothing was waited for)."""
+        if not self.enabled:
+            return False
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
             self.declined += 1
