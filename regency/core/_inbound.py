@@ -19,6 +19,10 @@ from ._messages import Ack, Call, Session
 
 _is_reply = _codec.is_compact_reply
 
+#: ``deferred.error``: what handling a frame raised on this thread after the frame was taken
+#: (see ``InboundSink._raise_later``).
+deferred = threading.local()
+
 if TYPE_CHECKING:
     from ._config import Config
     from ._environment import Environment
@@ -70,26 +74,43 @@ class InboundSink:
             call = msg
         with rt.dispatch_lock:
             index = receiver.frame()
-            if index is not None:
-                probe = self._probe
-                if probe is not None:
-                    assert receiver.session is not None
-                    probe.frame_handled(rt, receiver.session, index)
-                if call is not None:
-                    rt._to_actor(call.actor, call)
-                else:
-                    try:
-                        rt.on_frame(frame)
-                    except Exception as exc:  # malformed: the loop closes the connection
-                        log.error("closing connection to %s after bad frame: %r", conn.peer, exc)
-                        rt.call_soon(conn.close)
-                        return True
-            if receiver.ack_due:
-                self.ack()
-            elif not self._ack_pending:
-                self._ack_pending = True
-                rt.call_soon(lambda: rt.ack_later(self))
+            # Numbered: the frame is taken, whatever happens next (the reader moves past it).
+            # An error after this point (a KeyboardInterrupt on the main thread) is raised
+            # once the frame counts as handled.
+            try:
+                if index is not None:
+                    probe = self._probe
+                    if probe is not None:
+                        assert receiver.session is not None
+                        probe.frame_handled(rt, receiver.session, index)
+                    if call is not None:
+                        rt._to_actor(call.actor, call)
+                    else:
+                        try:
+                            rt.on_frame(frame)
+                        except Exception as exc:  # malformed: the loop closes the connection
+                            log.error(
+                                "closing connection to %s after bad frame: %r", conn.peer, exc
+                            )
+                            rt.call_soon(conn.close)
+                            return True
+                if receiver.ack_due:
+                    self.ack()
+                elif not self._ack_pending:
+                    self._ack_pending = True
+                    rt.call_soon(lambda: rt.ack_later(self))
+            except BaseException as exc:
+                self._raise_later(conn, exc)
         return True
+
+    def _raise_later(self, conn: transports.Connection, exc: BaseException) -> None:
+        """An error out of handling a frame on a thread, once that frame counts as taken:
+        the reading thread raises it once it has put the connection in order (``Leader``
+        checks :data:`deferred` after each read), so the frame is not handled twice. On the
+        loop (the simulator's delivery) it is raised at once."""
+        if self._rt.on_runtime_thread():
+            raise exc
+        deferred.error = exc
 
     def _frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
@@ -159,6 +180,7 @@ class InboundSessions:
     #: Inbound connections a waiting thread may read (``core/_leader.py``), by sink.
     leadable: dict[int, Any]
 
+
     def call_soon(self, fn: Callable[[], Any]) -> None:  # provided by Runtime
         raise NotImplementedError
 
@@ -166,6 +188,9 @@ class InboundSessions:
         raise NotImplementedError
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime
+        raise NotImplementedError
+
+    def on_runtime_thread(self) -> bool:  # provided by Runtime
         raise NotImplementedError
 
     def _to_actor(self, key: str, item: Call) -> None:  # provided by Runtime

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._future import Future, block
+from ._inbound import deferred
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -168,6 +169,10 @@ class Leader:
                         poller.unregister(fd)
                         del by_fd[fd]
                         taken.remove(conn)
+                    error = getattr(deferred, "error", None)
+                    if error is not None:  # raised handling a frame it took (see _inbound)
+                        deferred.error = None
+                        raise error
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
                     rest(None if deadline is None else deadline - time.monotonic())

@@ -471,23 +471,30 @@ class SocketConnection(Connection):
         end += n
         handled = True
         sink = self.sink
-        while end - start >= _HEADER:
-            size = int.from_bytes(view[start : start + _HEADER], "little")
-            if end - start - _HEADER < size:
-                handled = _HEADER + size <= len(view)  # else: too big for the buffer
-                break
-            if not sink.frame_on_thread(  # type: ignore[union-attr]
-                self, view[start + _HEADER : start + _HEADER + size]
-            ):
-                handled = False
-                break
-            start += _HEADER + size
-        with self._read_lock:
-            self._rstart, self._rend = _compact(view, start, end)
-            if not handled or self._closed:
-                self._give_back_locked(True)
-                return False
-        return True
+        try:
+            while end - start >= _HEADER:
+                size = int.from_bytes(view[start : start + _HEADER], "little")
+                if end - start - _HEADER < size:
+                    handled = _HEADER + size <= len(view)  # else: too big for the buffer
+                    break
+                # A sink raises only for a frame it did not take (KeyboardInterrupt while
+                # it decoded): that frame stays for the loop, and the error goes up.
+                if not sink.frame_on_thread(  # type: ignore[union-attr]
+                    self, view[start + _HEADER : start + _HEADER + size]
+                ):
+                    handled = False
+                    break
+                start += _HEADER + size
+        except BaseException:
+            handled = False
+            raise
+        finally:
+            with self._read_lock:
+                self._rstart, self._rend = _compact(view, start, end)
+                if not handled or self._closed:
+                    self._give_back_locked(True)
+                    handled = False
+        return handled
 
     def give_back(self) -> None:
         """The leading thread is done: the reader task reads again."""
