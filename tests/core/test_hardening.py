@@ -168,6 +168,13 @@ BUSY_OR_STUCK = textwrap.dedent(
     seconds = busy.slice(gpus=0).crunch.call_one(2.0).get(120)
     say("CRUNCHED", seconds)
     os.kill(pids[1], signal.SIGSTOP)
+    # A stop takes effect when a thread of the proc dequeues it, which on a loaded machine
+    # can be milliseconds later; meanwhile an idle actor thread that reads its own calls may
+    # still answer one. Wait until the kernel says the proc is stopped.
+    deadline = time.monotonic() + 30
+    while open(f"/proc/{pids[1]}/stat").read().rsplit(") ", 1)[1][0] != "T":
+        assert time.monotonic() < deadline, "SIGSTOP never took effect"
+        time.sleep(0.001)
     started = time.monotonic()
     try:
         busy.slice(gpus=1).pid.call_one().get(30)
