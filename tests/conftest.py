@@ -83,6 +83,24 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def stop_and_wait(pid: int, within: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and return once the kernel reports it stopped. A stop takes effect when
+    one of its threads dequeues the signal, which on a loaded machine can be milliseconds
+    later; an idle actor thread that reads its own calls could still answer meanwhile."""
+    import signal
+    import time
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(") ", 1)[1][0] == "T":
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {pid} did not stop within {within} s of SIGSTOP")
+        time.sleep(0.001)  # an OS state with no event to wait on
+
+
 @pytest.fixture
 def roots() -> RootFailures:
     return root_failures

@@ -11,7 +11,7 @@ import pytest
 from regency.actor import ActorError, ActorMesh, SupervisionError, this_host
 from regency.rdma import RDMAOwnerLostError, set_backend
 
-from ..conftest import SpawnProcs
+from ..conftest import SpawnProcs, stop_and_wait
 from .actors import Peer
 from .conftest import BACKENDS, T
 
@@ -74,7 +74,7 @@ def test_owner_killed_mid_transfer(victim: tuple[ActorMesh[Peer], int]) -> None:
     buf = peer.make.call_one("b", b"y" * n).get(T)
     dst = memoryview(bytearray(n))
     buf.read_into(dst).get(T)
-    os.kill(pid, signal.SIGSTOP)  # the owner cannot answer: the transfer stays in flight
+    stop_and_wait(pid)  # the owner cannot answer: the transfer stays in flight
     in_flight = buf.read_into(dst)
     writing = buf.write_from(dst)
     assert not in_flight.done()
@@ -90,7 +90,7 @@ def test_timeout_then_recovery(victim: tuple[ActorMesh[Peer], int]) -> None:
     buf = peer.make.call_one("b", b"z" * 4096).get(T)
     dst = bytearray(4096)
     buf.read_into(memoryview(dst)).get(T)
-    os.kill(pid, signal.SIGSTOP)
+    stop_and_wait(pid)
     try:
         with pytest.raises(TimeoutError, match=r"read_into from RDMABuffer #\d+ \(4096 bytes\) "
                            r"of proc \S+ did not finish within 0.2 s"):
