@@ -410,6 +410,14 @@ def is_compact_reply(frame: memoryview) -> bool:
     return frame[:4] == _PORT_MARK_BYTES
 
 
+def compact_reply_port(frame: memoryview) -> int | None:
+    """The port id of a reply in the compact layout, None for any other frame (nothing is
+    unpickled)."""
+    if frame[:4] != _PORT_MARK_BYTES or len(frame) < _PORT_BODY:
+        return None
+    return int(_U64.unpack_from(frame, 4)[0])
+
+
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""

@@ -17,7 +17,7 @@ from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
 
-_is_reply = _codec.is_compact_reply
+_reply_port = _codec.compact_reply_port
 
 #: ``deferred.error``: what handling a frame raised on this thread after the frame was taken
 #: (see ``InboundSink._raise_later``).
@@ -64,7 +64,14 @@ class InboundSink:
             return False
         rt = self._rt
         call: Call | None = None
-        if not _is_reply(frame):
+        port_id = _reply_port(frame)
+        if port_id is not None:
+            # Only port handlers that say so run off the loop (an endpoint call's replies,
+            # acknowledgements); the others (log sink, channels, ...) expect the trio thread.
+            handler = rt.ports.get(port_id)
+            if handler is None or not getattr(handler, "on_any_thread", False):
+                return False
+        else:
             try:
                 msg = _codec.decode(frame)
             except ValueError:
@@ -186,6 +193,8 @@ class InboundSessions:
 
     def on_frame(self, frame: memoryview) -> None:  # provided by Runtime
         raise NotImplementedError
+
+    ports: dict[int, Any]
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime
         raise NotImplementedError

@@ -18,7 +18,10 @@ log = logging.getLogger("regency.runtime")
 
 
 class PortHandler(Protocol):
-    """Receives what arrives on one reply port. Called on the runtime's trio thread."""
+    """Receives what arrives on one reply port. Called on the runtime's trio thread, unless
+    the handler's class sets ``on_any_thread = True``: then ``deliver`` may also run on a
+    thread that read the reply itself (core/_leader.py), always under the runtime's
+    ``dispatch_lock`` (the loop holds it too while it handles a frame)."""
 
     #: Addresses of the procs this port waits on; a lost link to one fails the port.
     dests: frozenset[str]

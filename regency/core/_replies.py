@@ -9,6 +9,7 @@ the replies become is its reducer's business (:class:`One`, :class:`ToMesh`, :cl
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -49,6 +50,9 @@ class Replies:
     so that a lost destination fails the call naming the ranks behind it."""
 
     __slots__ = ("addresses", "dests", "endpoint", "missing", "ranks", "reducer", "seen")
+    #: Replies may be delivered on a thread that read them (core/_leader.py), under the
+    #: runtime's dispatch lock: this handler only counts and resolves futures.
+    on_any_thread = True
 
     def __init__(
         self,
@@ -186,9 +190,13 @@ class EachInTurn:
 class _Acks:
     """Counts acknowledgements (spawn, stop); errors are remembered, not raised."""
 
+    on_any_thread = True  # as Replies
+
     def __init__(self, fut: Future[None], n: int, what: str, dests: frozenset[str]) -> None:
         self.fut, self.missing, self.what, self.dests = fut, n, what, dests
         self.failures: list[RemoteFailure] = []
+        # deliver may run on a thread that read the reply, skip on the loop: one at a time.
+        self._lock = threading.Lock()
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
         if status != M.OK:
@@ -198,9 +206,10 @@ class _Acks:
     def skip(self, count: int) -> bool:
         """``count`` ranks will never answer (already gone: nothing to stop or spawn there).
         Returns True when the port is finished."""
-        self.missing -= count
-        if self.missing > 0:
-            return False
+        with self._lock:
+            self.missing -= count
+            if self.missing > 0:
+                return False
         if self.failures:
             first = self.failures[0]
             self.fut.set_exception(

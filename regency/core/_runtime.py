@@ -370,10 +370,11 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         else:
             cause = FailureCause(f"lost the link to the proc at {address}: {exc}")
         error = UndeliverableError(cause.summary)
-        for port_id, handler in list(self.ports.items()):
-            if address in handler.dests:
-                del self.ports[port_id]
-                handler.fail(error, address)
+        with self.dispatch_lock:  # a thread may be delivering a reply to one of these
+            for port_id, handler in list(self.ports.items()):
+                if address in handler.dests:
+                    del self.ports[port_id]
+                    handler.fail(error, address)
         self.oversight.feed(ProcLost(address, cause))
 
     # -- receiving -----------------------------------------------------------------------
