@@ -105,7 +105,13 @@ class Leader:
                 fut._bell = bell
                 return True
 
-        return self._lead(fut.done, arm, timeout, lambda left: block(fut, left))
+        def rest(left: float | None) -> None:
+            try:
+                block(fut, left)
+            except TimeoutError:
+                raise TimeoutError(f"future not resolved within {timeout} s") from None
+
+        return self._lead(fut.done, arm, timeout, rest)
 
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
