@@ -27,6 +27,7 @@ def get_active_mesh() -> Any:
 @contextmanager
 def activated(mesh: Any) -> Iterator[Any]:
     """Make ``mesh`` (None: no mesh) the one torch ops run on, inside the block."""
+    from ..core._leader import loop_reads
     from ._engine import ISSUER
     from ._tensor import ActiveMeshMode
 
@@ -34,7 +35,10 @@ def activated(mesh: Any) -> Iterator[Any]:
     mode = ActiveMeshMode()  # type: ignore[no-untyped-call]
     mode.__enter__()  # type: ignore[no-untyped-call]
     try:
-        yield mesh
+        # This thread's torch mode must not see the tensors of replies being unpickled
+        # (core/_leader.py): the loop reads and decodes them while a mesh is active.
+        with loop_reads():
+            yield mesh
     finally:
         mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         _mesh_stack.pop()

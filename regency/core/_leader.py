@@ -25,13 +25,14 @@ transport has no sockets to lead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._future import Future, block
@@ -43,6 +44,26 @@ if TYPE_CHECKING:
 #: A thread leads at most this many connections (one poll over them); beyond that it waits
 #: on its lock, as every thread did before.
 MAX_LED = 16
+
+
+class _Here(threading.local):
+    declined = 0
+
+
+_here = _Here()
+
+
+@contextlib.contextmanager
+def loop_reads() -> Iterator[None]:
+    """Inside the block this thread reads nothing itself: what it waits for is read, decoded
+    and resolved on the loop, as with ``thread_reads=False``. For code that changes how this
+    thread unpickles (the tensor engine's active mesh is a torch dispatch mode on the thread:
+    tensors in a reply must not be rebuilt under it)."""
+    _here.declined += 1
+    try:
+        yield
+    finally:
+        _here.declined -= 1
 
 
 class Bell:
@@ -128,7 +149,7 @@ class Leader:
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
         read here. False when no connection could be led (nothing was waited for)."""
-        if not self.enabled:
+        if not self.enabled or _here.declined:
             return False
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
