@@ -249,6 +249,11 @@ def block(fut: Future[Any], timeout: float | None) -> None:
     event.release()  # let every other waiting thread through too
 
 
+#: The code of the functions in which a thread blocks in ``Future.get`` (a signal handler
+#: that may raise only there, ``core/_notebook.py``, checks its frame against these).
+blocked_in: set[Any] = {_wait_on_lock.__code__, block.__code__}
+
+
 def resolved(value: R) -> Future[R]:
     fut: Future[R] = Future()
     fut.set_result(value)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._future import Future, block
+from ._future import Future, block, blocked_in
 from ._inbound import deferred
 
 if TYPE_CHECKING:
@@ -246,3 +246,6 @@ class LeadingMailbox:
 
             self._leader._lead(nonempty, arm, None, lambda _left: None)
         return self._get()
+
+
+blocked_in.add(Leader._lead.__code__)  # a thread that reads while it waits blocks here

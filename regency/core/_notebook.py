@@ -188,7 +188,7 @@ class _Cells:
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Python runs handlers in the main thread between bytecodes: ``frame`` is where it
         # stands. Raise only from a blocked Future.get, never in the kernel's own code.
-        if frame is not None and frame.f_code is _future._wait_on_lock.__code__:
+        if frame is not None and frame.f_code in _future.blocked_in:
             exc = self._take()
             if exc is not None:
                 raise exc
