@@ -2,8 +2,12 @@
 how a :mod:`regency.core._messages` record looks on the wire (:func:`encode`,
 :func:`decode`).
 
-Payloads are pickled with protocol 5; buffers that support out-of-band pickling (NumPy
-arrays, ``pickle.PickleBuffer``) travel after the pickle without being copied into it.
+Payloads are pickled with protocol 5. Large ``bytes`` and ``bytearray`` arguments and
+replies, NumPy arrays and CPU tensors (anywhere in a payload) travel out of band: after the
+pickle, as the sender's own memory, without being copied into it; the receiver copies each once
+out of its receive buffer, which the transport reuses, into memory the value owns. Buffers
+that other libraries hand out of band are pickled in band: their rebuilders may keep the
+buffer they are given, which here would alias the receive buffer.
 Classes and functions that cannot be found by name in the receiving process (anything defined
 in ``__main__`` or a notebook, lambdas, local functions) go by value through cloudpickle.
 
@@ -21,13 +25,17 @@ ACK.
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import io
 import pickle
 import pickletools
 import struct
+import sys
+import threading
 import types
 import weakref
+from collections import ChainMap
 from collections.abc import Sequence
 from typing import Any, assert_never
 
@@ -78,6 +86,9 @@ class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        bulk = bulk_reducer(obj)
+        if bulk is not None:
+            return bulk(obj)
         reduced = super().reducer_override(obj)
         if isinstance(obj, type) and type(reduced) is tuple and len(reduced) > 1:
             position = _TRACKER_POSITION.get(reduced[0])
@@ -175,6 +186,46 @@ class _CheckingPickler(pickle.Pickler):
         return NotImplemented
 
 
+class _Buffers:
+    """What one :func:`dumps` sends out of band: only buffers our own reducers made (see the
+    module's docstring). :meth:`take` is the pickler's ``buffer_callback``."""
+
+    __slots__ = ("ours", "parts", "storages")
+
+    def __init__(self) -> None:
+        #: The PickleBuffers our reducers made, by id (kept alive, so no id is reused).
+        self.ours: dict[int, pickle.PickleBuffer] = {}
+        #: The buffers sent out of band, in the pickle's order.
+        self.parts: list[pickle.PickleBuffer] = []
+        #: One wrapper per torch storage (by address), so that tensors sharing a storage
+        #: share it on arrival, as with torch's own pickling.
+        self.storages: dict[int, _TorchStorage] = {}
+
+    def take(self, buffer: pickle.PickleBuffer) -> bool:
+        """Out of band (False) when one of ours; in band (True) otherwise."""
+        if id(buffer) in self.ours:
+            self.parts.append(buffer)
+            return False
+        return True
+
+    def reset(self) -> None:
+        """Before pickling again with another pickler."""
+        self.parts = []
+        self.storages = {}
+
+
+_dumping = threading.local()
+
+
+def _ours(data: Any) -> pickle.PickleBuffer:
+    """A PickleBuffer over ``data`` that the current :func:`dumps` sends out of band."""
+    buffer = pickle.PickleBuffer(data)
+    collector: _Buffers | None = getattr(_dumping, "buffers", None)
+    if collector is not None:
+        collector.ours[id(buffer)] = buffer
+    return buffer
+
+
 class _OutOfBand:
     """Wraps a large bytes-like argument so it travels after the pickle, not inside it, and
     arrives as ``bytes`` (one copy out of the receive buffer instead of three)."""
@@ -185,7 +236,7 @@ class _OutOfBand:
         self.data = data
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (type(self.data), (pickle.PickleBuffer(self.data),))
+        return (type(self.data), (_ours(self.data),))
 
 
 def out_of_band(value: Any) -> Any:
@@ -195,15 +246,162 @@ def out_of_band(value: Any) -> Any:
     return value
 
 
+def _reduce_ndarray(array: Any) -> Any:
+    """NumPy arrays of plain data go out of band (any size: the frame joins small parts)."""
+    if array.dtype.hasobject or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return array.__reduce_ex__(5)  # numpy's own (its buffers stay in band)
+    order = "C" if array.flags.c_contiguous else "F"
+    return (_rebuild_ndarray, (_ours(array), array.dtype, array.shape, order))
+
+
+def _rebuild_ndarray(buffer: Any, dtype: Any, shape: tuple[int, ...], order: str) -> Any:
+    import numpy
+
+    flat: Any = numpy.frombuffer(buffer, dtype=dtype)
+    return flat.reshape(shape, order=order).copy(order=order)  # owned: the buffer is reused
+
+
+class _TorchStorage:
+    """A CPU tensor's storage, sent out of band once per dump however many tensors view it."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        import torch
+
+        # A uint8 view of the whole storage, through numpy: the array keeps the storage alive
+        # for as long as the frame holds the buffer.
+        whole = torch.empty(0, dtype=torch.uint8).set_(self.storage)
+        return (_rebuild_storage, (_ours(whole.numpy()),))
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    """Plain CPU tensors (not requiring grad) go out of band, their storage shared between
+    the tensors of one payload that view it; anything else pickles as torch pickles it."""
+    if (
+        tensor.requires_grad
+        or tensor.device.type != "cpu"
+        or tensor.layout is not _torch_strided()
+        or tensor.is_quantized
+        or tensor.is_conj()
+        or tensor.is_neg()
+        or "numpy" not in sys.modules
+    ):
+        return tensor.__reduce_ex__(5)
+    storage = tensor.untyped_storage()
+    collector: _Buffers | None = getattr(_dumping, "buffers", None)
+    if collector is None:
+        return tensor.__reduce_ex__(5)
+    key = storage.data_ptr()
+    wrapper = collector.storages.get(key)
+    if wrapper is None or wrapper.storage.nbytes() != storage.nbytes():
+        wrapper = collector.storages[key] = _TorchStorage(storage)
+    return (
+        _rebuild_tensor,
+        (wrapper, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape), tensor.stride()),
+    )
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
+def _rebuild_storage(buffer: Any) -> Any:
+    import torch
+
+    size = memoryview(buffer).nbytes
+    owned = torch.empty(size, dtype=torch.uint8)
+    if size:
+        try:
+            import numpy
+        except ImportError:  # a receiver without numpy: one more copy
+            owned.copy_(torch.frombuffer(bytearray(buffer), dtype=torch.uint8))
+        else:
+            owned.numpy()[:] = numpy.frombuffer(buffer, dtype=numpy.uint8)
+    return owned.untyped_storage()
+
+
+def _rebuild_tensor(
+    storage: Any, dtype: Any, offset: int, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+
+
+_bulk_tables: dict[tuple[bool, bool], ChainMap[type, Any]] = {}
+
+
+def bulk_reducer(obj: Any) -> Any:
+    """The reducer for ``obj`` when it is of a bulk type (None otherwise): for picklers
+    that cannot take a dispatch table (cloudpickle's has its own)."""
+    table = _bulk_table()
+    if table is None:
+        return None
+    return table.maps[0].get(type(obj))
+
+
+def _bulk_table() -> ChainMap[type, Any] | None:
+    """The pickler's dispatch table for the bulk types of the modules imported so far (None:
+    neither numpy nor torch is, so no value can be one of them)."""
+    key = ("numpy" in sys.modules, "torch" in sys.modules)
+    if key == (False, False):
+        return None
+    table = _bulk_tables.get(key)
+    if table is None:
+        own: dict[type, Any] = {}
+        if key[0]:
+            own[sys.modules["numpy"].ndarray] = _reduce_ndarray
+        if key[1]:
+            own[sys.modules["torch"].Tensor] = _reduce_tensor
+        table = _bulk_tables[key] = ChainMap(own, copyreg.dispatch_table)
+    return table
+
+
+class _BulkPickler(pickle.Pickler):
+    """Plain pickle with the bulk types' reducers (see :func:`_bulk_table`)."""
+
+
+#: Values whose pickle cannot hold a buffer or a reference to ``__main__``.
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
 def dumps(obj: Any) -> list[bytes | memoryview]:
     """Pickle ``obj``; return the pickle followed by its out-of-band buffers.
 
     Raises whatever pickling raises (``TypeError``, ``pickle.PicklingError``, ...).
     """
-    buffers: list[pickle.PickleBuffer] = []
+    if type(obj) in _PLAIN:
+        return [pickle.dumps(obj, protocol=5)]
+    collector = _Buffers()
+    outer = getattr(_dumping, "buffers", None)
+    _dumping.buffers = collector
+    try:
+        data = _dumps(obj, collector, _bulk_table())
+    finally:
+        _dumping.buffers = outer
+    buffers = collector.parts
+    if not buffers:
+        return [data]
+    return [data, *(b.raw() for b in buffers)]
+
+
+def _dumps(obj: Any, collector: _Buffers, table: ChainMap[type, Any] | None) -> bytes:
     data: bytes | None
     try:
-        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        if table is None:
+            data = pickle.dumps(obj, protocol=5, buffer_callback=collector.take)
+        else:
+            out = io.BytesIO()
+            pickler = _BulkPickler(out, protocol=5, buffer_callback=collector.take)
+            pickler.dispatch_table = table
+            pickler.dump(obj)
+            data = out.getvalue()
     except (pickle.PicklingError, AttributeError, TypeError):
         data = None
     # A by-reference pickle naming __main__ would not resolve in another process. Small
@@ -213,20 +411,21 @@ def dumps(obj: Any) -> list[bytes | memoryview]:
         data = None
     elif data is not None and len(data) > _SCAN_LIMIT:
         try:
+            collector.reset()
             out = io.BytesIO()
-            buffers = []
-            _CheckingPickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+            checking = _CheckingPickler(out, protocol=5, buffer_callback=collector.take)
+            if table is not None:
+                checking.dispatch_table = table
+            checking.dump(obj)
             data = out.getvalue()
         except _NeedsByValue:
             data = None
     if data is None:
-        buffers = []
+        collector.reset()
         out = io.BytesIO()
-        _ByValuePickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+        _ByValuePickler(out, protocol=5, buffer_callback=collector.take).dump(obj)
         data = out.getvalue()
-    if not buffers:
-        return [data]
-    return [data, *(b.raw() for b in buffers)]
+    return data
 
 
 def loads(parts: Sequence[bytes | memoryview]) -> Any:
