@@ -26,6 +26,7 @@ ACK.
 from __future__ import annotations
 
 import copyreg
+import ctypes
 import hashlib
 import io
 import pickle
@@ -270,30 +271,31 @@ class _TorchStorage:
         self.storage = storage
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        import torch
-
-        # A uint8 view of the whole storage, through numpy: the array keeps the storage alive
-        # for as long as the frame holds the buffer.
-        whole = torch.empty(0, dtype=torch.uint8).set_(self.storage)
-        return (_rebuild_storage, (_ours(whole.numpy()),))
+        # The storage's bytes as a buffer without a torch op (a dispatch mode, such as the
+        # tensor engine's, may be active); the buffer keeps the storage alive for as long as
+        # the frame holds it.
+        size = self.storage.nbytes()
+        raw = (ctypes.c_ubyte * size).from_address(self.storage.data_ptr())
+        raw.keep = self.storage
+        return (_rebuild_storage, (_ours(raw),))
 
 
 def _reduce_tensor(tensor: Any) -> Any:
     """Plain CPU tensors (not requiring grad) go out of band, their storage shared between
     the tensors of one payload that view it; anything else pickles as torch pickles it."""
+    collector: _Buffers | None = getattr(_dumping, "buffers", None)
     if (
-        tensor.requires_grad
+        collector is None
+        or tensor.requires_grad
         or tensor.device.type != "cpu"
-        or tensor.layout is not _torch_strided()
+        or tensor.layout is not sys.modules["torch"].strided
         or tensor.is_quantized
         or tensor.is_conj()
         or tensor.is_neg()
-        or "numpy" not in sys.modules
     ):
         return tensor.__reduce_ex__(5)
     storage = tensor.untyped_storage()
-    collector: _Buffers | None = getattr(_dumping, "buffers", None)
-    if collector is None:
+    if storage.nbytes() == 0:
         return tensor.__reduce_ex__(5)
     key = storage.data_ptr()
     wrapper = collector.storages.get(key)
@@ -305,33 +307,28 @@ def _reduce_tensor(tensor: Any) -> Any:
     )
 
 
-def _torch_strided() -> Any:
-    import torch
-
-    return torch.strided
-
-
 def _rebuild_storage(buffer: Any) -> Any:
     import torch
 
-    size = memoryview(buffer).nbytes
-    owned = torch.empty(size, dtype=torch.uint8)
-    if size:
-        try:
-            import numpy
-        except ImportError:  # a receiver without numpy: one more copy
-            owned.copy_(torch.frombuffer(bytearray(buffer), dtype=torch.uint8))
-        else:
-            owned.numpy()[:] = numpy.frombuffer(buffer, dtype=numpy.uint8)
-    return owned.untyped_storage()
+    # A copy: the storage owns its memory (the buffer is the transport's, reused).
+    return torch.UntypedStorage.from_buffer(buffer, byte_order="native", dtype=torch.uint8)
 
 
 def _rebuild_tensor(
     storage: Any, dtype: Any, offset: int, shape: tuple[int, ...], stride: tuple[int, ...]
 ) -> Any:
-    import torch
+    import collections
 
-    return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    import torch
+    import torch._utils
+
+    # What torch's own unpickling does with a storage (no factory op either).
+    typed = torch.storage.TypedStorage(  # type: ignore[no-untyped-call]
+        wrap_storage=storage, dtype=dtype, _internal=True
+    )
+    return torch._utils._rebuild_tensor_v2(  # type: ignore[no-untyped-call]
+        typed, offset, shape, stride, False, collections.OrderedDict()
+    )
 
 
 _bulk_tables: dict[tuple[bool, bool], ChainMap[type, Any]] = {}
