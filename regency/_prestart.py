@@ -72,7 +72,7 @@ def wanted() -> bool:
     """Whether this import should start the zygote (see the module's docstring)."""
     return (
         sys.platform.startswith("linux")
-        and sys.argv[:1] != ["-m"]
+        and getattr(sys, "argv", ["-m"])[:1] != ["-m"]  # embedded: no argv, no zygote
         and bool(sys.executable)
         and os.environ.get("REGENCY_ZYGOTE", "1") != "0"
         and os.environ.get("REGENCY_RUNTIME", "") != "sim"

@@ -707,7 +707,12 @@ def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memo
     """
     if env_len > len(frame) - _U32:
         raise ValueError(f"frame envelope length {env_len} exceeds the frame ({len(frame)} bytes)")
-    envelope = pickle.loads(frame[_U32 : _U32 + env_len])
+    try:
+        envelope = pickle.loads(frame[_U32 : _U32 + env_len])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ValueError(f"frame envelope does not unpickle: {exc!r}") from exc
     if type(envelope) is not tuple or len(envelope) < 2 or type(envelope[-1]) is not list:
         raise ValueError("frame envelope is not a Regency envelope")
     offset = _U32 + env_len

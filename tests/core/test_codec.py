@@ -230,3 +230,22 @@ def test_buffers_other_picklers_make_stay_in_band() -> None:
     assert len(parts) == 1
     got, _, _ = _through(numpy.ones((300, 300)).view(_Subclass))  # numpy's own reducer
     assert type(got) is _Subclass and float(got.sum()) == 90_000.0  # not the scribbles
+
+
+@given(
+    cut=st.integers(0, 400),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=4),
+)
+def test_a_damaged_bulk_frame_is_refused_or_fails_its_payload_only(
+    cut: int, flips: list[tuple[int, int]]
+) -> None:
+    frame = _codec.encode_reply(1, 0, M.OK, [numpy.arange(40_000), torch.ones(20_000)])
+    wire = bytearray(b"".join(bytes(p) for p in frame))
+    for at, bits in flips:
+        wire[at % len(wire)] ^= bits
+    wire = wire[: max(0, len(wire) - cut)]
+    try:
+        msg = _codec.decode(memoryview(wire))
+    except ValueError:
+        return  # refused: the transport closes this connection, saying why
+    assert isinstance(msg, M.Reply)  # else the payload alone failed (an Undecodable)
