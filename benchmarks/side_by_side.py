@@ -15,7 +15,9 @@ table with the range over ``--rounds`` rounds:
 
 Regency runs under this interpreter (with the repository on its path); Monarch under
 ``--monarch-python`` (default ``/work/compat/mvenv/bin/python``, a venv with
-``torchmonarch==0.7.0``), skipped with a message when that file is missing. The script needs
+``torchmonarch==0.7.0``), and Ray under ``--ray-python`` (default ``/work/rayvenv/bin/python``;
+``benchmarks/_ray_workloads.py``: medians, and no import or whole-command figures); each is
+skipped with a message when that file is missing (``--ray-python ''`` skips Ray). The script needs
 nothing but the runtime it drives, so that the same file runs in both venvs: in each child it
 is ``--worker regency|monarch``.
 """
@@ -33,6 +35,15 @@ from collections.abc import Callable
 _T_START = time.perf_counter()  # the interpreter's start, near enough (before any import)
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MONARCH = "/work/compat/mvenv/bin/python"
+DEFAULT_RAY = "/work/rayvenv/bin/python"
+#: benchmarks/_ray_workloads.py's keys, as ours.
+_RAY_KEYS = {
+    "call_one_us": "tiny",
+    "pipelined_per_s": "pipelined",
+    "call4_us": "mesh4",
+    "echo_1mib_ms": "echo1m",
+    "cold_start_s": "cold",
+}
 WARM = ("tiny", "pipelined", "mesh4", "echo1m")
 
 #: (key, figure, unit, lower is better)
@@ -121,6 +132,19 @@ def _run_child(python: str, runtime: str, workload: str, timeout: float) -> dict
     return result
 
 
+def _run_ray(python: str, timeout: float) -> dict[str, float]:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ray_workloads.py")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [python, script, "--rounds", "500"],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"ray exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    return {_RAY_KEYS[k]: v for k, v in json.loads(lines[-1]).items() if k in _RAY_KEYS}
+
+
 def _fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value:.3f}"
@@ -141,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", choices=("regency", "monarch"), help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--monarch-python", default=os.environ.get("MONARCH_PYTHON", DEFAULT_MONARCH))
+    parser.add_argument("--ray-python", default=os.environ.get("RAY_PYTHON", DEFAULT_RAY))
     parser.add_argument("--rounds", type=int, default=3, help="runs of each workload (default 3)")
     parser.add_argument(
         "--only", default="", help="comma-separated keys: tiny,pipelined,mesh4,echo1m,cold"
@@ -161,14 +186,23 @@ def main(argv: list[str] | None = None) -> None:
             "pass --monarch-python or set MONARCH_PYTHON)",
             file=sys.stderr,
         )
+    if args.ray_python and os.path.exists(args.ray_python):
+        runtimes.append(("ray", args.ray_python))
+    elif args.ray_python:
+        print(f"(Ray skipped: no interpreter at {args.ray_python})", file=sys.stderr)
     results: dict[str, dict[str, list[float]]] = {name: {} for name, _ in runtimes}
     warm = [w for w in WARM if w in wanted]
     for round_ in range(args.rounds):
         for name, python in runtimes:  # alternate runtimes within a round: same load for both
             jobs: list[str] = (["warm"] if warm else []) + (["cold"] if "cold" in wanted else [])
+            if name == "ray":
+                jobs = ["all"]  # one script runs every workload
             for job in jobs:
                 try:
-                    got = _run_child(python, name, job, args.timeout)
+                    if name == "ray":
+                        got = _run_ray(python, args.timeout)
+                    else:
+                        got = _run_child(python, name, job, args.timeout)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     print(f"round {round_ + 1}: {exc}", file=sys.stderr)
                     continue
@@ -182,19 +216,20 @@ def main(argv: list[str] | None = None) -> None:
         load = ""
     print(f"\n{os.cpu_count()} cores{load}; range over {args.rounds} rounds, fresh interpreters\n")
     names = [name for name, _ in runtimes]
-    header = "| figure | " + " | ".join(
-        "Regency" if n == "regency" else "Monarch 0.7" for n in names
-    )
-    print(header + (" | ratio (Monarch / Regency, median) |" if len(names) == 2 else " |"))
-    print("|---" * (len(names) + 1 + (len(names) == 2)) + "|")
+    titles = {"regency": "Regency", "monarch": "Monarch 0.7", "ray": "Ray"}
+    ratio = "monarch" in names
+    header = "| figure | " + " | ".join(titles[n] for n in names)
+    print(header + (" | Monarch / Regency (medians) |" if ratio else " |"))
+    print("|---" * (len(names) + 1 + ratio) + "|")
     for key, figure, unit, lower_better in FIGURES:
         base = key.split("_")[0] if key.startswith("cold") else key
         if base not in wanted:
             continue
-        cells = [_cell(results[n].get(key, []), unit) + f" {unit}" for n in names]
+        cells = [_cell(results[n].get(key, []), unit) for n in names]
+        cells = [c if c == "n/a" else f"{c} {unit}" for c in cells]
         row = f"| {figure} | " + " | ".join(cells)
-        if len(names) == 2:
-            r, m = (sorted(results[n].get(key, [])) for n in names)
+        if ratio:
+            r, m = (sorted(results[n].get(key, [])) for n in ("regency", "monarch"))
             if r and m:
                 rm, mm = r[len(r) // 2], m[len(m) // 2]
                 ratio = mm / rm if lower_better else rm / mm
