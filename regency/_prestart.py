@@ -10,10 +10,12 @@ directory, torch. Each proc it forks gets the controller's environment and worki
 as they are at the spawn, not as they were at the import.
 
 Not started: in a ``python -m ...`` process while it locates its module (the zygote, procs
-and worker daemons run ``python -m regency...``), off the main thread (the zygote's death
+and worker daemons run ``python -m regency...``), by the ``regency`` command except its
+``worker``, off the main thread (the zygote's death
 signal follows the thread that started it), off Linux, with ``REGENCY_ZYGOTE=0`` or
 ``REGENCY_RUNTIME=sim``. A zygote nobody adopted exits with this process: it reads EOF on
-its stdin (and gets SIGTERM from ``PR_SET_PDEATHSIG``); at a clean exit it is also reaped.
+its stdin (and gets SIGTERM from ``PR_SET_PDEATHSIG``); at a clean exit it is also reaped. A
+child forked from the controller never uses it (it is its parent's).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Prestarted:
         self.popen = popen
         self.report_fd = report_fd
         self.outputs = _outputs()
+        #: The process that started it: a child forked from it must not use it.
+        self.owner = os.getpid()
 
     def close(self) -> None:
         """Let it go: EOF on its stdin ends it; reap it without blocking long."""
@@ -70,9 +74,12 @@ def _outputs() -> tuple[tuple[int, int] | None, ...]:
 
 def wanted() -> bool:
     """Whether this import should start the zygote (see the module's docstring)."""
+    argv = getattr(sys, "argv", ["-m"])  # embedded: no argv, no zygote
     return (
         sys.platform.startswith("linux")
-        and getattr(sys, "argv", ["-m"])[:1] != ["-m"]  # embedded: no argv, no zygote
+        and argv[:1] != ["-m"]
+        # the `regency` command: only its worker daemon spawns procs
+        and (os.path.basename(argv[0]) != "regency" or argv[1:2] == ["worker"])
         and bool(sys.executable)
         and os.environ.get("REGENCY_ZYGOTE", "1") != "0"
         and os.environ.get("REGENCY_RUNTIME", "") != "sim"
@@ -115,8 +122,8 @@ def take() -> Prestarted | None:
     global _zygote
     with _lock:
         found, _zygote = _zygote, None
-    if found is None:
-        return None
+    if found is None or found.owner != os.getpid():
+        return None  # (a forked child: the zygote is its parent's)
     if found.popen.poll() is not None or found.outputs != _outputs():
         found.close()
         return None
@@ -126,7 +133,7 @@ def take() -> Prestarted | None:
 def discard() -> None:
     """Let the zygote go (this process runs the simulator instead)."""
     found = take()
-    if found is not None:
+    if found is not None and found.owner == os.getpid():
         found.close()
 
 
@@ -134,5 +141,5 @@ def _reap() -> None:
     global _zygote
     with _lock:
         found, _zygote = _zygote, None
-    if found is not None:
+    if found is not None and found.owner == os.getpid():
         found.close()

@@ -193,3 +193,18 @@ def test_a_simulated_controller_lets_it_go() -> None:
             assert _wait_gone(pidfd), "the zygote outlived the switch to the simulator"
         finally:
             os.close(pidfd)
+
+
+def test_a_forked_child_leaves_its_parents_zygote_alone() -> None:
+    script = """
+        import os
+        import regency.actor
+        from regency import _prestart
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if _prestart.take() is None else 3)
+        _, status = os.waitpid(child, 0)
+        print(os.waitstatus_to_exitcode(status), _prestart.take() is not None, flush=True)
+    """
+    with _controller(script) as proc:
+        assert _line(proc) == "0 True"
