@@ -20,8 +20,8 @@ A zygote may start before its spawner knows its job directory or whether it will
 Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` with SIGTERM, and EOF on stdin)
 and kills its procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). When the
 spawner died without cleaning up (a killed Jupyter kernel), the zygote also removes the job
-directory named by ``argv[2]`` (or by a ``jobdir`` message). It runs in a session of its own and ignores SIGINT. The zygote
-stays single-threaded so that forking it is safe.
+directory named by ``argv[2]`` (or by a ``jobdir`` message). It runs in a session of its own
+and ignores SIGINT. The zygote stays single-threaded so that forking it is safe.
 """
 
 from __future__ import annotations
