@@ -74,6 +74,13 @@ def run() -> list[tuple[str, str, float, str]]:
     mib = b"x" * (1 << 20)
     rows.append(("call_one with a 1 MiB bytes argument", "<= 600", _median_us(lambda: one.nbytes.call_one(mib).get(), 200), "us"))
     rows.append(("call_one echoing a 1 MiB bytes argument (1 MiB each way)", "<= 600", _median_us(lambda: one.ping.call_one(mib).get(), 200), "us"))
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        tensor = torch.ones(1 << 20)  # 4 MiB of float32
+        rows.append(("call_one echoing a 4 MiB CPU tensor", "", _median_us(lambda: one.ping.call_one(tensor).get(), 30) / 1000, "ms"))
     procs.stop().get(30)
 
     def spawn_until_first_reply() -> float:
