@@ -36,7 +36,6 @@ import sys
 import threading
 import types
 import weakref
-from collections import ChainMap
 from collections.abc import Sequence
 from typing import Any, assert_never
 
@@ -187,43 +186,56 @@ class _CheckingPickler(pickle.Pickler):
         return NotImplemented
 
 
-class _Buffers:
-    """What one :func:`dumps` sends out of band: only buffers our own reducers made (see the
-    module's docstring). :meth:`take` is the pickler's ``buffer_callback``."""
+class _Thread:
+    """One thread's pickling state: which buffers go out of band, and a pickler reused from
+    one dump to the next (making one costs more than pickling a small payload).
 
-    __slots__ = ("ours", "parts", "storages")
+    :meth:`take` is the pickler's ``buffer_callback``: out of band (False) only for the
+    buffers our own reducers made (see the module's docstring). A dump's buffers are the
+    ones :attr:`parts` gained during it (a reducer may pickle with :func:`dumps` while a dump
+    runs: its parts come and go above the outer dump's)."""
+
+    __slots__ = ("depth", "ours", "out", "parts", "pickler", "storages", "table")
 
     def __init__(self) -> None:
-        #: The PickleBuffers our reducers made, by id (kept alive, so no id is reused).
+        #: Dumps in progress on this thread (nested: a reducer calling dumps).
+        self.depth = 0
+        #: The PickleBuffers our reducers made, by id (kept alive, so no id is reused) until
+        #: the outermost dump ends.
         self.ours: dict[int, pickle.PickleBuffer] = {}
         #: The buffers sent out of band, in the pickle's order.
         self.parts: list[pickle.PickleBuffer] = []
         #: One wrapper per torch storage (by address), so that tensors sharing a storage
         #: share it on arrival, as with torch's own pickling.
         self.storages: dict[int, _TorchStorage] = {}
+        self.out = io.BytesIO()
+        self.pickler: _BulkPickler | None = None
+        self.table: dict[type, Any] | None = None
 
     def take(self, buffer: pickle.PickleBuffer) -> bool:
-        """Out of band (False) when one of ours; in band (True) otherwise."""
         if id(buffer) in self.ours:
             self.parts.append(buffer)
             return False
         return True
 
-    def reset(self) -> None:
-        """Before pickling again with another pickler."""
-        self.parts = []
-        self.storages = {}
+
+_local = threading.local()
 
 
-_dumping = threading.local()
+def _thread() -> _Thread:
+    try:
+        state: _Thread = _local.state
+    except AttributeError:
+        state = _local.state = _Thread()
+    return state
 
 
 def _ours(data: Any) -> pickle.PickleBuffer:
     """A PickleBuffer over ``data`` that the current :func:`dumps` sends out of band."""
     buffer = pickle.PickleBuffer(data)
-    collector: _Buffers | None = getattr(_dumping, "buffers", None)
-    if collector is not None:
-        collector.ours[id(buffer)] = buffer
+    state = _thread()
+    if state.depth:
+        state.ours[id(buffer)] = buffer
     return buffer
 
 
@@ -283,9 +295,9 @@ class _TorchStorage:
 def _reduce_tensor(tensor: Any) -> Any:
     """Plain CPU tensors (not requiring grad) go out of band, their storage shared between
     the tensors of one payload that view it; anything else pickles as torch pickles it."""
-    collector: _Buffers | None = getattr(_dumping, "buffers", None)
+    state = _thread()
     if (
-        collector is None
+        not state.depth
         or tensor.requires_grad
         or tensor.device.type != "cpu"
         or tensor.layout is not sys.modules["torch"].strided
@@ -298,9 +310,9 @@ def _reduce_tensor(tensor: Any) -> Any:
     if storage.nbytes() == 0:
         return tensor.__reduce_ex__(5)
     key = storage.data_ptr()
-    wrapper = collector.storages.get(key)
+    wrapper = state.storages.get(key)
     if wrapper is None or wrapper.storage.nbytes() != storage.nbytes():
-        wrapper = collector.storages[key] = _TorchStorage(storage)
+        wrapper = state.storages[key] = _TorchStorage(storage)
     return (
         _rebuild_tensor,
         (wrapper, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape), tensor.stride()),
@@ -331,33 +343,34 @@ def _rebuild_tensor(
     )
 
 
-_bulk_tables: dict[tuple[bool, bool], ChainMap[type, Any]] = {}
+#: (numpy imported, torch imported, copyreg's size) -> (our reducers, the dispatch table).
+_bulk_tables: dict[tuple[bool, bool, int], tuple[dict[type, Any], dict[type, Any]]] = {}
 
 
 def bulk_reducer(obj: Any) -> Any:
     """The reducer for ``obj`` when it is of a bulk type (None otherwise): for picklers
     that cannot take a dispatch table (cloudpickle's has its own)."""
-    table = _bulk_table()
-    if table is None:
-        return None
-    return table.maps[0].get(type(obj))
+    own, _ = _bulk_table()
+    return None if own is None else own.get(type(obj))
 
 
-def _bulk_table() -> ChainMap[type, Any] | None:
-    """The pickler's dispatch table for the bulk types of the modules imported so far (None:
-    neither numpy nor torch is, so no value can be one of them)."""
-    key = ("numpy" in sys.modules, "torch" in sys.modules)
-    if key == (False, False):
-        return None
-    table = _bulk_tables.get(key)
-    if table is None:
+def _bulk_table() -> tuple[dict[type, Any], dict[type, Any]] | tuple[None, None]:
+    """Our reducers for the bulk types of the modules imported so far, and a pickler's
+    dispatch table with them and copyreg's (a plain dict: a ChainMap made small dumps 4x
+    slower); (None, None) when neither numpy nor torch is imported, so no value can be one."""
+    numpy, torch = "numpy" in sys.modules, "torch" in sys.modules
+    if not (numpy or torch):
+        return None, None
+    key = (numpy, torch, len(copyreg.dispatch_table))
+    found = _bulk_tables.get(key)
+    if found is None:
         own: dict[type, Any] = {}
-        if key[0]:
+        if numpy:
             own[sys.modules["numpy"].ndarray] = _reduce_ndarray
-        if key[1]:
+        if torch:
             own[sys.modules["torch"].Tensor] = _reduce_tensor
-        table = _bulk_tables[key] = ChainMap(own, copyreg.dispatch_table)
-    return table
+        found = _bulk_tables[key] = (own, {**copyreg.dispatch_table, **own})
+    return found
 
 
 class _BulkPickler(pickle.Pickler):
@@ -375,30 +388,48 @@ def dumps(obj: Any) -> list[bytes | memoryview]:
     """
     if type(obj) in _PLAIN:
         return [pickle.dumps(obj, protocol=5)]
-    collector = _Buffers()
-    outer = getattr(_dumping, "buffers", None)
-    _dumping.buffers = collector
+    state = _thread()
+    mark = len(state.parts)
+    state.depth += 1
     try:
-        data = _dumps(obj, collector, _bulk_table())
+        data = _dumps(obj, state, mark)
+        if len(state.parts) == mark:
+            return [data]
+        return [data, *(b.raw() for b in state.parts[mark:])]
     finally:
-        _dumping.buffers = outer
-    buffers = collector.parts
-    if not buffers:
-        return [data]
-    return [data, *(b.raw() for b in buffers)]
+        if len(state.parts) != mark:
+            del state.parts[mark:]
+        state.depth -= 1
+        if not state.depth and (state.ours or state.storages):
+            state.ours.clear()  # keep no reference to the values sent
+            state.storages.clear()
 
 
-def _dumps(obj: Any, collector: _Buffers, table: ChainMap[type, Any] | None) -> bytes:
+def _dumps(obj: Any, state: _Thread, mark: int) -> bytes:
+    modules = sys.modules
+    table = None if "torch" not in modules and "numpy" not in modules else _bulk_table()[1]
     data: bytes | None
     try:
         if table is None:
-            data = pickle.dumps(obj, protocol=5, buffer_callback=collector.take)
-        else:
+            data = pickle.dumps(obj, protocol=5, buffer_callback=state.take)
+        elif state.depth > 1:  # a reducer pickling during a dump: the pickler is in use
             out = io.BytesIO()
-            pickler = _BulkPickler(out, protocol=5, buffer_callback=collector.take)
+            pickler = _BulkPickler(out, protocol=5, buffer_callback=state.take)
             pickler.dispatch_table = table
             pickler.dump(obj)
             data = out.getvalue()
+        else:
+            if state.pickler is None or state.table is not table:
+                state.pickler = _BulkPickler(state.out, protocol=5, buffer_callback=state.take)
+                state.pickler.dispatch_table = table
+                state.table = table
+            try:
+                state.pickler.dump(obj)
+                data = state.out.getvalue()
+            finally:
+                state.pickler.clear_memo()
+                state.out.seek(0)
+                state.out.truncate()
     except (pickle.PicklingError, AttributeError, TypeError):
         data = None
     # A by-reference pickle naming __main__ would not resolve in another process. Small
@@ -408,9 +439,9 @@ def _dumps(obj: Any, collector: _Buffers, table: ChainMap[type, Any] | None) -> 
         data = None
     elif data is not None and len(data) > _SCAN_LIMIT:
         try:
-            collector.reset()
+            del state.parts[mark:]
             out = io.BytesIO()
-            checking = _CheckingPickler(out, protocol=5, buffer_callback=collector.take)
+            checking = _CheckingPickler(out, protocol=5, buffer_callback=state.take)
             if table is not None:
                 checking.dispatch_table = table
             checking.dump(obj)
@@ -418,9 +449,9 @@ def _dumps(obj: Any, collector: _Buffers, table: ChainMap[type, Any] | None) -> 
         except _NeedsByValue:
             data = None
     if data is None:
-        collector.reset()
+        del state.parts[mark:]
         out = io.BytesIO()
-        _ByValuePickler(out, protocol=5, buffer_callback=collector.take).dump(obj)
+        _ByValuePickler(out, protocol=5, buffer_callback=state.take).dump(obj)
         data = out.getvalue()
     return data
 
