@@ -304,6 +304,7 @@ def _reduce_tensor(tensor: Any) -> Any:
         or tensor.is_quantized
         or tensor.is_conj()
         or tensor.is_neg()
+        or tensor.__dict__  # attributes set on it: torch's pickling keeps them
     ):
         return tensor.__reduce_ex__(5)
     storage = tensor.untyped_storage()

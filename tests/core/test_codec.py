@@ -217,9 +217,12 @@ def test_cpu_tensors_go_out_of_band_keep_their_views_and_arrive_owned(
 def test_tensors_torch_must_pickle_itself_still_round_trip() -> None:
     grad = torch.ones(3, requires_grad=True)
     param = torch.nn.Parameter(torch.zeros(2))
-    got, _, _ = _through([grad, param])
+    tagged = torch.ones(2)
+    tagged.tag = "kept"  # type: ignore[attr-defined]
+    got, _, _ = _through([grad, param, tagged])
     assert got[0].requires_grad and torch.equal(got[0].detach(), grad.detach())
     assert type(got[1]) is torch.nn.Parameter and torch.equal(got[1].detach(), param.detach())
+    assert got[2].tag == "kept" and torch.equal(got[2], tagged)
 
 
 def test_buffers_other_picklers_make_stay_in_band() -> None:
