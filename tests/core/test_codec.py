@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from regency.core import _codec
@@ -171,6 +171,7 @@ def _through(value: Any) -> tuple[Any, list[bytes | memoryview], bytearray]:
     return msg.payload, parts, buffer
 
 
+@settings(deadline=None)  # a loaded machine may pause any one example
 @given(
     dtype=st.sampled_from(_DTYPES),
     shape=st.lists(st.integers(0, 40), min_size=0, max_size=3),
@@ -195,6 +196,7 @@ def test_numpy_arrays_go_out_of_band_and_arrive_owned(
     assert [len(p) for p in pickled[1:]] == [array.nbytes]  # out of band, once
 
 
+@settings(deadline=None)  # a loaded machine may pause any one example
 @given(
     dtype=st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.bool]),
     shape=st.lists(st.integers(1, 20), min_size=1, max_size=3),
@@ -235,6 +237,7 @@ def test_buffers_other_picklers_make_stay_in_band() -> None:
     assert type(got) is _Subclass and float(got.sum()) == 90_000.0  # not the scribbles
 
 
+@settings(deadline=None)  # a loaded machine may pause any one example
 @given(
     cut=st.integers(0, 400),
     flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=4),
