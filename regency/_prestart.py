@@ -43,18 +43,17 @@ class Prestarted:
         self.owner = os.getpid()
 
     def close(self) -> None:
-        """Let it go: EOF on its stdin ends it; reap it without blocking long."""
+        """Let it go, at once: a zygote nobody adopted has forked nothing and has no job
+        directory to clean up, and may still be importing (EOF on its stdin would only be
+        read after that, delaying a short script's exit)."""
         os.close(self.report_fd)
+        self.popen.kill()
         if self.popen.stdin is not None:
             try:
                 self.popen.stdin.close()
             except OSError:
                 pass
-        try:
-            self.popen.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        self.popen.wait()
 
 
 _zygote: Prestarted | None = None
