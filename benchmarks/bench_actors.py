@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -89,6 +91,14 @@ def run() -> list[tuple[str, str, float, str]]:
     rows.append(("call over a 4-process mesh", "<= 200", _median_us(lambda: echo.ping.call().get(), 1000), "us"))
     mib = b"x" * (1 << 20)
     rows.append(("call_one with a 1 MiB bytes argument", "<= 600", _median_us(lambda: one.nbytes.call_one(mib).get(), 200), "us"))
+    rows.append(("call_one echoing a 1 MiB bytes argument (1 MiB each way)", "<= 600", _median_us(lambda: one.ping.call_one(mib).get(), 200), "us"))
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        tensor = torch.ones(1 << 20)  # 4 MiB of float32
+        rows.append(("call_one echoing a 4 MiB CPU tensor", "", _median_us(lambda: one.ping.call_one(tensor).get(), 30) / 1000, "ms"))
     procs.stop().get(30)
 
     def spawn_until_first_reply() -> float:
@@ -101,6 +111,7 @@ def run() -> list[tuple[str, str, float, str]]:
 
     spawn_until_first_reply()
     rows.append(("spawn_procs of 2 procs until first reply", "<= 0.15", statistics.median(spawn_until_first_reply() for _ in range(5)), "s"))
+    rows.append(("first spawn_procs of 2 procs in a fresh interpreter, until first reply", "<= 0.09", statistics.median(_cold_start() for _ in range(5)), "s"))
     return rows
 
 
@@ -167,6 +178,34 @@ def compare(blocks: int) -> None:
             q = statistics.quantiles(seen[(name, on)], n=4)
             cells.append(f"{statistics.median(seen[(name, on)]):,.0f} ({q[0]:,.0f}-{q[2]:,.0f})")
         print(f"{name:58s} {cells[0]:>24s} {cells[1]:>24s} {unit}")
+
+
+_COLD = """
+import os, sys, time
+from regency.actor import Actor, endpoint, this_host
+class Echo(Actor):
+    @endpoint
+    def ping(self) -> None:
+        pass
+t0 = time.perf_counter()
+this_host().spawn_procs(per_host={"gpus": 2}).spawn("e", Echo).ping.call().get(60)
+print(time.perf_counter() - t0, flush=True)
+os._exit(0)
+"""
+
+
+def _cold_start() -> float:
+    """A fresh ``python -c`` that imports regency.actor, then times its first spawn_procs
+    until the first reply (each run its own interpreter: nothing warm but the OS caches)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
+    done = subprocess.run(
+        [sys.executable, "-c", _COLD], env=env, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cold-start run failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

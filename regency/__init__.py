@@ -7,7 +7,11 @@ transports and limits; the tensor engine's names (``regency.Tensor``, ``regency.
 
 from typing import Any
 
-from .config import configure
+from . import _prestart
+
+_prestart.start()  # the zygote imports on another core while we do (see _prestart)
+
+from .config import configure  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -20,7 +20,10 @@ def start_controller() -> Runtime:
     config = current_config()
     install_interrupt_handler()
     if config.runtime == "sim":
+        from . import _prestart
         from .sim._cluster import start_simulated_controller
+
+        _prestart.discard()  # no real procs: the zygote started at import is not needed
 
         return start_simulated_controller(config.seed)
     return start_production_controller(config)

@@ -20,13 +20,15 @@ reported in the proc's log at once, naming the task, instead of when it is garba
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import types
 from collections.abc import Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    import asyncio  # imported where used: 20-30 ms of every start, for async endpoints only
 
 log = logging.getLogger("regency.asyncio")
 
@@ -133,6 +135,8 @@ _running: set[asyncio.Task[Any]] = set()
 def _reporting_task_factory(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
 ) -> asyncio.Task[Any]:
+    import asyncio
+
     task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
     _running.add(task)
     task.add_done_callback(_running.discard)

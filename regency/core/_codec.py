@@ -2,8 +2,12 @@
 how a :mod:`regency.core._messages` record looks on the wire (:func:`encode`,
 :func:`decode`).
 
-Payloads are pickled with protocol 5; buffers that support out-of-band pickling (NumPy
-arrays, ``pickle.PickleBuffer``) travel after the pickle without being copied into it.
+Payloads are pickled with protocol 5. Large ``bytes`` and ``bytearray`` arguments and
+replies, NumPy arrays and CPU tensors (anywhere in a payload) travel out of band: after the
+pickle, as the sender's own memory, without being copied into it; the receiver copies each once
+out of its receive buffer, which the transport reuses, into memory the value owns. Buffers
+that other libraries hand out of band are pickled in band: their rebuilders may keep the
+buffer they are given, which here would alias the receive buffer.
 Classes and functions that cannot be found by name in the receiving process (anything defined
 in ``__main__`` or a notebook, lambdas, local functions) go by value through cloudpickle.
 
@@ -21,11 +25,15 @@ ACK.
 
 from __future__ import annotations
 
+import copyreg
+import ctypes
 import hashlib
 import io
 import pickle
 import pickletools
 import struct
+import sys
+import threading
 import types
 import weakref
 from collections.abc import Sequence
@@ -78,6 +86,9 @@ class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        bulk = bulk_reducer(obj)
+        if bulk is not None:
+            return bulk(obj)
         reduced = super().reducer_override(obj)
         if isinstance(obj, type) and type(reduced) is tuple and len(reduced) > 1:
             position = _TRACKER_POSITION.get(reduced[0])
@@ -175,6 +186,59 @@ class _CheckingPickler(pickle.Pickler):
         return NotImplemented
 
 
+class _Thread:
+    """One thread's pickling state: which buffers go out of band, and a pickler reused from
+    one dump to the next (making one costs more than pickling a small payload).
+
+    :meth:`take` is the pickler's ``buffer_callback``: out of band (False) only for the
+    buffers our own reducers made (see the module's docstring). A dump's buffers are the
+    ones :attr:`parts` gained during it (a reducer may pickle with :func:`dumps` while a dump
+    runs: its parts come and go above the outer dump's)."""
+
+    __slots__ = ("depth", "ours", "out", "parts", "pickler", "storages", "table")
+
+    def __init__(self) -> None:
+        #: Dumps in progress on this thread (nested: a reducer calling dumps).
+        self.depth = 0
+        #: The PickleBuffers our reducers made, by id (kept alive, so no id is reused) until
+        #: the outermost dump ends.
+        self.ours: dict[int, pickle.PickleBuffer] = {}
+        #: The buffers sent out of band, in the pickle's order.
+        self.parts: list[pickle.PickleBuffer] = []
+        #: One wrapper per torch storage (by address), so that tensors sharing a storage
+        #: share it on arrival, as with torch's own pickling.
+        self.storages: dict[int, _TorchStorage] = {}
+        self.out = io.BytesIO()
+        self.pickler: _BulkPickler | None = None
+        self.table: dict[type, Any] | None = None
+
+    def take(self, buffer: pickle.PickleBuffer) -> bool:
+        if id(buffer) in self.ours:
+            self.parts.append(buffer)
+            return False
+        return True
+
+
+_local = threading.local()
+
+
+def _thread() -> _Thread:
+    try:
+        state: _Thread = _local.state
+    except AttributeError:
+        state = _local.state = _Thread()
+    return state
+
+
+def _ours(data: Any) -> pickle.PickleBuffer:
+    """A PickleBuffer over ``data`` that the current :func:`dumps` sends out of band."""
+    buffer = pickle.PickleBuffer(data)
+    state = _thread()
+    if state.depth:
+        state.ours[id(buffer)] = buffer
+    return buffer
+
+
 class _OutOfBand:
     """Wraps a large bytes-like argument so it travels after the pickle, not inside it, and
     arrives as ``bytes`` (one copy out of the receive buffer instead of three)."""
@@ -185,7 +249,7 @@ class _OutOfBand:
         self.data = data
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (type(self.data), (pickle.PickleBuffer(self.data),))
+        return (type(self.data), (_ours(self.data),))
 
 
 def out_of_band(value: Any) -> Any:
@@ -195,15 +259,178 @@ def out_of_band(value: Any) -> Any:
     return value
 
 
+def _reduce_ndarray(array: Any) -> Any:
+    """NumPy arrays of plain data go out of band (any size: the frame joins small parts)."""
+    if array.dtype.hasobject or not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return array.__reduce_ex__(5)  # numpy's own (its buffers stay in band)
+    order = "C" if array.flags.c_contiguous else "F"
+    return (_rebuild_ndarray, (_ours(array), array.dtype, array.shape, order))
+
+
+def _rebuild_ndarray(buffer: Any, dtype: Any, shape: tuple[int, ...], order: str) -> Any:
+    import numpy
+
+    flat: Any = numpy.frombuffer(buffer, dtype=dtype)
+    return flat.reshape(shape, order=order).copy(order=order)  # owned: the buffer is reused
+
+
+class _TorchStorage:
+    """A CPU tensor's storage, sent out of band once per dump however many tensors view it."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # The storage's bytes as a buffer without a torch op (a dispatch mode, such as the
+        # tensor engine's, may be active); the buffer keeps the storage alive for as long as
+        # the frame holds it.
+        size = self.storage.nbytes()
+        raw = (ctypes.c_ubyte * size).from_address(self.storage.data_ptr())
+        raw.keep = self.storage
+        return (_rebuild_storage, (_ours(raw),))
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    """Plain CPU tensors (not requiring grad) go out of band, their storage shared between
+    the tensors of one payload that view it; anything else pickles as torch pickles it."""
+    state = _thread()
+    if (
+        not state.depth
+        or tensor.requires_grad
+        or tensor.device.type != "cpu"
+        or tensor.layout is not sys.modules["torch"].strided
+        or tensor.is_quantized
+        or tensor.is_conj()
+        or tensor.is_neg()
+        or tensor.__dict__  # attributes set on it: torch's pickling keeps them
+    ):
+        return tensor.__reduce_ex__(5)
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:
+        return tensor.__reduce_ex__(5)
+    key = storage.data_ptr()
+    wrapper = state.storages.get(key)
+    if wrapper is None or wrapper.storage.nbytes() != storage.nbytes():
+        wrapper = state.storages[key] = _TorchStorage(storage)
+    return (
+        _rebuild_tensor,
+        (wrapper, tensor.dtype, tensor.storage_offset(), tuple(tensor.shape), tensor.stride()),
+    )
+
+
+def _rebuild_storage(buffer: Any) -> Any:
+    import torch
+
+    # A copy: the storage owns its memory (the buffer is the transport's, reused).
+    return torch.UntypedStorage.from_buffer(buffer, byte_order="native", dtype=torch.uint8)
+
+
+def _rebuild_tensor(
+    storage: Any, dtype: Any, offset: int, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> Any:
+    import collections
+
+    import torch
+    import torch._utils
+
+    # What torch's own unpickling does with a storage (no factory op either).
+    typed = torch.storage.TypedStorage(  # type: ignore[no-untyped-call]
+        wrap_storage=storage, dtype=dtype, _internal=True
+    )
+    return torch._utils._rebuild_tensor_v2(  # type: ignore[no-untyped-call]
+        typed, offset, shape, stride, False, collections.OrderedDict()
+    )
+
+
+#: (numpy imported, torch imported, copyreg's size) -> (our reducers, the dispatch table).
+_bulk_tables: dict[tuple[bool, bool, int], tuple[dict[type, Any], dict[type, Any]]] = {}
+
+
+def bulk_reducer(obj: Any) -> Any:
+    """The reducer for ``obj`` when it is of a bulk type (None otherwise): for picklers
+    that cannot take a dispatch table (cloudpickle's has its own)."""
+    own, _ = _bulk_table()
+    return None if own is None else own.get(type(obj))
+
+
+def _bulk_table() -> tuple[dict[type, Any], dict[type, Any]] | tuple[None, None]:
+    """Our reducers for the bulk types of the modules imported so far, and a pickler's
+    dispatch table with them and copyreg's (a plain dict: a ChainMap made small dumps 4x
+    slower); (None, None) when neither numpy nor torch is imported, so no value can be one."""
+    numpy, torch = "numpy" in sys.modules, "torch" in sys.modules
+    if not (numpy or torch):
+        return None, None
+    key = (numpy, torch, len(copyreg.dispatch_table))
+    found = _bulk_tables.get(key)
+    if found is None:
+        own: dict[type, Any] = {}
+        if numpy:
+            own[sys.modules["numpy"].ndarray] = _reduce_ndarray
+        if torch:
+            own[sys.modules["torch"].Tensor] = _reduce_tensor
+        found = _bulk_tables[key] = (own, {**copyreg.dispatch_table, **own})
+    return found
+
+
+class _BulkPickler(pickle.Pickler):
+    """Plain pickle with the bulk types' reducers (see :func:`_bulk_table`)."""
+
+
+#: Values whose pickle cannot hold a buffer or a reference to ``__main__``.
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
 def dumps(obj: Any) -> list[bytes | memoryview]:
     """Pickle ``obj``; return the pickle followed by its out-of-band buffers.
 
     Raises whatever pickling raises (``TypeError``, ``pickle.PicklingError``, ...).
     """
-    buffers: list[pickle.PickleBuffer] = []
+    if type(obj) in _PLAIN:
+        return [pickle.dumps(obj, protocol=5)]
+    state = _thread()
+    mark = len(state.parts)
+    state.depth += 1
+    try:
+        data = _dumps(obj, state, mark)
+        if len(state.parts) == mark:
+            return [data]
+        return [data, *(b.raw() for b in state.parts[mark:])]
+    finally:
+        if len(state.parts) != mark:
+            del state.parts[mark:]
+        state.depth -= 1
+        if not state.depth and (state.ours or state.storages):
+            state.ours.clear()  # keep no reference to the values sent
+            state.storages.clear()
+
+
+def _dumps(obj: Any, state: _Thread, mark: int) -> bytes:
+    modules = sys.modules
+    table = None if "torch" not in modules and "numpy" not in modules else _bulk_table()[1]
     data: bytes | None
     try:
-        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        if table is None:
+            data = pickle.dumps(obj, protocol=5, buffer_callback=state.take)
+        elif state.depth > 1:  # a reducer pickling during a dump: the pickler is in use
+            out = io.BytesIO()
+            pickler = _BulkPickler(out, protocol=5, buffer_callback=state.take)
+            pickler.dispatch_table = table
+            pickler.dump(obj)
+            data = out.getvalue()
+        else:
+            if state.pickler is None or state.table is not table:
+                state.pickler = _BulkPickler(state.out, protocol=5, buffer_callback=state.take)
+                state.pickler.dispatch_table = table
+                state.table = table
+            try:
+                state.pickler.dump(obj)
+                data = state.out.getvalue()
+            finally:
+                state.pickler.clear_memo()
+                state.out.seek(0)
+                state.out.truncate()
     except (pickle.PicklingError, AttributeError, TypeError):
         data = None
     # A by-reference pickle naming __main__ would not resolve in another process. Small
@@ -213,20 +440,21 @@ def dumps(obj: Any) -> list[bytes | memoryview]:
         data = None
     elif data is not None and len(data) > _SCAN_LIMIT:
         try:
+            del state.parts[mark:]
             out = io.BytesIO()
-            buffers = []
-            _CheckingPickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+            checking = _CheckingPickler(out, protocol=5, buffer_callback=state.take)
+            if table is not None:
+                checking.dispatch_table = table
+            checking.dump(obj)
             data = out.getvalue()
         except _NeedsByValue:
             data = None
     if data is None:
-        buffers = []
+        del state.parts[mark:]
         out = io.BytesIO()
-        _ByValuePickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+        _ByValuePickler(out, protocol=5, buffer_callback=state.take).dump(obj)
         data = out.getvalue()
-    if not buffers:
-        return [data]
-    return [data, *(b.raw() for b in buffers)]
+    return data
 
 
 def loads(parts: Sequence[bytes | memoryview]) -> Any:
@@ -528,7 +756,12 @@ def _unpack(frame: memoryview, env_len: int) -> tuple[tuple[Any, ...], list[memo
     """
     if env_len > len(frame) - _U32:
         raise ValueError(f"frame envelope length {env_len} exceeds the frame ({len(frame)} bytes)")
-    envelope = pickle.loads(frame[_U32 : _U32 + env_len])
+    try:
+        envelope = pickle.loads(frame[_U32 : _U32 + env_len])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ValueError(f"frame envelope does not unpickle: {exc!r}") from exc
     if type(envelope) is not tuple or len(envelope) < 2 or type(envelope[-1]) is not list:
         raise ValueError("frame envelope is not a Regency envelope")
     offset = _U32 + env_len

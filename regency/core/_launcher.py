@@ -188,8 +188,28 @@ class ZygoteLauncher(ProcLauncher):
         self._jobdir = jobdir
 
     def start(self) -> None:
-        """Start the zygote now (it imports in the background). Idempotent."""
+        """Start the zygote now (it imports in the background), or adopt the one started at
+        ``import regency`` (:mod:`regency._prestart`). Idempotent."""
         if self._popen is not None or self._broken:
+            return
+        from .. import _prestart
+
+        early = _prestart.take()
+        if early is not None:
+            self._popen = early.popen
+            control = []
+            if self._jobdir:
+                control.append({"jobdir": self._jobdir})
+            if "torch" in sys.modules:  # as a zygote started now would (see _zygote)
+                control.append({"import": "torch"})
+            try:
+                assert early.popen.stdin is not None
+                for message in control:
+                    early.popen.stdin.write(json.dumps(message).encode() + b"\n")
+                early.popen.stdin.flush()
+            except OSError:
+                pass  # it died: _read_reports sees EOF and falls back
+            self._nursery.start_soon(self._read_reports, early.report_fd, early.popen)
             return
         read_fd, write_fd = os.pipe()
         try:
@@ -223,11 +243,18 @@ class ZygoteLauncher(ProcLauncher):
         request_id = next(self._ids)
         handle = _ZygoteHandle(on_exit)
         self._by_id[request_id] = handle
-        request = {
+        request: dict[str, Any] = {
             "id": request_id,
             "record": dict(bootstrap),
             "env": {k: v for k, v in env.items() if k not in PRIVATE_ENV},
+            # The zygote may have started long before (at import): the proc gets this
+            # process's environment and directory as they are now, like a fresh interpreter.
+            "environ": child_environ(),
         }
+        try:
+            request["cwd"] = os.getcwd()
+        except OSError:
+            pass  # our directory was removed: the proc stays in the zygote's
         try:
             self._popen.stdin.write(json.dumps(request).encode() + b"\n")
             self._popen.stdin.flush()

@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .. import _logs
 from .._tensor_engine._procmesh import TensorEngineMesh
 from . import _codec
 from . import _messages as M
@@ -108,6 +107,8 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         """Forward this mesh's stdout/stderr to the controller (docs/logging.md). Await it
         (trio or asyncio) or ``.get()`` it: it resolves once every proc applies the change,
         after the lines written before it."""
+        from .. import _logs
+
         return _logs.logging_option(self, stream_to_client, aggregate_window_sec, level)
 
     def __repr__(self) -> str:
@@ -204,7 +205,10 @@ class HostMesh(MeshAlgebra):
             children = rt.plan_procs(len(shape), name or "p")
         if rt.parent_address is None:  # procs may ask the controller for its singletons
             rt.call_soon(lambda: ensure_registry(rt))
-        _logs.procs_planned(rt, children)
+        if rt.config.enable_log_forwarding:  # log forwarding is imported when it is on
+            from .. import _logs
+
+            _logs.procs_planned(rt, children)
         python = self._python
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None

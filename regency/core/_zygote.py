@@ -6,15 +6,22 @@ an ``os.fork()`` of it, ready in milliseconds.
 
 Protocol (one JSON object per line):
 
-* controller -> zygote, on the zygote's stdin: ``{"id": N, "record": {...}, "env": {...}}``
+* controller -> zygote, on the zygote's stdin: ``{"id": N, "record": {...}, "env": {...},
+  "environ": {...}, "cwd": "..."}`` to fork a proc (``environ`` and ``cwd``: the controller's
+  environment and working directory now; the proc replaces the zygote's with them, then applies
+  ``env``); ``{"jobdir": "..."}`` names the job directory to remove should the spawner die
+  without doing so; ``{"import": "torch"}`` imports a module before the next fork
 * zygote -> controller, on the pipe whose fd is ``argv[1]``: ``{"id": N, "pid": P}`` after each fork, and
   ``{"pid": P, "code": C}`` when a proc exits (C < 0: killed by signal -C).
+
+A zygote may start before its spawner knows its job directory or whether it will use torch
+(:mod:`regency._prestart` starts one at ``import regency``); both then arrive as messages.
 
 Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` with SIGTERM, and EOF on stdin)
 and kills its procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). When the
 spawner died without cleaning up (a killed Jupyter kernel), the zygote also removes the job
-directory named by ``argv[2]``. It runs in a session of its own and ignores SIGINT. The zygote
-stays single-threaded so that forking it is safe.
+directory named by ``argv[2]`` (or by a ``jobdir`` message). It runs in a session of its own
+and ignores SIGINT. The zygote stays single-threaded so that forking it is safe.
 """
 
 from __future__ import annotations
@@ -81,7 +88,8 @@ def _remove_orphaned_jobdir(jobdir: str, parent_fd: int | None) -> None:
 
 def main() -> None:
     report_fd = int(sys.argv[1])
-    jobdir = sys.argv[2] if len(sys.argv) > 2 else ""
+    #: What the spawner told us: the job directory (argv or a message).
+    state = {"jobdir": sys.argv[2] if len(sys.argv) > 2 else ""}
     parent = os.getppid()
     zygote = os.getpid()
     parent_fd = _parent_watch(parent)
@@ -90,7 +98,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _bootstrap._die_with_parent(parent, watch_stdin=False, sig=signal.SIGTERM)
-        _serve(report_fd, children, parent_fd)
+        _serve(report_fd, children, parent_fd, state)
     finally:
         if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -99,15 +107,18 @@ def main() -> None:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            _remove_orphaned_jobdir(jobdir, parent_fd)
+            _remove_orphaned_jobdir(state["jobdir"], parent_fd)
 
 
-def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
+def _serve(
+    report_fd: int, children: set[int], parent_fd: int | None, state: dict[str, str]
+) -> None:
     """Fork procs on request until the spawner goes; ``children`` holds the living ones."""
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
 
-    from . import _proc_mesh, _runtime  # noqa: F401
+    from .. import _actor_config  # noqa: F401
+    from . import _lines, _proc_mesh, _runtime  # noqa: F401
 
     if "torch" in sys.argv[2:]:  # seconds of import paid once, not per proc (tensor engine)
         import torch  # noqa: F401
@@ -142,11 +153,27 @@ def _serve(report_fd: int, children: set[int], parent_fd: int | None) -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            if "id" not in request:
+                _control(request, state)
+                continue
             pid = os.fork()
             if pid == 0:
                 _become(request, *inherited)
             children.add(pid)
             _report(report_fd, {"id": request["id"], "pid": pid})
+
+
+def _control(request: dict[str, Any], state: dict[str, str]) -> None:
+    """A message that is not a fork request: the job directory, or a module to import."""
+    if "jobdir" in request:
+        state["jobdir"] = str(request["jobdir"])
+    if request.get("import") == "torch":  # seconds, paid once here rather than per proc
+        gc.unfreeze()
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass  # the procs will say so, where it matters
+        gc.freeze()
 
 
 def _become(request: dict[str, Any], *fds: int) -> None:
@@ -161,6 +188,14 @@ def _become(request: dict[str, Any], *fds: int) -> None:
         os.dup2(devnull, 0)
         os.close(devnull)
         gc.unfreeze()
+        if "environ" in request:  # the spawner's, as they are now, not at our start
+            os.environ.clear()
+            os.environ.update(request["environ"])
+        if "cwd" in request:
+            try:
+                os.chdir(request["cwd"])
+            except OSError:
+                pass  # gone since: stay where the zygote is, as a fresh interpreter would
         _bootstrap._die_with_parent(os.getppid(), watch_stdin=False)
         _bootstrap.run(request["record"], request.get("env"))
     except _bootstrap._ProcExit:

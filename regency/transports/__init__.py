@@ -94,6 +94,40 @@ class MultiTransport(Transport):
         return await self.backend(address).connect(address, sink)
 
 
+class _LazyNng(Transport):
+    """The nng backend, imported on its first use: importing pynng costs 35-100 ms here,
+    which every proc and controller paid at start (before its first reply) and which only
+    ``nng+...`` addresses need."""
+
+    schemes = ("nng+tcp", "nng+ipc", "nng+tls+tcp")
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        secret: bytes,
+        max_frame: int,
+        tls: TlsSettings | None,
+        protect_tcp: bool,
+    ) -> None:
+        self._args = (nursery, secret, max_frame, tls, protect_tcp)
+        self._backend: Transport | None = None
+
+    def _nng(self) -> Transport:
+        if self._backend is None:
+            from ._nng import NngTransport
+
+            nursery, secret, max_frame, tls, protect_tcp = self._args
+            self._backend = NngTransport(nursery, secret, max_frame, tls, protect_tcp=protect_tcp)
+            assert self._backend.schemes == self.schemes
+        return self._backend
+
+    async def listen(self, address: str, sinks: SinkFactory) -> Listener:
+        return await self._nng().listen(address, sinks)
+
+    async def connect(self, address: str, sink: FrameSink) -> Connection:
+        return await self._nng().connect(address, sink)
+
+
 @asynccontextmanager
 async def open_transport(
     secret: bytes,
@@ -118,14 +152,7 @@ async def open_transport(
             SocketTransport(nursery, secret, max_frame_bytes, protect_tcp=protect_tcp),
             InprocTransport(nursery),
         ]
-        try:
-            from ._nng import NngTransport
-        except ImportError:  # pragma: no cover - pynng is a hard dependency
-            pass
-        else:
-            backends.append(
-                NngTransport(nursery, secret, max_frame_bytes, tls, protect_tcp=protect_tcp)
-            )
+        backends.append(_LazyNng(nursery, secret, max_frame_bytes, tls, protect_tcp))
         try:
             yield MultiTransport(backends)
         finally:

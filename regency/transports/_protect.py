@@ -32,9 +32,10 @@ import hmac
 import mmap
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 #: Bytes of a record header: u32 length-and-flag, u64 sequence number.
 HEADER_BYTES = 12
@@ -51,6 +52,16 @@ _NONCE_PAD = b"\0\0\0\0"
 _SMALL_PART = 4096
 #: Frames up to this size are sealed as one record with one call (no buffer bookkeeping).
 _SMALL_FRAME = 64 * 1024
+
+
+def _aesgcm(key: bytes) -> tuple[AESGCM, type[Exception]]:
+    """AES-GCM under ``key``, and the error a forged record raises. cryptography is imported
+    here, on the first sealed link, not with the package: it costs 20-40 ms of every start,
+    and unix links (the default) never seal."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key), InvalidTag
 
 
 class ProtectionError(ValueError):
@@ -96,7 +107,7 @@ class Sealer:
     def __init__(self, key: bytes) -> None:
         if len(key) != 32:
             raise ValueError(f"a frame key must be 32 bytes (got {len(key)})")
-        self._aead = AESGCM(key)
+        self._aead, _ = _aesgcm(key)
         self._seq = 0
 
     @property
@@ -178,7 +189,7 @@ class Opener:
     def __init__(self, key: bytes, max_frame: int = 1 << 31) -> None:
         if len(key) != 32:
             raise ValueError(f"a frame key must be 32 bytes (got {len(key)})")
-        self._aead = AESGCM(key)
+        self._aead, self._invalid_tag = _aesgcm(key)
         self._seq = 0
         self._max_frame = max_frame
         #: Where frames of several records are assembled (reused from frame to frame until
@@ -231,7 +242,7 @@ class Opener:
         if not more and self._filled < 0:  # a frame of one record: the common case
             try:
                 plain = self._aead.decrypt(nonce, body, header)
-            except InvalidTag:
+            except self._invalid_tag:
                 raise _forged(seq) from None
             self._seq = expected + 1
             return plain
@@ -246,7 +257,7 @@ class Opener:
         with memoryview(store) as view:
             try:
                 self._aead.decrypt_into(nonce, body, header, view[start:end])
-            except InvalidTag:
+            except self._invalid_tag:
                 raise _forged(seq) from None
         self._seq = expected + 1
         if more:

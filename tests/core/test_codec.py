@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from regency.core import _codec
@@ -145,3 +145,113 @@ def test_an_envelope_that_is_not_a_regency_envelope_is_refused() -> None:
     frame = len(env).to_bytes(4, "little") + env
     with pytest.raises(ValueError, match="not a Regency envelope"):
         _codec.decode(memoryview(frame))
+
+
+# -- bulk values out of band: NumPy arrays, CPU tensors, bytes -------------------------------
+
+numpy = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+
+class _Subclass(numpy.ndarray):  # type: ignore[type-arg]
+    pass
+
+
+_DTYPES = ["float32", "float64", "int8", "int64", "uint16", "bool", "complex64"]
+
+
+def _through(value: Any) -> tuple[Any, list[bytes | memoryview], bytearray]:
+    """``value`` as a reply frame, decoded out of a receive buffer that is then scribbled
+    over (as the transport's reused buffer would be)."""
+    frame = _codec.encode_reply(1, 0, M.OK, value)
+    parts = [frame] if isinstance(frame, bytes) else frame
+    buffer = bytearray(b"".join(bytes(p) for p in parts))
+    msg = _codec.decode(memoryview(buffer))
+    assert isinstance(msg, M.Reply)
+    buffer[:] = b"\xa5" * len(buffer)
+    return msg.payload, parts, buffer
+
+
+@settings(deadline=None)  # a loaded machine may pause any one example
+@given(
+    dtype=st.sampled_from(_DTYPES),
+    shape=st.lists(st.integers(0, 40), min_size=0, max_size=3),
+    order=st.sampled_from("CF"),
+    nested=st.booleans(),
+)
+def test_numpy_arrays_go_out_of_band_and_arrive_owned(
+    dtype: str, shape: list[int], order: str, nested: bool
+) -> None:
+    n = int(numpy.prod(shape)) if shape else 1
+    array = (numpy.arange(n) % 7).astype(dtype).reshape(shape, order=order)
+    value = {"a": [array, array]} if nested else array
+    got, _, _ = _through(value)
+    back = got["a"] if nested else [got]
+    for item in back:
+        assert item.dtype == array.dtype and item.shape == array.shape
+        assert numpy.array_equal(item, array)  # unchanged by the scribbled receive buffer
+        assert item.flags.owndata or (item.base is not None and item.base.flags.owndata)
+    if nested:
+        assert back[0] is back[1]  # one object stays one object
+    pickled = _codec.dumps(value)
+    assert [len(p) for p in pickled[1:]] == [array.nbytes]  # out of band, once
+
+
+@settings(deadline=None)  # a loaded machine may pause any one example
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.bool]),
+    shape=st.lists(st.integers(1, 20), min_size=1, max_size=3),
+    transpose=st.booleans(),
+)
+def test_cpu_tensors_go_out_of_band_keep_their_views_and_arrive_owned(
+    dtype: Any, shape: list[int], transpose: bool
+) -> None:
+    base = (torch.arange(int(numpy.prod(shape))) % 5).to(dtype).reshape(shape)
+    view = base.t() if transpose and base.dim() == 2 else base[..., :1]
+    got, _, _ = _through((base, view))
+    got_base, got_view = got
+    assert torch.equal(got_base, base) and torch.equal(got_view, view)
+    assert got_base.dtype == dtype and got_view.stride() == view.stride()
+    assert got_base.untyped_storage().data_ptr() == got_view.untyped_storage().data_ptr()
+    nbytes = base.untyped_storage().nbytes()
+    assert [len(p) for p in _codec.dumps((base, view))[1:]] == [nbytes]  # shared, sent once
+
+
+def test_tensors_torch_must_pickle_itself_still_round_trip() -> None:
+    grad = torch.ones(3, requires_grad=True)
+    param = torch.nn.Parameter(torch.zeros(2))
+    tagged = torch.ones(2)
+    tagged.tag = "kept"  # type: ignore[attr-defined]
+    got, _, _ = _through([grad, param, tagged])
+    assert got[0].requires_grad and torch.equal(got[0].detach(), grad.detach())
+    assert type(got[1]) is torch.nn.Parameter and torch.equal(got[1].detach(), param.detach())
+    assert got[2].tag == "kept" and torch.equal(got[2], tagged)
+
+
+def test_buffers_other_picklers_make_stay_in_band() -> None:
+    # numpy's own reducer hands its buffer out of band, and its rebuilder keeps whatever
+    # buffer it gets: out of band, a received array would alias the reused receive buffer.
+    array = numpy.arange(50_000, dtype="int64")
+    parts = _codec.dumps(array.__reduce_ex__(5))
+    assert len(parts) == 1
+    got, _, _ = _through(numpy.ones((300, 300)).view(_Subclass))  # numpy's own reducer
+    assert type(got) is _Subclass and float(got.sum()) == 90_000.0  # not the scribbles
+
+
+@settings(deadline=None)  # a loaded machine may pause any one example
+@given(
+    cut=st.integers(0, 400),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=4),
+)
+def test_a_damaged_bulk_frame_is_refused_or_fails_its_payload_only(
+    cut: int, flips: list[tuple[int, int]]
+) -> None:
+    frame = _codec.encode_reply(1, 0, M.OK, [numpy.arange(40_000), torch.ones(20_000)])
+    wire = bytearray(b"".join(bytes(p) for p in frame))
+    for at, bits in flips:
+        wire[at % len(wire)] ^= bits
+    wire = wire[: max(0, len(wire) - cut)]
+    try:
+        msg = _codec.decode(memoryview(wire))
+    except ValueError:
+        return  # refused: the transport closes this connection, saying why
+    assert isinstance(msg, M.Reply)  # else the payload alone failed (an Undecodable)
