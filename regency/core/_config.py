@@ -30,6 +30,11 @@ def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
 
 
+def _at_least_2(attribute: attrs.Attribute[Any], value: int) -> None:
+    if not (type(value) is int and value >= 2):
+        raise ValueError(f"{attribute.name} must be an int of at least 2 (got {value!r})")
+
+
 def _check_runtime(_: Any, __: Any, value: str) -> None:
     if value not in ("real", "sim"):
         raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
@@ -90,6 +95,14 @@ class Config:
     heartbeat_timeout: float = attrs.field(
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
     )
+
+    #: A cast (``call``, ``broadcast``, ``stream``, ``send``) to at least this many procs
+    #: travels down a tree of the procs themselves instead of one frame per proc from the
+    #: sender, and a ``call``'s replies come back up it in few frames (docs/concepts.md).
+    cast_tree_min: int = attrs.field(default=32, validator=lambda _inst, a, v: _positive(a, v))
+    #: How many procs each forwarder (and the sender) sends a tree cast on to: with 16, a
+    #: 4,096-proc cast is 3 hops deep and the sender sends 16 frames.
+    cast_fanout: int = attrs.field(default=16, validator=lambda _inst, a, v: _at_least_2(a, v))
 
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}

@@ -12,7 +12,7 @@ import trio
 from .. import transports
 from . import _codec
 from ._errors import DecodeError
-from ._messages import Reply, Undecodable
+from ._messages import BATCH, Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
 
@@ -82,7 +82,15 @@ class PortTable:
                         f"{detail}"
                     )
                 )
-            finished = handler.deliver(reply.index, reply.status, value)
+            if reply.status == BATCH and type(value) is list:
+                # Replies gathered by a forwarding proc of a casting tree: each as if alone.
+                finished = False
+                for index, status, item in value:
+                    if handler.deliver(index, status, item):
+                        finished = True
+                        break
+            else:
+                finished = handler.deliver(reply.index, reply.status, value)
         except (KeyboardInterrupt, trio.Cancelled):
             raise
         except BaseException as exc:  # a handler's unpickling may raise anything

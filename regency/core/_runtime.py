@@ -31,6 +31,7 @@ from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec
 from . import _messages as M
 from ._aio import AsyncioBridge, drive
+from ._casting import Casting
 from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
@@ -114,6 +115,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._busy = BusyWatch()
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
+        #: Casting trees: this runtime's fences as a sender, and its part as a forwarder.
+        self.casting = Casting(self)
 
     # What the environment decides, read-only: a runtime's world does not change under it.
 
@@ -361,7 +364,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         error = UndeliverableError(cause.summary)
         for port_id, handler in list(self.ports.items()):
             if address in handler.dests:
-                del self.ports[port_id]
+                if not getattr(handler, "keep_port_on_loss", False):
+                    del self.ports[port_id]
                 handler.fail(error, address)
         self.oversight.feed(ProcLost(address, cause))
 
@@ -397,6 +401,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 self._to_port(msg)
             case M.Call():
                 self._to_actor(msg.actor, msg)
+            case M.Cast():
+                self.casting.on_cast(msg)
             case M.Spawn():
                 payload = msg.payload
                 if type(payload) is M.Unpickled:

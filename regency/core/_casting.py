@@ -1,0 +1,541 @@
+"""Casting trees, the runtime side: sending a cast down a tree of procs, forwarding it,
+gathering replies back up, and keeping one sender's messages to one actor in order.
+
+The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
+
+* :class:`Casting` (one per runtime) decides, per cast, between the direct path (one frame
+  per rank) and a tree; holds the sender's *fences* (below); and runs the forwarders'
+  :class:`TreeNode` for each :class:`~regency.core._messages.Cast` that arrives.
+* :class:`TreeNode` is one proc's part in one cast, a reply-port handler: it counts the
+  TREE_ACKs of the subtrees it forwarded to, acknowledges its own subtree to its sender once
+  its ranks have the message in their mailboxes and every child acknowledged, and in
+  *gather* mode (a ``call()``) collects its subtree's replies into one BATCH for its sender.
+  A child lost before it acknowledged is taken over: its own children are sent the cast
+  directly (a proc reached twice delivers once: casts are numbered), or, in gather mode,
+  whose replies died with it, the ranks behind it are answered ``DEAD`` naming it.
+
+Ordering (docs/concepts.md): messages from one sender to one actor are handled in the order
+sent. A tree cast takes longer paths than a direct message, so the sender keeps, per
+destination address, a *fence* while a tree cast's subtree is not acknowledged. Until then:
+
+* a direct actor message (``call_one``, ``stop``, a small cast) to a fenced address waits in
+  the sender, in order, and goes once the fence drops;
+* a tree cast over a different list of procs whose reach includes a fenced address waits
+  too (its tree differs, so its path to that address may be shorter); a cast over the same
+  list goes at once: it takes the same path as the casts in flight, link by link in order;
+* a proc that had a direct actor message from this sender not yet acknowledged by its
+  receiver gets the next tree cast directly (the same connection, so in order), not through
+  the tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _codec
+from . import _messages as M
+from ._errors import RemoteFailure, UndeliverableError
+from ._tree import child_ranges, root_ranges
+
+if TYPE_CHECKING:
+    from ._replies import _Route
+    from ._runtime import Runtime
+
+log = logging.getLogger("regency.runtime")
+
+Dests = tuple[tuple[str, tuple[int, ...]], ...]  # (address, local ranks), in tree order
+TreeKey = tuple[tuple[str, ...], int]  # (addresses, fanout): the paths a tree cast takes
+
+#: How many cast ids a proc remembers, to deliver a cast that reaches it twice only once.
+_SEEN = 4096
+_DONE = None
+
+
+class Casting:
+    """One runtime's casting: the sender's fences and the forwarders' tree nodes."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._lock = threading.RLock()
+        self._ids = itertools.count()
+        #: address -> {tree key: tree casts in flight through it}.
+        self._fenced: dict[str, dict[TreeKey, int]] = {}
+        #: Sends waiting for fences to drop, in send order: (reach, key or None, send).
+        self._held: deque[tuple[tuple[str, ...], TreeKey | None, Callable[[], None]]] = deque()
+        self._held_reach: Counter[str] = Counter()
+        #: address -> the outbox's frame count after this runtime's last direct actor
+        #: message to it (dropped once the receiver acknowledged that many).
+        self._direct: dict[str, int] = {}
+        #: Cast ids seen here: the node still running, or _DONE.
+        self._seen: OrderedDict[tuple[str, int], TreeNode | None] = OrderedDict()
+        self._groups: dict[int, tuple[Any, Dests]] = {}
+        #: Tree casts this runtime started and TreeNodes it ran (for tests and benchmarks).
+        self.tree_casts = 0
+        self.forwarded = 0
+
+    # -- sending (any thread) ----------------------------------------------------------
+
+    def post_actor(self, address: str, frame: Any) -> None:
+        """Send an actor message (CALL, STOP_ACTOR) straight to ``address``, in order with
+        this runtime's tree casts (it waits while a tree cast to that address is not
+        acknowledged). Raises what the outbox raises when sent at once."""
+        if self._fenced or self._held:
+            with self._lock:
+                if address in self._fenced or address in self._held_reach:
+                    self._hold((address,), None, lambda: self._direct_now(address, frame))
+                    return
+                self._direct_now(address, frame)
+                return
+        self._direct_now(address, frame)
+
+    def _direct_now(self, address: str, frame: Any) -> None:
+        box = self._rt.outbox(address)
+        box.send(frame)
+        self._direct[address] = box._machine.queued_count
+
+    def send(
+        self,
+        route: _Route,
+        local_ranks: Sequence[int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+        *,
+        gather: bool = False,
+        replies: Any = None,
+    ) -> None:
+        """Send ``method`` to ``local_ranks`` of ``route``: directly, or down a tree when the
+        ranks live on at least ``cast_tree_min`` procs. ``gather``: replies come back up the
+        tree in batches (``port`` is the caller's); ``replies`` (the caller's ``Replies``)
+        learns which ranks are behind each forwarder, to name them if one is lost."""
+        config = self._rt.config
+        if len(local_ranks) < config.cast_tree_min:
+            self._send_direct(route, local_ranks, actor, method, port, payload)
+            return
+        dests = self._group(route, local_ranks)
+        if len(dests) < config.cast_tree_min:
+            self._send_direct(route, local_ranks, actor, method, port, payload)
+            return
+        fanout = config.cast_fanout
+        args = (dests, actor, method, port, route, payload, gather, replies, fanout)
+        with self._lock:
+            reach = tuple(a for a, _ in dests)
+            if self._held_reach or any(a in self._fenced for a in reach):
+                # Check against the tree this cast would take now (what _cast_now computes).
+                key = (tuple(a for a, _ in self._split(dests)[1]), fanout)
+                if self._blocked(reach, key):
+                    self._hold(reach, key, lambda: self._cast_now(*args))
+                    return
+            self._cast_now(*args)
+
+    def _send_direct(
+        self,
+        route: _Route,
+        local_ranks: Sequence[int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+    ) -> None:
+        encode, post = _codec.encode_call, self.post_actor
+        addresses, labels, sizes = route.addresses, route.labels, route.sizes
+        for local in local_ranks:
+            post(addresses[local], encode(actor, method, port, local, labels, sizes, payload))
+
+    def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
+        """The destination procs of a cast, each with its local ranks, in rank order (cached
+        per route for a whole-mesh cast)."""
+        whole = isinstance(local_ranks, range) and len(local_ranks) == len(route.addresses)
+        if whole:
+            cached = self._groups.get(id(route))
+            if cached is not None and cached[0] is route:
+                return cached[1]
+        by_address: dict[str, list[int]] = {}
+        addresses = route.addresses
+        for local in local_ranks:
+            by_address.setdefault(addresses[local], []).append(local)
+        dests = tuple((a, tuple(r)) for a, r in by_address.items())
+        if whole:
+            if len(self._groups) > 64:
+                self._groups.clear()
+            self._groups[id(route)] = (route, dests)
+        return dests
+
+    def _split(self, dests: Dests) -> tuple[Dests, Dests]:
+        """(procs to send to directly, procs to reach through the tree): a proc that has a
+        direct actor message from here not yet acknowledged gets the cast directly too."""
+        if not self._direct:
+            return (), dests
+        direct: list[tuple[str, tuple[int, ...]]] = []
+        tree: list[tuple[str, tuple[int, ...]]] = []
+        outboxes = self._rt._outboxes
+        for entry in dests:
+            mark = self._direct.get(entry[0])
+            if mark is not None:
+                box = outboxes.get(entry[0])
+                if box is not None and box._machine.acked < mark:
+                    direct.append(entry)
+                    continue
+                del self._direct[entry[0]]
+            tree.append(entry)
+        return tuple(direct), tuple(tree)
+
+    def _cast_now(
+        self,
+        dests: Dests,
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        route: _Route,
+        payload: Sequence[Any],
+        gather: bool,
+        replies: Any,
+        fanout: int,
+    ) -> None:
+        """Send a cast that may go now (the lock held)."""
+        rt = self._rt
+        direct, tree = self._split(dests)
+        labels, sizes = route.labels, route.sizes
+        for address, ranks in direct:
+            for local in ranks:
+                self._direct_now(
+                    address, _codec.encode_call(actor, method, port, local, labels, sizes, payload)
+                )
+        if not tree:
+            return
+        key: TreeKey = (tuple(a for a, _ in tree), fanout)
+        if replies is not None and gather:
+            replies.behind = _Behind(tree, fanout)
+        self.tree_casts += 1
+        node = TreeNode(
+            self,
+            cast_id=(rt.address, next(self._ids)),
+            actor=actor,
+            method=method,
+            port=port,
+            gather=gather,
+            labels=labels,
+            sizes=sizes,
+            dests=tree,
+            fanout=fanout,
+            parts=payload,
+            key=key,
+        )
+        for lo, hi in root_ranges(len(tree), fanout):
+            for address, _ in tree[lo:hi]:
+                self._fenced.setdefault(address, {}).setdefault(key, 0)
+                self._fenced[address][key] += 1
+        # The node runs on the loop like every port handler; the fences above already hold
+        # back what this thread sends next to those procs.
+        node.port_id = rt.open_port(node)[1]
+        rt.call_soon(node.start_root)
+
+    def _blocked(self, reach: Sequence[str], key: TreeKey | None) -> bool:
+        held, fenced = self._held_reach, self._fenced
+        for address in reach:
+            if held and held[address]:
+                return True
+            keys = fenced.get(address)
+            if keys and (key is None or any(k != key for k in keys)):
+                return True
+        return False
+
+    def _hold(
+        self, reach: tuple[str, ...], key: TreeKey | None, send: Callable[[], None]
+    ) -> None:
+        self._held.append((reach, key, send))
+        self._held_reach.update(reach)
+
+    def unfence(self, key: TreeKey, addresses: Sequence[str]) -> None:
+        """A root's subtree acknowledged (or was given up): its fences drop, and what waited
+        on them goes, in order."""
+        with self._lock:
+            fenced = self._fenced
+            for address in addresses:
+                keys = fenced.get(address)
+                if keys is None or key not in keys:
+                    continue
+                keys[key] -= 1
+                if keys[key] <= 0:
+                    del keys[key]
+                    if not keys:
+                        del fenced[address]
+            self._drain()
+
+    def _drain(self) -> None:
+        if not self._held:
+            return
+        waiting: deque[tuple[tuple[str, ...], TreeKey | None, Callable[[], None]]] = deque()
+        blocked: set[str] = set()
+        held = self._held
+        self._held = deque()
+        self._held_reach = Counter()
+        for item in held:
+            reach, key, send = item
+            if blocked.intersection(reach) or self._blocked(reach, key):
+                waiting.append(item)
+                blocked.update(reach)
+                continue
+            try:
+                send()
+            except Exception:
+                log.exception("a message held behind a tree cast could not be sent")
+        for item in waiting:
+            self._held.append(item)
+            self._held_reach.update(item[0])
+
+    # -- receiving (the trio thread) ---------------------------------------------------
+
+    def on_cast(self, msg: M.Cast) -> None:
+        """A cast for this proc and the subtree behind it."""
+        seen = self._seen
+        if msg.cast_id in seen:
+            node = seen[msg.cast_id]
+            if node is None:  # delivered and acknowledged already: say so to this sender too
+                self._ack(msg.up, msg.offset)
+            else:
+                node.ack_also(msg.up, msg.offset)
+            return
+        assert isinstance(msg.payload, M.Unpickled)
+        node = TreeNode(
+            self,
+            cast_id=msg.cast_id,
+            actor=msg.actor,
+            method=msg.method,
+            port=msg.port,
+            gather=msg.gather,
+            labels=msg.labels,
+            sizes=msg.sizes,
+            dests=tuple((a, tuple(r)) for a, r in msg.dests),
+            fanout=msg.fanout,
+            parts=msg.payload.parts,
+            key=None,
+        )
+        seen[msg.cast_id] = node
+        if len(seen) > _SEEN:
+            seen.popitem(last=False)
+        self.forwarded += 1
+        node.start_forwarder(msg.up, msg.offset)
+
+    def _ack(self, up: M.PortRef, offset: int) -> None:
+        try:
+            self._rt.send_port(up, offset, M.TREE_ACK, None)
+        except Exception as exc:  # the sender is gone: its loss is reported elsewhere
+            log.info("could not acknowledge a tree cast to %s: %s", up[0], exc)
+
+    def node_done(self, node: TreeNode) -> None:
+        if node.cast_id in self._seen:
+            self._seen[node.cast_id] = _DONE
+
+
+class _Behind:
+    """Which local ranks of a gathered call are behind a proc of its tree (to name them when
+    that proc is lost)."""
+
+    def __init__(self, dests: Dests, fanout: int) -> None:
+        self.dests, self.fanout = dests, fanout
+
+    def __call__(self, address: str) -> list[int]:
+        for position, (a, _) in enumerate(self.dests):
+            if a == address:
+                from ._tree import subtree
+
+                lo, hi = subtree(len(self.dests), self.fanout, position)
+                return [r for _, ranks in self.dests[lo:hi] for r in ranks]
+        return []
+
+
+class TreeNode:
+    """One proc's part in one tree cast: a reply-port handler (see the module docstring).
+
+    At the sender (``key`` set) it only counts its children's acknowledgements and drops
+    the fences; at a forwarder it delivers to its own ranks, forwards, acknowledges, and in
+    gather mode batches its subtree's replies.
+    """
+
+    #: A lost child does not close this port: the node takes over for it.
+    keep_port_on_loss = True
+
+    def __init__(
+        self,
+        casting: Casting,
+        *,
+        cast_id: tuple[str, int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        gather: bool,
+        labels: Sequence[str],
+        sizes: Sequence[int],
+        dests: Dests,
+        fanout: int,
+        parts: Sequence[Any],
+        key: TreeKey | None,
+    ) -> None:
+        self.casting, self.rt = casting, casting._rt
+        self.cast_id, self.actor, self.method = cast_id, actor, method
+        self.port, self.gather, self.labels, self.sizes = port, gather, labels, sizes
+        self.cast_dests, self.fanout, self.parts, self.key = dests, fanout, parts, key
+        self.endpoint = f"{actor}.{method}"  # names an undecodable reply
+        #: Children not acknowledged yet: offset -> (lo, hi), and their addresses.
+        self.pending: dict[int, tuple[int, int]] = {}
+        self.dests: frozenset[str] = frozenset()
+        #: Where this subtree's TREE_ACK goes: (port, offset) per sender (two when a sender
+        #: took over for a lost forwarder and reached this proc again).
+        self.up: list[tuple[M.PortRef, int]] = []
+        self.local_done = False
+        self.acked = False
+        self.port_id: int | None = None
+        # Gather mode (a forwarder of a call): the subtree's replies, sent up as one BATCH.
+        self.collect = gather and key is None
+        self.expected = sum(len(r) for _, r in dests) if self.collect else 0
+        self.replies: list[tuple[int, int, Any]] = []
+        self.answered: set[int] = set()
+        self.batched = False
+
+    # -- starting ----------------------------------------------------------------------
+
+    def start_root(self) -> None:
+        """At the sender (on the loop; the port is open): send to the first proc of each
+        range."""
+        self.local_done = self.acked = True  # the sender has no ranks and no sender
+        self._forward(root_ranges(len(self.cast_dests), self.fanout))
+
+    def start_forwarder(self, up: M.PortRef, offset: int) -> None:
+        rt = self.rt
+        self.up.append((up, offset))
+        children = child_ranges(0, len(self.cast_dests), self.fanout)
+        if children or self.collect:
+            self.port_id = rt.open_port(self)[1]
+        self._forward(children)
+        here = (rt.address, self.port_id) if self.collect and self.port_id else self.port
+        actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
+        payload = M.Unpickled(tuple(self.parts))
+        for rank in self.cast_dests[0][1]:
+            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
+            rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+        self.local_done = True
+        self._progress()
+
+    def _forward(self, ranges: Sequence[tuple[int, int]]) -> None:
+        rt = self.rt
+        mine = (rt.address, self.port_id) if self.port_id is not None else None
+        lost: list[tuple[str, BaseException]] = []
+        payload = M.Pickled(self.parts)
+        for lo, hi in ranges:
+            self.pending[lo] = (lo, hi)
+        for lo, hi in ranges:
+            address = self.cast_dests[lo][0]
+            assert mine is not None
+            msg = M.Cast(
+                self.cast_id, self.actor, self.method,
+                mine if self.collect else self.port, mine, lo, self.gather,
+                self.labels, self.sizes, self.cast_dests[lo:hi], self.fanout, payload,
+            )
+            try:
+                rt.outbox(address).send(_codec.encode(msg))
+            except UndeliverableError as error:
+                lost.append((address, error))
+        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+        for address, cause in lost:
+            self.fail(cause, address)
+
+    # -- the port ----------------------------------------------------------------------
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        if status == M.TREE_ACK:
+            span = self.pending.pop(index, None)
+            if span is not None:
+                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+                self._subtree_done(span, lost=False)
+        elif self.collect and index not in self.answered:
+            self.answered.add(index)
+            self.replies.append((index, status, value))
+        return self._progress()
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        """A child is lost (``address``) before it acknowledged, or the runtime stops."""
+        if address is None:
+            for span in list(self.pending.values()):
+                self._subtree_done(span, lost=True)
+            self.pending.clear()
+            self.dests = frozenset()
+            self._close()
+            return
+        for offset, span in list(self.pending.items()):
+            if self.cast_dests[offset][0] == address:
+                del self.pending[offset]
+                self._take_over(span, address, exc)
+        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+        if self._progress():
+            self._close()
+
+    def ack_also(self, up: M.PortRef, offset: int) -> None:
+        """This proc was reached again for the same cast (a sender took over for a lost
+        forwarder): acknowledge to that sender too, once done."""
+        if self.acked:
+            self.casting._ack(up, offset)
+        else:
+            self.up.append((up, offset))
+
+    # -- progress ----------------------------------------------------------------------
+
+    def _take_over(self, span: tuple[int, int], address: str, exc: BaseException) -> None:
+        lo, hi = span
+        if self.collect or (self.key is not None and self.gather):
+            # The replies of the subtree went to the lost proc. A forwarder answers DEAD for
+            # what it has not heard; the sender's Replies names the ranks itself (its port
+            # waits on every proc of the call).
+            if self.collect:
+                ranks = [r for _, rs in self.cast_dests[lo:hi] for r in rs]
+                failure = RemoteFailure(
+                    "regency.SupervisionError",
+                    f"lost the proc at {address}, which was to forward the call to ranks "
+                    f"{ranks} and gather their replies ({exc})",
+                    "",
+                )
+                for rank in ranks:
+                    if rank not in self.answered:
+                        self.answered.add(rank)
+                        self.replies.append((rank, M.DEAD, failure))
+            self._subtree_done(span, lost=True)
+            return
+        # Reach the subtree another way: send its first proc's ranges directly. A proc the
+        # lost one reached already delivers once (the cast's id) and acknowledges again.
+        if self.key is not None:
+            self.casting.unfence(self.key, (address,))
+        log.info("took over a tree cast for the lost proc at %s (%s)", address, exc)
+        self._forward(child_ranges(lo, hi, self.fanout))
+
+    def _subtree_done(self, span: tuple[int, int], *, lost: bool) -> None:
+        if self.key is not None:
+            lo, hi = span
+            self.casting.unfence(self.key, [a for a, _ in self.cast_dests[lo:hi]])
+
+    def _progress(self) -> bool:
+        """Acknowledge and batch what is due; True once this node is finished."""
+        if not self.acked and self.local_done and not self.pending:
+            self.acked = True
+            for up, offset in self.up:
+                self.casting._ack(up, offset)
+        if self.collect and not self.batched and len(self.answered) >= self.expected:
+            self.batched = True
+            assert self.port is not None
+            try:
+                self.rt.send_port(self.port, 0, M.BATCH, self.replies)
+            except Exception as exc:
+                log.info("could not send the replies of a tree cast up: %s", exc)
+        finished = self.acked and (self.batched or not self.collect) and not self.pending
+        if finished:
+            self.casting.node_done(self)
+        return finished
+
+    def _close(self) -> None:
+        if self.port_id is not None:
+            self.rt.close_port(self.port_id)
