@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _codec
 from . import _messages as M
+from ._config import current_config
 from ._errors import RemoteFailure, UndeliverableError
 from ._tree import child_ranges, root_ranges
 
@@ -114,7 +115,7 @@ class Casting:
         ranks live on at least ``cast_tree_min`` procs. ``gather``: replies come back up the
         tree in batches (``port`` is the caller's); ``replies`` (the caller's ``Replies``)
         learns which ranks are behind each forwarder, to name them if one is lost."""
-        config = self._rt.config
+        config = current_config()  # read per cast: configure() takes effect at once
         if len(local_ranks) < config.cast_tree_min:
             self._send_direct(route, local_ranks, actor, method, port, payload)
             return
@@ -529,12 +530,35 @@ class TreeNode:
             assert self.port is not None
             try:
                 self.rt.send_port(self.port, 0, M.BATCH, self.replies)
-            except Exception as exc:
+            except UndeliverableError as exc:  # the sender is gone: nobody waits any more
                 log.info("could not send the replies of a tree cast up: %s", exc)
+            except Exception:  # a reply that unpickled here but does not pickle again
+                self._send_one_by_one()
         finished = self.acked and (self.batched or not self.collect) and not self.pending
         if finished:
             self.casting.node_done(self)
         return finished
+
+    def _send_one_by_one(self) -> None:
+        """Send the gathered replies one per frame; one that cannot be pickled again goes as
+        a DEAD answer saying so, so the caller never waits for it."""
+        assert self.port is not None
+        for index, status, value in self.replies:
+            try:
+                self.rt.send_port(self.port, 0, M.BATCH, [(index, status, value)])
+            except UndeliverableError:
+                return
+            except Exception as exc:
+                failure = RemoteFailure(
+                    "regency.SupervisionError",
+                    f"the reply of rank {index} could not be forwarded up the casting tree "
+                    f"from {self.rt.address}: {type(exc).__name__}: {exc}",
+                    "",
+                )
+                try:
+                    self.rt.send_port(self.port, 0, M.BATCH, [(index, M.DEAD, failure)])
+                except Exception as again:
+                    log.info("could not send a reply up a casting tree: %s", again)
 
     def _close(self) -> None:
         if self.port_id is not None:

@@ -1,0 +1,185 @@
+"""Casting trees (issue #17). ``python -m benchmarks.bench_casting [--sim] [--real]``.
+
+* frames the controller sends per ``broadcast`` to 1,024 simulated procs, and receives per
+  ``call()`` over them, with the tree (the default) and with the direct path
+  (``cast_tree_min`` above the mesh's size);
+* real time of 10 ``call()``s over 4,096 simulated procs (512 hosts x 8), both ways;
+* real time of one ``call()`` over N simulated procs, both ways (where the tree starts to
+  pay: what ``cast_tree_min`` is set from);
+* ``call()`` over 16 real procs on 4 network-namespace hosts x 4, both ways.
+
+Frames are counted by wrapping ``Outbox.send`` for the duration of one operation: every frame
+a runtime hands to its outbox towards (or from) the controller, replies, tree
+acknowledgements and heartbeats included; the delivery layer's own ACK frames are not.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SECRET = "regency-benchmark-job-secret"
+os.environ.setdefault("REGENCY_SECRET", SECRET)
+
+import regency  # noqa: E402
+import regency.actor  # noqa: E402
+from regency.actor import Actor, endpoint  # noqa: E402
+from regency.core import _outbox  # noqa: E402
+from regency.core._controller import current_runtime  # noqa: E402
+from regency.sim._cluster import simulate  # noqa: E402
+
+Row = tuple[str, str, float, str]
+DIRECT = 1 << 30  # a cast_tree_min no mesh reaches
+
+
+class Node(Actor):
+    @endpoint
+    def rank(self) -> int:
+        return 1
+
+    @endpoint
+    def poke(self, value: int) -> None:
+        return None
+
+
+@contextmanager
+def counting(address: Callable[[], str]) -> Iterator[dict[str, int]]:
+    """Count frames handed to outboxes by the controller (``sent``) and to the controller
+    (``received``) while the block runs."""
+    counts = {"sent": 0, "received": 0}
+    original = _outbox.Outbox.send
+    me = address()
+
+    def send(self: _outbox.Outbox, frame: Any) -> None:
+        if self._rt.address == me:
+            counts["sent"] += 1
+        elif self.address == me:
+            counts["received"] += 1
+        original(self, frame)
+
+    _outbox.Outbox.send = send  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        _outbox.Outbox.send = original  # type: ignore[method-assign]
+
+
+def _frames(tree_min: int) -> tuple[int, int]:
+    def program(hosts: Any) -> tuple[int, int]:
+        regency.configure(cast_tree_min=tree_min)
+        nodes = hosts.spawn_procs(per_host={"gpus": 8}).spawn("nodes", Node)
+        nodes.rank.call().get()  # connections up
+        with counting(lambda: current_runtime().address) as b:
+            nodes.poke.broadcast(1)
+            nodes.rank.call().get()  # the broadcast has surely landed
+        with counting(lambda: current_runtime().address) as c:
+            total = sum(nodes.rank.call().get().values())
+        assert total == 1024, total
+        # The broadcast's own frames: what the controller sent minus the call's.
+        return b["sent"] - c["sent"], c["received"]
+
+    try:
+        return simulate(program, seed=1, hosts=128).value  # type: ignore[no-any-return]
+    finally:
+        regency.configure(cast_tree_min=32)
+
+
+def _ten_calls(tree_min: int, hosts: int = 512) -> float:
+    def program(mesh: Any) -> float:
+        regency.configure(cast_tree_min=tree_min)
+        nodes = mesh.spawn_procs(per_host={"gpus": 8}).spawn("nodes", Node)
+        nodes.rank.call().get()
+        start = time.perf_counter()
+        for _ in range(10):
+            assert sum(nodes.rank.call().get().values()) == hosts * 8
+        return time.perf_counter() - start
+
+    try:
+        return simulate(program, seed=1, hosts=hosts).value  # type: ignore[no-any-return]
+    finally:
+        regency.configure(cast_tree_min=32)
+
+
+def _one_call(procs: int, tree_min: int) -> float:
+    def program(mesh: Any) -> float:
+        regency.configure(cast_tree_min=tree_min)
+        nodes = mesh.spawn_procs(per_host={"gpus": 8}).spawn("nodes", Node)
+        nodes.rank.call().get()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            nodes.rank.call().get()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    try:
+        return simulate(program, seed=1, hosts=procs // 8).value  # type: ignore[no-any-return]
+    finally:
+        regency.configure(cast_tree_min=32)
+
+
+def sim_rows() -> list[Row]:
+    regency.actor.unhandled_fault_hook = lambda failure: None
+    rows: list[Row] = []
+    for name, tree_min in (("tree", 32), ("direct", DIRECT)):
+        sent, received = _frames(tree_min)
+        rows.append((f"frames the controller sends per broadcast, 1,024 procs, {name}",
+                     "<= 64", sent, "frames"))
+        rows.append((f"frames the controller receives per call(), 1,024 procs, {name}",
+                     "<= 64", received, "frames"))
+    for name, tree_min in (("tree", 32), ("direct", DIRECT)):
+        rows.append((f"10 call()s over 4,096 simulated procs, {name}", "", _ten_calls(tree_min),
+                     "s real"))
+    for procs in (16, 32, 64, 128, 256):
+        tree = _one_call(procs, 2)
+        direct = _one_call(procs, DIRECT)
+        rows.append((f"one call() over {procs} simulated procs: tree / direct", "",
+                     tree / direct, "x"))
+    return rows
+
+
+def real_rows() -> list[Row]:
+    from regency.actor import attach_to_workers
+    from regency.testing import virtual_hosts, virtual_hosts_available
+
+    why = virtual_hosts_available()
+    if why is not None:
+        return [(f"real figures skipped: {why}", "", float("nan"), "")]
+    rows: list[Row] = []
+    with virtual_hosts(4) as hosts:
+        for host in hosts:
+            host.start_worker(SECRET)
+        mesh = attach_to_workers([h.worker_address for h in hosts], lease=5.0)
+        nodes = mesh.spawn_procs(per_host={"gpus": 4}).spawn("nodes", Node)
+        nodes.rank.call().get(30)
+        results: dict[str, list[float]] = {"direct": [], "tree": []}
+        for _ in range(5):
+            for name, tree_min in (("direct", DIRECT), ("tree", 2)):
+                regency.configure(cast_tree_min=tree_min, cast_fanout=4)
+                nodes.rank.call().get(30)
+                start = time.perf_counter()
+                for _ in range(200):
+                    nodes.rank.call().get(30)
+                results[name].append((time.perf_counter() - start) / 200 * 1e6)
+        regency.configure(cast_tree_min=32, cast_fanout=16)
+        for name in ("direct", "tree"):
+            rows.append((f"call() over 16 real procs (4 netns hosts x 4), {name}", "",
+                         statistics.median(results[name]), "us"))
+        mesh.shutdown().get(30)
+    return rows
+
+
+def run() -> list[Row]:
+    return sim_rows() + real_rows()
+
+
+if __name__ == "__main__":
+    rows = (sim_rows() if "--sim" in sys.argv else real_rows() if "--real" in sys.argv
+            else run())
+    for figure, target, value, unit in rows:
+        print(f"{figure:66s} {value:14,.3f} {unit} {target}", flush=True)
