@@ -227,6 +227,7 @@ class Casting:
             fanout=fanout,
             parts=payload,
             key=key,
+            inner=replies if gather else None,
         )
         for lo, hi in root_ranges(len(tree), fanout):
             for address, _ in tree[lo:hi]:
@@ -355,9 +356,17 @@ class _Behind:
 class TreeNode:
     """One proc's part in one tree cast: a reply-port handler (see the module docstring).
 
-    At the sender (``key`` set) it only counts its children's acknowledgements and drops
-    the fences; at a forwarder it delivers to its own ranks, forwards, acknowledges, and in
-    gather mode batches its subtree's replies.
+    Two modes. Without ``gather`` (``broadcast``, ``stream``, ``send``) every proc
+    acknowledges its subtree (TREE_ACK) once the message is in all of its mailboxes, and the
+    sender's fences drop on those acknowledgements; a lost child is taken over. With
+    ``gather`` (``call``, ``Accumulator``) nothing is acknowledged: a forwarder collects its
+    subtree's replies (a leaf's go straight to its forwarder) and sends them up as one BATCH,
+    which tells the sender that subtree has the message too; a lost child's ranks are
+    answered DEAD.
+
+    At the sender (``key`` set) the node counts what comes back per range it sent to and
+    drops the fences of a range once it is acknowledged (or answered); in gather mode it
+    hands each reply to the caller's ``Replies`` (``inner``).
     """
 
     #: A lost child does not close this port: the node takes over for it.
@@ -378,27 +387,37 @@ class TreeNode:
         fanout: int,
         parts: Sequence[Any],
         key: TreeKey | None,
+        inner: Any = None,
     ) -> None:
         self.casting, self.rt = casting, casting._rt
         self.cast_id, self.actor, self.method = cast_id, actor, method
         self.port, self.gather, self.labels, self.sizes = port, gather, labels, sizes
         self.cast_dests, self.fanout, self.parts, self.key = dests, fanout, parts, key
+        self.inner = inner
         self.endpoint = f"{actor}.{method}"  # names an undecodable reply
-        #: Children not acknowledged yet: offset -> (lo, hi), and their addresses.
+        #: Ranges sent to and not acknowledged (answered, in gather mode) yet: offset ->
+        #: (lo, hi). A forwarder in gather mode keeps them until it has sent its batch.
         self.pending: dict[int, tuple[int, int]] = {}
+        #: The addresses of the pending ranges' first procs (the port waits on them).
         self.dests: frozenset[str] = frozenset()
         #: Where this subtree's TREE_ACK goes: (port, offset) per sender (two when a sender
         #: took over for a lost forwarder and reached this proc again).
         self.up: list[tuple[M.PortRef, int]] = []
+        self.offset = 0
         self.local_done = False
-        self.acked = False
+        # In gather mode nothing is acknowledged: the batch says it all.
+        self.acked = gather
         self.port_id: int | None = None
-        # Gather mode (a forwarder of a call): the subtree's replies, sent up as one BATCH.
+        # A forwarder in gather mode: its subtree's replies, sent up as one BATCH.
         self.collect = gather and key is None
         self.expected = sum(len(r) for _, r in dests) if self.collect else 0
         self.replies: list[tuple[int, int, Any]] = []
         self.answered: set[int] = set()
-        self.batched = False
+        self.batched = not self.collect
+        # The sender in gather mode: ranks still unanswered per range, and the range of the
+        # ranks of a one-proc range (whose replies come alone, not in a batch).
+        self.remaining: dict[int, int] = {}
+        self.alone: dict[int, int] = {}
 
     # -- starting ----------------------------------------------------------------------
 
@@ -406,14 +425,26 @@ class TreeNode:
         """At the sender (on the loop; the port is open): send to the first proc of each
         range."""
         self.local_done = self.acked = True  # the sender has no ranks and no sender
-        self._forward(root_ranges(len(self.cast_dests), self.fanout))
+        ranges = root_ranges(len(self.cast_dests), self.fanout)
+        if self.gather:
+            for lo, hi in ranges:
+                self.remaining[lo] = sum(len(r) for _, r in self.cast_dests[lo:hi])
+                if hi - lo == 1:
+                    for rank in self.cast_dests[lo][1]:
+                        self.alone[rank] = lo
+        self._forward(ranges)
 
     def start_forwarder(self, up: M.PortRef, offset: int) -> None:
         rt = self.rt
         self.up.append((up, offset))
+        self.offset = offset
         children = child_ranges(0, len(self.cast_dests), self.fanout)
-        if children or self.collect:
-            self.port_id = rt.open_port(self)[1]
+        if children or not self.gather:
+            if children:
+                self.port_id = rt.open_port(self)[1]
+        elif self.gather:
+            # A leaf of a gathered call: its ranks answer its forwarder directly.
+            self.collect, self.batched = False, True
         self._forward(children)
         here = (rt.address, self.port_id) if self.collect and self.port_id else self.port
         actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
@@ -422,7 +453,8 @@ class TreeNode:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
             rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
         self.local_done = True
-        self._progress()
+        if self._progress():
+            self._close()
 
     def _forward(self, ranges: Sequence[tuple[int, int]]) -> None:
         rt = self.rt
@@ -431,19 +463,19 @@ class TreeNode:
         payload = M.Pickled(self.parts)
         for lo, hi in ranges:
             self.pending[lo] = (lo, hi)
+        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
         for lo, hi in ranges:
             address = self.cast_dests[lo][0]
             assert mine is not None
             msg = M.Cast(
                 self.cast_id, self.actor, self.method,
-                mine if self.collect else self.port, mine, lo, self.gather,
+                mine if self.gather else self.port, mine, lo, self.gather,
                 self.labels, self.sizes, self.cast_dests[lo:hi], self.fanout, payload,
             )
             try:
                 rt.outbox(address).send(_codec.encode(msg))
             except UndeliverableError as error:
                 lost.append((address, error))
-        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
         for address, cause in lost:
             self.fail(cause, address)
 
@@ -454,17 +486,57 @@ class TreeNode:
             span = self.pending.pop(index, None)
             if span is not None:
                 self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
-                self._subtree_done(span, lost=False)
-        elif self.collect and index not in self.answered:
+                self._range_done(span)
+        elif status == M.BATCH:  # a batch that could not be unpickled
+            error = value.error if type(value) is M.Undecodable else value
+            self._lose_replies(index, f"its replies could not be read: {error}")
+        elif self.key is not None:  # the sender: a one-proc range's reply
+            self._answered(self.alone.get(index), [(index, status, value)])
+        elif index not in self.answered:
             self.answered.add(index)
             self.replies.append((index, status, value))
         return self._progress()
+
+    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
+        """The replies of the range at ``offset``, gathered by its first proc."""
+        if self.key is not None:
+            self._answered(offset, entries)
+        else:
+            answered, replies = self.answered, self.replies
+            for entry in entries:
+                if entry[0] not in answered:
+                    answered.add(entry[0])
+                    replies.append(entry)
+        return self._progress()
+
+    def _answered(self, offset: int | None, entries: list[tuple[int, int, Any]]) -> None:
+        """(At the sender, gather mode) hand replies to the caller; a range fully answered
+        has the message everywhere: its fences drop."""
+        inner = self.inner
+        if inner is not None and self.rt.ports.get(self.port[1] if self.port else -1) is not inner:
+            inner = self.inner = None  # the call is over (failed, or answered directly)
+        if inner is not None:
+            for index, status, value in entries:
+                if inner.deliver(index, status, value):
+                    self.inner = None
+                    assert self.port is not None
+                    self.rt.close_port(self.port[1])
+                    break
+        if offset is None or offset not in self.remaining:
+            return
+        self.remaining[offset] -= len(entries)
+        if self.remaining[offset] <= 0:
+            del self.remaining[offset]
+            span = self.pending.pop(offset, None)
+            if span is not None:
+                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+                self._range_done(span)
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         """A child is lost (``address``) before it acknowledged, or the runtime stops."""
         if address is None:
             for span in list(self.pending.values()):
-                self._subtree_done(span, lost=True)
+                self._range_done(span)
             self.pending.clear()
             self.dests = frozenset()
             self._close()
@@ -489,32 +561,40 @@ class TreeNode:
 
     def _take_over(self, span: tuple[int, int], address: str, exc: BaseException) -> None:
         lo, hi = span
-        if self.collect or (self.key is not None and self.gather):
-            # The replies of the subtree went to the lost proc. A forwarder answers DEAD for
-            # what it has not heard; the sender's Replies names the ranks itself (its port
-            # waits on every proc of the call).
+        if self.gather:
+            # The replies of the range went to the lost proc. A forwarder answers DEAD for
+            # what it has not heard; at the sender, the caller's Replies names the ranks
+            # itself (its port waits on every proc of the call).
             if self.collect:
-                ranks = [r for _, rs in self.cast_dests[lo:hi] for r in rs]
-                failure = RemoteFailure(
-                    "regency.SupervisionError",
-                    f"lost the proc at {address}, which was to forward the call to ranks "
-                    f"{ranks} and gather their replies ({exc})",
-                    "",
-                )
-                for rank in ranks:
-                    if rank not in self.answered:
-                        self.answered.add(rank)
-                        self.replies.append((rank, M.DEAD, failure))
-            self._subtree_done(span, lost=True)
+                self._lose_replies(lo, f"lost the proc at {address}, which was to forward "
+                                   f"the call and gather the replies of ranks {{ranks}} ({exc})")
+            self.remaining.pop(lo, None)
+            self._range_done(span)
             return
-        # Reach the subtree another way: send its first proc's ranges directly. A proc the
+        # Reach the range another way: send its first proc's ranges directly. A proc the
         # lost one reached already delivers once (the cast's id) and acknowledges again.
         if self.key is not None:
             self.casting.unfence(self.key, (address,))
         log.info("took over a tree cast for the lost proc at %s (%s)", address, exc)
         self._forward(child_ranges(lo, hi, self.fanout))
 
-    def _subtree_done(self, span: tuple[int, int], *, lost: bool) -> None:
+    def _lose_replies(self, lo: int, why: str) -> None:
+        """Answer DEAD for the unanswered ranks of the range at ``lo`` (a forwarder)."""
+        span = self.pending.get(lo) or next(
+            ((a, b) for a, b in child_ranges(0, len(self.cast_dests), self.fanout) if a == lo),
+            (lo, lo + 1),
+        )
+        ranks = [r for _, rs in self.cast_dests[span[0]:span[1]] for r in rs]
+        failure = RemoteFailure("regency.SupervisionError", why.replace("{ranks}", str(ranks)), "")
+        if self.key is not None:
+            self._answered(lo, [(r, M.DEAD, failure) for r in ranks])
+            return
+        for rank in ranks:
+            if rank not in self.answered:
+                self.answered.add(rank)
+                self.replies.append((rank, M.DEAD, failure))
+
+    def _range_done(self, span: tuple[int, int]) -> None:
         if self.key is not None:
             lo, hi = span
             self.casting.unfence(self.key, [a for a, _ in self.cast_dests[lo:hi]])
@@ -525,16 +605,18 @@ class TreeNode:
             self.acked = True
             for up, offset in self.up:
                 self.casting._ack(up, offset)
-        if self.collect and not self.batched and len(self.answered) >= self.expected:
+        if not self.batched and len(self.answered) >= self.expected:
             self.batched = True
+            self.pending.clear()
+            self.dests = frozenset()
             assert self.port is not None
             try:
-                self.rt.send_port(self.port, 0, M.BATCH, self.replies)
+                self.rt.send_port(self.port, self.offset, M.BATCH, self.replies)
             except UndeliverableError as exc:  # the sender is gone: nobody waits any more
                 log.info("could not send the replies of a tree cast up: %s", exc)
             except Exception:  # a reply that unpickled here but does not pickle again
                 self._send_one_by_one()
-        finished = self.acked and (self.batched or not self.collect) and not self.pending
+        finished = self.acked and self.batched and not self.pending
         if finished:
             self.casting.node_done(self)
         return finished
@@ -545,7 +627,7 @@ class TreeNode:
         assert self.port is not None
         for index, status, value in self.replies:
             try:
-                self.rt.send_port(self.port, 0, M.BATCH, [(index, status, value)])
+                self.rt.send_port(self.port, self.offset, M.BATCH, [(index, status, value)])
             except UndeliverableError:
                 return
             except Exception as exc:
@@ -556,7 +638,9 @@ class TreeNode:
                     "",
                 )
                 try:
-                    self.rt.send_port(self.port, 0, M.BATCH, [(index, M.DEAD, failure)])
+                    self.rt.send_port(
+                        self.port, self.offset, M.BATCH, [(index, M.DEAD, failure)]
+                    )
                 except Exception as again:
                     log.info("could not send a reply up a casting tree: %s", again)
 

@@ -83,12 +83,17 @@ class PortTable:
                     )
                 )
             if reply.status == BATCH and type(value) is list:
-                # Replies gathered by a forwarding proc of a casting tree: each as if alone.
-                finished = False
-                for index, status, item in value:
-                    if handler.deliver(index, status, item):
-                        finished = True
-                        break
+                # Replies gathered by a forwarding proc of a casting tree: the tree's own
+                # handler takes them whole; any other gets each as if it had come alone.
+                batch = getattr(handler, "deliver_batch", None)
+                if batch is not None:
+                    finished = batch(reply.index, value)
+                else:
+                    finished = False
+                    for index, status, item in value:
+                        if handler.deliver(index, status, item):
+                            finished = True
+                            break
             else:
                 finished = handler.deliver(reply.index, reply.status, value)
         except (KeyboardInterrupt, trio.Cancelled):
