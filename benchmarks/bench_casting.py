@@ -6,7 +6,8 @@
 * real time of 10 ``call()``s over 4,096 simulated procs (512 hosts x 8), both ways;
 * real time of one ``call()`` over N simulated procs, both ways (where the tree starts to
   pay: what ``cast_tree_min`` is set from);
-* ``call()`` over 16 real procs on 4 network-namespace hosts x 4, both ways.
+* ``call()`` over 16 real procs on 4 network-namespace hosts x 4, both ways;
+* (``--big``) 4,096 and 16,384 simulated procs, a forwarder crashing mid-broadcast.
 
 Frames are counted by wrapping ``Outbox.send`` for the duration of one operation: every frame
 a runtime hands to its outbox towards (or from) the controller, replies, tree
@@ -45,6 +46,25 @@ class Node(Actor):
     @endpoint
     def poke(self, value: int) -> None:
         return None
+
+
+class Quick(Actor):
+    """All-async endpoints: driven by trio tasks, no thread per actor (big simulations)."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    async def rank(self) -> int:
+        return 1
+
+    @endpoint
+    async def add(self, value: int) -> None:
+        self.seen.append(value)
+
+    @endpoint
+    async def seen_count(self) -> int:
+        return len(self.seen)
 
 
 @contextmanager
@@ -92,7 +112,7 @@ def _frames(tree_min: int) -> tuple[int, int]:
 def _ten_calls(tree_min: int, hosts: int = 512) -> float:
     def program(mesh: Any) -> float:
         regency.configure(cast_tree_min=tree_min)
-        nodes = mesh.spawn_procs(per_host={"gpus": 8}).spawn("nodes", Node)
+        nodes = mesh.spawn_procs(per_host={"gpus": 8}).spawn("nodes", Quick)
         nodes.rank.call().get()
         start = time.perf_counter()
         for _ in range(10):
@@ -121,6 +141,41 @@ def _one_call(procs: int, tree_min: int) -> float:
         return simulate(program, seed=1, hosts=procs // 8).value  # type: ignore[no-any-return]
     finally:
         regency.configure(cast_tree_min=32)
+
+
+def _crash_mid_broadcast(hosts: int) -> tuple[int, int, float]:
+    """``hosts`` x 8 simulated procs: a broadcast, and the forwarder at position 1 (it
+    forwards to 63 procs below it with fan-out 16) crashes as it leaves. Returns (procs
+    that got it, procs alive, real seconds of the whole run)."""
+    from regency.sim._cluster import current
+
+    def program(mesh: Any) -> tuple[int, int]:
+        procs = mesh.spawn_procs(per_host={"gpus": 8})
+        nodes = procs.spawn("nodes", Quick)
+        nodes.rank.call().get()
+        nodes.add.broadcast(1)
+        current().crash_proc(procs.slice(hosts=0, gpus=1))
+        got = sum(nodes.slice(hosts=slice(1, None)).seen_count.call().get().values())
+        got += nodes.slice(hosts=0, gpus=0).seen_count.call_one().get()
+        got += sum(nodes.slice(hosts=0, gpus=slice(2, None)).seen_count.call().get().values())
+        return got, len(nodes) - 1
+
+    start = time.perf_counter()
+    got, alive = simulate(program, seed=1, hosts=hosts).value
+    return got, alive, time.perf_counter() - start
+
+
+def big_rows() -> list[Row]:
+    """4,096 and 16,384 simulated procs with a forwarder crashing mid-broadcast."""
+    regency.actor.unhandled_fault_hook = lambda failure: None
+    rows: list[Row] = []
+    for hosts in (512, 2048):
+        got, alive, took = _crash_mid_broadcast(hosts)
+        rows.append((f"{hosts * 8} procs, forwarder crashes mid-broadcast: procs that got it",
+                     f"= {alive}", got, "procs"))
+        rows.append(("  real time of the whole run (spawn, call, broadcast, crash, 3 calls)",
+                     "", took, "s real"))
+    return rows
 
 
 def sim_rows() -> list[Row]:
@@ -175,11 +230,11 @@ def real_rows() -> list[Row]:
 
 
 def run() -> list[Row]:
-    return sim_rows() + real_rows()
+    return sim_rows() + big_rows() + real_rows()
 
 
 if __name__ == "__main__":
     rows = (sim_rows() if "--sim" in sys.argv else real_rows() if "--real" in sys.argv
-            else run())
+            else big_rows() if "--big" in sys.argv else run())
     for figure, target, value, unit in rows:
         print(f"{figure:66s} {value:14,.3f} {unit} {target}", flush=True)

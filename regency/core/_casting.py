@@ -54,7 +54,6 @@ TreeKey = tuple[tuple[str, ...], int]  # (addresses, fanout): the paths a tree c
 
 #: How many cast ids a proc remembers, to deliver a cast that reaches it twice only once.
 _SEEN = 4096
-_DONE = None
 
 
 class Casting:
@@ -72,8 +71,11 @@ class Casting:
         #: address -> the outbox's frame count after this runtime's last direct actor
         #: message to it (dropped once the receiver acknowledged that many).
         self._direct: dict[str, int] = {}
-        #: Cast ids seen here: the node still running, or _DONE.
-        self._seen: OrderedDict[tuple[str, int], TreeNode | None] = OrderedDict()
+        #: Cast ids seen here: the node still running, or, once it is done, the ranges it
+        #: could not reach (empty: none).
+        self._seen: OrderedDict[tuple[str, int], TreeNode | tuple[tuple[int, int], ...]] = (
+            OrderedDict()
+        )
         self._groups: dict[int, tuple[Any, Dests]] = {}
         #: Tree casts this runtime started and TreeNodes it ran (for tests and benchmarks).
         self.tree_casts = 0
@@ -299,8 +301,8 @@ class Casting:
         seen = self._seen
         if msg.cast_id in seen:
             node = seen[msg.cast_id]
-            if node is None:  # delivered and acknowledged already: say so to this sender too
-                self._ack(msg.up, msg.offset)
+            if isinstance(node, tuple):  # delivered and acknowledged: tell this sender too
+                self._ack(msg.up, msg.offset, node)
             else:
                 node.ack_also(msg.up, msg.offset)
             return
@@ -325,15 +327,15 @@ class Casting:
         self.forwarded += 1
         node.start_forwarder(msg.up, msg.offset)
 
-    def _ack(self, up: M.PortRef, offset: int) -> None:
+    def _ack(self, up: M.PortRef, offset: int, unreached: Sequence[tuple[int, int]]) -> None:
         try:
-            self._rt.send_port(up, offset, M.TREE_ACK, None)
+            self._rt.send_port(up, offset, M.TREE_ACK, list(unreached) or None)
         except Exception as exc:  # the sender is gone: its loss is reported elsewhere
             log.info("could not acknowledge a tree cast to %s: %s", up[0], exc)
 
     def node_done(self, node: TreeNode) -> None:
         if node.cast_id in self._seen:
-            self._seen[node.cast_id] = _DONE
+            self._seen[node.cast_id] = tuple(node.unreached)
 
 
 class _Behind:
@@ -404,6 +406,9 @@ class TreeNode:
         #: took over for a lost forwarder and reached this proc again).
         self.up: list[tuple[M.PortRef, int]] = []
         self.offset = 0
+        #: Ranges (ours) this proc could not reach: its TREE_ACK hands them to its sender,
+        #: and so on up to the sender of the cast, which tries them itself.
+        self.unreached: list[tuple[int, int]] = []
         self.local_done = False
         # In gather mode nothing is acknowledged: the batch says it all.
         self.acked = gather
@@ -485,8 +490,16 @@ class TreeNode:
         if status == M.TREE_ACK:
             span = self.pending.pop(index, None)
             if span is not None:
+                # Ranges the child could not reach, in its coordinates: ours are shifted.
+                unreached = [
+                    (index + a, index + b) for a, b in value or () if index + a not in self.pending
+                ]
+                self._range_done(span, keep=unreached)
+                if self.key is not None:
+                    self._forward(unreached)  # the sender tries them itself
+                else:
+                    self.unreached.extend(unreached)
                 self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
-                self._range_done(span)
         elif status == M.BATCH:  # a batch that could not be unpickled
             error = value.error if type(value) is M.Undecodable else value
             self._lose_replies(index, f"its replies could not be read: {error}")
@@ -553,7 +566,7 @@ class TreeNode:
         """This proc was reached again for the same cast (a sender took over for a lost
         forwarder): acknowledge to that sender too, once done."""
         if self.acked:
-            self.casting._ack(up, offset)
+            self.casting._ack(up, offset, self.unreached)
         else:
             self.up.append((up, offset))
 
@@ -571,10 +584,15 @@ class TreeNode:
             self.remaining.pop(lo, None)
             self._range_done(span)
             return
-        # Reach the range another way: send its first proc's ranges directly. A proc the
-        # lost one reached already delivers once (the cast's id) and acknowledges again.
-        if self.key is not None:
-            self.casting.unfence(self.key, (address,))
+        if self.key is None:
+            # A forwarder hands the range up: the proc may be alive and only cut off from
+            # here (a partition), and the sender of the cast may reach it.
+            self.unreached.append(span)
+            return
+        # The sender reaches the range another way: it sends the lost proc's ranges
+        # directly. A proc the lost one reached already delivers once (the cast's id) and
+        # acknowledges again.
+        self.casting.unfence(self.key, (address,))
         log.info("took over a tree cast for the lost proc at %s (%s)", address, exc)
         self._forward(child_ranges(lo, hi, self.fanout))
 
@@ -594,17 +612,24 @@ class TreeNode:
                 self.answered.add(rank)
                 self.replies.append((rank, M.DEAD, failure))
 
-    def _range_done(self, span: tuple[int, int]) -> None:
+    def _range_done(
+        self, span: tuple[int, int], keep: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """At the sender: the range has the message; its fences drop (but those of the
+        ``keep`` ranges in it, which are sent again)."""
         if self.key is not None:
             lo, hi = span
-            self.casting.unfence(self.key, [a for a, _ in self.cast_dests[lo:hi]])
+            kept = {i for a, b in keep for i in range(a, b)}
+            self.casting.unfence(
+                self.key, [self.cast_dests[i][0] for i in range(lo, hi) if i not in kept]
+            )
 
     def _progress(self) -> bool:
         """Acknowledge and batch what is due; True once this node is finished."""
         if not self.acked and self.local_done and not self.pending:
             self.acked = True
             for up, offset in self.up:
-                self.casting._ack(up, offset)
+                self.casting._ack(up, offset, self.unreached)
         if not self.batched and len(self.answered) >= self.expected:
             self.batched = True
             self.pending.clear()

@@ -153,7 +153,9 @@ def test_a_forwarder_that_crashes_mid_broadcast_does_not_lose_it_below(
     assert len(failures) == 1 and failures[0].ranks == (1,)
 
 
-def test_a_forwarder_that_crashes_mid_call_fails_it_naming_the_ranks_behind() -> None:
+def test_a_forwarder_that_crashes_mid_call_fails_it_naming_the_ranks_behind(
+    roots: RootFailures,
+) -> None:
     def program(hosts: Any) -> str:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
         logs = procs.spawn("callcrash", Log)
@@ -166,9 +168,9 @@ def test_a_forwarder_that_crashes_mid_call_fails_it_naming_the_ranks_behind() ->
             return str(exc)
         return "no error"
 
-    regency.actor.unhandled_fault_hook = lambda failure: None
     message = simulate(program, seed=3, hosts=8).value
     assert "callcrash.rank failed on ranks [1, 2, 3, 4]" in message
+    assert [f.ranks for f in roots.of("callcrash")] == [(1,)]  # reported once
 
 
 def test_a_forwarder_cut_off_for_a_while_delivers_late_and_in_order() -> None:
@@ -204,3 +206,56 @@ def test_a_slow_link_under_a_subtree_slows_only_that_subtree() -> None:
     ranks, took = simulate(program, seed=5, hosts=8).value
     assert ranks == list(range(64))
     assert 0.5 <= took < 3.0
+
+
+def test_a_forwarder_cut_off_from_its_children_hands_them_to_the_sender() -> None:
+    """host0 and host1 cannot talk for a minute; the forwarder at position 0 (host0) was to
+    reach 9 and 13 (host1). It gives up on them after delivery_timeout and hands their
+    ranges up; the controller, which reaches host1, sends them the cast itself. Every rank
+    gets it once, and a call_one sent right after the broadcast still lands behind it."""
+
+    def program(hosts: Any) -> list[list[int]]:
+        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("cutkids", Log)
+        logs.log.call().get()
+        current().partition(["host0"], ["host1"], duration=60.0)
+        logs.add.broadcast(1)
+        logs.flatten("r").slice(r=10).add.call_one(2)
+        # Read back without crossing the cut (a gathered call over it fails, naming ranks).
+        return [
+            log
+            for part in ({"hosts": 0}, {"hosts": 1}, {"hosts": slice(2, None)})
+            for log in logs.slice(**part).log.call().get().values()
+        ]
+
+    seen = simulate(program, seed=6, hosts=8).value
+    assert seen[10] == [1, 2]
+    assert [s for i, s in enumerate(seen) if i != 10] == [[1]] * 63
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fanout=st.integers(2, 5),
+    victim=st.integers(1, 31),
+    seed=st.integers(0, 2**16),
+)
+def test_any_proc_crashing_mid_broadcast_loses_it_only_for_itself(
+    fanout: int, victim: int, seed: int
+) -> None:
+    """32 procs, any fan-out, any proc (a forwarder or a leaf) crashing as a broadcast
+    leaves: every other proc gets it exactly once."""
+
+    def program(hosts: Any) -> list[list[int]]:
+        regency.configure(cast_fanout=fanout)
+        procs = hosts.spawn_procs(per_host={"gpus": 8})
+        logs = procs.spawn("anycrash", Log)
+        logs.log.call().get()
+        logs.add.broadcast(1)
+        current().crash_proc(procs.flatten("r").slice(r=victim))
+        flat = logs.flatten("r")
+        seen: list[list[int]] = []
+        for part in (slice(0, victim), slice(victim + 1, None)):
+            if part.start != part.stop and (part.stop is None and victim < 31 or part.stop):
+                seen.extend(flat.slice(r=part).log.call().get().values())
+        return seen
+
+    assert simulate(program, seed=seed, hosts=4).value == [[1]] * 31
