@@ -254,7 +254,7 @@ def test_any_proc_crashing_mid_broadcast_loses_it_only_for_itself(
         flat = logs.flatten("r")
         seen: list[list[int]] = []
         for part in (slice(0, victim), slice(victim + 1, None)):
-            if part.start != part.stop and (part.stop is None and victim < 31 or part.stop):
+            if part.start != part.stop and ((part.stop is None and victim < 31) or part.stop):
                 seen.extend(flat.slice(r=part).log.call().get().values())
         return seen
 
