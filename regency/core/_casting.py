@@ -10,9 +10,11 @@ The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
   TREE_ACKs of the subtrees it forwarded to, acknowledges its own subtree to its sender once
   its ranks have the message in their mailboxes and every child acknowledged, and in
   *gather* mode (a ``call()``) collects its subtree's replies into one BATCH for its sender.
-  A child lost before it acknowledged is taken over: its own children are sent the cast
-  directly (a proc reached twice delivers once: casts are numbered), or, in gather mode,
-  whose replies died with it, the ranks behind it are answered ``DEAD`` naming it.
+  A child lost before it acknowledged is handed up: a forwarder names its range in its own
+  TREE_ACK, and the sender of the cast sends that range the cast itself, or, if it cannot
+  reach that proc either, its children (a proc reached twice delivers once: casts are
+  numbered). In gather mode, whose replies died with the lost child, the ranks behind it
+  are answered ``DEAD`` naming it.
 
 Ordering (docs/concepts.md): messages from one sender to one actor are handled in the order
 sent. A tree cast takes longer paths than a direct message, so the sender keeps, per
