@@ -140,7 +140,9 @@ class ActorMesh(MeshAlgebra, Generic[A]):
             try:
                 # In order with this sender's casts (a stop never overtakes a broadcast).
                 rt.casting.post_actor(
-                    self._procs[global_rank][1], _codec.encode(M.StopActor(self._key, port))
+                    self._procs[global_rank][1],
+                    self._key,
+                    _codec.encode(M.StopActor(self._key, port)),
                 )
             except UndeliverableError:
                 unreachable += 1  # already gone: nothing to stop there

@@ -18,13 +18,14 @@ The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
 
 Ordering (docs/concepts.md): messages from one sender to one actor are handled in the order
 sent. A tree cast takes longer paths than a direct message, so the sender keeps, per
-destination address, a *fence* while a tree cast's subtree is not acknowledged. Until then:
+destination (proc address, actor), a *fence* while a tree cast's subtree is not acknowledged
+(answered, for a gathered call). Until then:
 
-* a direct actor message (``call_one``, ``stop``, a small cast) to a fenced address waits in
-  the sender, in order, and goes once the fence drops;
-* a tree cast over a different list of procs whose reach includes a fenced address waits
-  too (its tree differs, so its path to that address may be shorter); a cast over the same
-  list goes at once: it takes the same path as the casts in flight, link by link in order;
+* a direct message for that actor (``call_one``, ``stop``, a small cast) to that proc waits
+  in the sender, in order, and goes once the fence drops;
+* a tree cast for that actor over a different list of procs whose reach includes the proc
+  waits too (its tree differs, so its path there may be shorter); a cast over the same list
+  goes at once: it takes the same path as the casts in flight, link by link in order;
 * a proc that had a direct actor message from this sender not yet acknowledged by its
   receiver gets the next tree cast directly (the same connection, so in order), not through
   the tree.
@@ -52,7 +53,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.runtime")
 
 Dests = tuple[tuple[str, tuple[int, ...]], ...]  # (address, local ranks), in tree order
-TreeKey = tuple[tuple[str, ...], int]  # (addresses, fanout): the paths a tree cast takes
+#: (actor, addresses, fanout): the actor a tree cast is for and the paths it takes.
+TreeKey = tuple[str, tuple[str, ...], int]
+#: (address, actor): what a fence holds messages for (order is per sender and actor).
+Target = tuple[str, str]
+
+_Held = tuple[tuple[Target, ...], TreeKey | None, Callable[[], None]]
 
 #: How many cast ids a proc remembers, to deliver a cast that reaches it twice only once.
 _SEEN = 4096
@@ -65,11 +71,11 @@ class Casting:
         self._rt = rt
         self._lock = threading.RLock()
         self._ids = itertools.count()
-        #: address -> {tree key: tree casts in flight through it}.
-        self._fenced: dict[str, dict[TreeKey, int]] = {}
+        #: (address, actor) -> {tree key: tree casts to that actor there in flight}.
+        self._fenced: dict[Target, dict[TreeKey, int]] = {}
         #: Sends waiting for fences to drop, in send order: (reach, key or None, send).
-        self._held: deque[tuple[tuple[str, ...], TreeKey | None, Callable[[], None]]] = deque()
-        self._held_reach: Counter[str] = Counter()
+        self._held: deque[_Held] = deque()
+        self._held_reach: Counter[Target] = Counter()
         #: address -> the outbox's frame count after this runtime's last direct actor
         #: message to it (dropped once the receiver acknowledged that many).
         self._direct: dict[str, int] = {}
@@ -85,14 +91,15 @@ class Casting:
 
     # -- sending (any thread) ----------------------------------------------------------
 
-    def post_actor(self, address: str, frame: Any) -> None:
-        """Send an actor message (CALL, STOP_ACTOR) straight to ``address``, in order with
-        this runtime's tree casts (it waits while a tree cast to that address is not
-        acknowledged). Raises what the outbox raises when sent at once."""
+    def post_actor(self, address: str, actor: str, frame: Any) -> None:
+        """Send a message for ``actor`` (CALL, STOP_ACTOR) straight to ``address``, in order
+        with this runtime's tree casts (it waits while a tree cast to that actor there is
+        not acknowledged). Raises what the outbox raises when sent at once."""
         if self._fenced or self._held:
             with self._lock:
-                if address in self._fenced or address in self._held_reach:
-                    self._hold((address,), None, lambda: self._direct_now(address, frame))
+                target = (address, actor)
+                if target in self._fenced or target in self._held_reach:
+                    self._hold((target,), None, lambda: self._direct_now(address, frame))
                     return
                 self._direct_now(address, frame)
                 return
@@ -130,10 +137,10 @@ class Casting:
         fanout = config.cast_fanout
         args = (dests, actor, method, port, route, payload, gather, replies, fanout)
         with self._lock:
-            reach = tuple(a for a, _ in dests)
-            if self._held_reach or any(a in self._fenced for a in reach):
+            reach = tuple((a, actor) for a, _ in dests)
+            if self._held_reach or any(t in self._fenced for t in reach):
                 # Check against the tree this cast would take now (what _cast_now computes).
-                key = (tuple(a for a, _ in self._split(dests)[1]), fanout)
+                key = (actor, tuple(a for a, _ in self._split(dests)[1]), fanout)
                 if self._blocked(reach, key):
                     self._hold(reach, key, lambda: self._cast_now(*args))
                     return
@@ -151,7 +158,9 @@ class Casting:
         encode, post = _codec.encode_call, self.post_actor
         addresses, labels, sizes = route.addresses, route.labels, route.sizes
         for local in local_ranks:
-            post(addresses[local], encode(actor, method, port, local, labels, sizes, payload))
+            post(
+                addresses[local], actor, encode(actor, method, port, local, labels, sizes, payload)
+            )
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached
@@ -214,7 +223,7 @@ class Casting:
                 )
         if not tree:
             return
-        key: TreeKey = (tuple(a for a, _ in tree), fanout)
+        key: TreeKey = (actor, tuple(a for a, _ in tree), fanout)
         if replies is not None and gather:
             replies.behind = _Behind(tree, fanout)
         self.tree_casts += 1
@@ -235,25 +244,25 @@ class Casting:
         )
         for lo, hi in root_ranges(len(tree), fanout):
             for address, _ in tree[lo:hi]:
-                self._fenced.setdefault(address, {}).setdefault(key, 0)
-                self._fenced[address][key] += 1
+                keys = self._fenced.setdefault((address, actor), {})
+                keys[key] = keys.get(key, 0) + 1
         # The node runs on the loop like every port handler; the fences above already hold
         # back what this thread sends next to those procs.
         node.port_id = rt.open_port(node)[1]
         rt.call_soon(node.start_root)
 
-    def _blocked(self, reach: Sequence[str], key: TreeKey | None) -> bool:
+    def _blocked(self, reach: Sequence[Target], key: TreeKey | None) -> bool:
         held, fenced = self._held_reach, self._fenced
-        for address in reach:
-            if held and held[address]:
+        for target in reach:
+            if held and held[target]:
                 return True
-            keys = fenced.get(address)
+            keys = fenced.get(target)
             if keys and (key is None or any(k != key for k in keys)):
                 return True
         return False
 
     def _hold(
-        self, reach: tuple[str, ...], key: TreeKey | None, send: Callable[[], None]
+        self, reach: tuple[Target, ...], key: TreeKey | None, send: Callable[[], None]
     ) -> None:
         self._held.append((reach, key, send))
         self._held_reach.update(reach)
@@ -262,23 +271,24 @@ class Casting:
         """A root's subtree acknowledged (or was given up): its fences drop, and what waited
         on them goes, in order."""
         with self._lock:
-            fenced = self._fenced
+            fenced, actor = self._fenced, key[0]
             for address in addresses:
-                keys = fenced.get(address)
+                target = (address, actor)
+                keys = fenced.get(target)
                 if keys is None or key not in keys:
                     continue
                 keys[key] -= 1
                 if keys[key] <= 0:
                     del keys[key]
                     if not keys:
-                        del fenced[address]
+                        del fenced[target]
             self._drain()
 
     def _drain(self) -> None:
         if not self._held:
             return
-        waiting: deque[tuple[tuple[str, ...], TreeKey | None, Callable[[], None]]] = deque()
-        blocked: set[str] = set()
+        waiting: deque[_Held] = deque()
+        blocked: set[Target] = set()
         held = self._held
         self._held = deque()
         self._held_reach = Counter()

@@ -259,3 +259,28 @@ def test_any_proc_crashing_mid_broadcast_loses_it_only_for_itself(
         return seen
 
     assert simulate(program, seed=seed, hosts=4).value == [[1]] * 31
+
+
+def test_fences_are_per_actor() -> None:
+    """A slow tree cast to one actor mesh holds back a direct message to that actor only:
+    another actor on the same proc answers at once."""
+
+    def program(hosts: Any) -> tuple[float, float, list[int]]:
+        procs = hosts.spawn_procs(per_host={"gpus": 8})
+        slow, other = procs.spawn("slowcast", Log), procs.spawn("other", Log)
+        slow.log.call().get()
+        other.log.call().get()
+        # Rank 9 (host1) is reached through the proc at position 0 (host0).
+        current().delay("host0", "host1", extra=1.0, duration=60.0)
+        slow.add.broadcast(1)
+        start = current().now()
+        other.flatten("r").slice(r=9).add.call_one(5).get()
+        other_took = current().now() - start
+        slow.flatten("r").slice(r=9).add.call_one(2).get()
+        slow_took = current().now() - start
+        return other_took, slow_took, slow.flatten("r").slice(r=9).log.call_one().get()
+
+    other_took, slow_took, seen = simulate(program, seed=7, hosts=8).value
+    assert other_took < 0.1
+    assert slow_took >= 1.0
+    assert seen == [1, 2]
