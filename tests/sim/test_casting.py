@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -96,15 +97,17 @@ SLICES: list[dict[str, Any]] = [
         min_size=1,
         max_size=12,
     ),
+    fanout=st.integers(2, 6),
     seed=st.integers(0, 2**16),
 )
 def test_one_senders_messages_arrive_in_order_whatever_the_path(
-    ops: list[tuple[str, int]], seed: int
+    ops: list[tuple[str, int]], fanout: int, seed: int
 ) -> None:
     """A call_one right after a cast never overtakes it at that rank, nor does a cast over
     a different slice (another tree) overtake an earlier one."""
 
     def program(hosts: Any) -> list[list[int]]:
+        regency.configure(cast_fanout=fanout)
         logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("logs", Log)
         flat = logs.flatten("r")
         for value, (kind, arg) in enumerate(ops):
@@ -119,8 +122,6 @@ def test_one_senders_messages_arrive_in_order_whatever_the_path(
     ranks = list(range(32))
     for value, (kind, arg) in enumerate(ops):
         if kind == "cast":
-            import numpy as np
-
             grid = np.array(ranks).reshape(4, 8)
             sl = SLICES[arg]
             picked = grid[sl.get("hosts", slice(None)), sl.get("gpus", slice(None))]
