@@ -58,7 +58,8 @@ TreeKey = tuple[str, tuple[str, ...], int]
 #: (address, actor): what a fence holds messages for (order is per sender and actor).
 Target = tuple[str, str]
 
-_Held = tuple[tuple[Target, ...], TreeKey | None, Callable[[], None]]
+#: A send waiting for fences: (what it reaches, a try that says whether it went).
+_Held = tuple[tuple[Target, ...], Callable[[], bool]]
 
 #: How many cast ids a proc remembers, to deliver a cast that reaches it twice only once.
 _SEEN = 4096
@@ -73,7 +74,7 @@ class Casting:
         self._ids = itertools.count()
         #: (address, actor) -> {tree key: tree casts to that actor there in flight}.
         self._fenced: dict[Target, dict[TreeKey, int]] = {}
-        #: Sends waiting for fences to drop, in send order: (reach, key or None, send).
+        #: Sends waiting for fences to drop, in send order.
         self._held: deque[_Held] = deque()
         self._held_reach: Counter[Target] = Counter()
         #: address -> the outbox's frame count after this runtime's last direct actor
@@ -99,11 +100,17 @@ class Casting:
             with self._lock:
                 target = (address, actor)
                 if target in self._fenced or target in self._held_reach:
-                    self._hold((target,), None, lambda: self._direct_now(address, frame))
+                    self._hold((target,), lambda: self._direct_if_clear(target, frame))
                     return
                 self._direct_now(address, frame)
                 return
         self._direct_now(address, frame)
+
+    def _direct_if_clear(self, target: Target, frame: Any) -> bool:
+        if target in self._fenced:
+            return False
+        self._direct_now(target[0], frame)
+        return True
 
     def _direct_now(self, address: str, frame: Any) -> None:
         box = self._rt.outbox(address)
@@ -138,13 +145,9 @@ class Casting:
         args = (dests, actor, method, port, route, payload, gather, replies, fanout)
         with self._lock:
             reach = tuple((a, actor) for a, _ in dests)
-            if self._held_reach or any(t in self._fenced for t in reach):
-                # Check against the tree this cast would take now (what _cast_now computes).
-                key = (actor, tuple(a for a, _ in self._split(dests)[1]), fanout)
-                if self._blocked(reach, key):
-                    self._hold(reach, key, lambda: self._cast_now(*args))
-                    return
-            self._cast_now(*args)
+            held = self._held_reach
+            if (held and any(held[t] for t in reach)) or not self._cast_now(*args):
+                self._hold(reach, lambda: self._cast_now(*args))
 
     def _send_direct(
         self,
@@ -211,10 +214,22 @@ class Casting:
         gather: bool,
         replies: Any,
         fanout: int,
-    ) -> None:
-        """Send a cast that may go now (the lock held)."""
+    ) -> bool:
+        """Send a cast if the fences allow it now; False (nothing sent) if not. The lock is
+        held. The split between direct and tree is decided here, at the moment of sending:
+        the tree a cast takes is what the fences are checked against."""
         rt = self._rt
         direct, tree = self._split(dests)
+        key: TreeKey = (actor, tuple(a for a, _ in tree), fanout)
+        fenced = self._fenced
+        if fenced:
+            for address, _ in direct:  # a direct send would overtake any cast in flight
+                if (address, actor) in fenced:
+                    return False
+            for address, _ in tree:  # a cast on another tree could overtake one in flight
+                keys = fenced.get((address, actor))
+                if keys and any(k != key for k in keys):
+                    return False
         labels, sizes = route.labels, route.sizes
         for address, ranks in direct:
             for local in ranks:
@@ -222,8 +237,7 @@ class Casting:
                     address, _codec.encode_call(actor, method, port, local, labels, sizes, payload)
                 )
         if not tree:
-            return
-        key: TreeKey = (actor, tuple(a for a, _ in tree), fanout)
+            return True
         if replies is not None and gather:
             replies.behind = _Behind(tree, fanout)
         self.tree_casts += 1
@@ -250,21 +264,11 @@ class Casting:
         # back what this thread sends next to those procs.
         node.port_id = rt.open_port(node)[1]
         rt.call_soon(node.start_root)
+        return True
 
-    def _blocked(self, reach: Sequence[Target], key: TreeKey | None) -> bool:
-        held, fenced = self._held_reach, self._fenced
-        for target in reach:
-            if held and held[target]:
-                return True
-            keys = fenced.get(target)
-            if keys and (key is None or any(k != key for k in keys)):
-                return True
-        return False
-
-    def _hold(
-        self, reach: tuple[Target, ...], key: TreeKey | None, send: Callable[[], None]
-    ) -> None:
-        self._held.append((reach, key, send))
+    def _hold(self, reach: tuple[Target, ...], attempt: Callable[[], bool]) -> None:
+        """Queue a send: ``attempt()`` sends it when the fences allow (True) or not."""
+        self._held.append((reach, attempt))
         self._held_reach.update(reach)
 
     def unfence(self, key: TreeKey, addresses: Sequence[str]) -> None:
@@ -293,15 +297,18 @@ class Casting:
         self._held = deque()
         self._held_reach = Counter()
         for item in held:
-            reach, key, send = item
-            if blocked.intersection(reach) or self._blocked(reach, key):
+            reach, attempt = item
+            if blocked.intersection(reach):
+                sent = False
+            else:
+                try:
+                    sent = attempt()
+                except Exception:
+                    log.exception("a message held behind a tree cast could not be sent")
+                    sent = True
+            if not sent:
                 waiting.append(item)
                 blocked.update(reach)
-                continue
-            try:
-                send()
-            except Exception:
-                log.exception("a message held behind a tree cast could not be sent")
         for item in waiting:
             self._held.append(item)
             self._held_reach.update(item[0])
