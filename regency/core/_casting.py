@@ -476,6 +476,9 @@ class TreeNode:
         for rank in self.cast_dests[0][1]:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
             rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+        # A forwarder never sends the cast again (a lost child's range goes up, to the
+        # sender), so the payload is not kept while the subtree answers.
+        self.parts = ()
         self.local_done = True
         if self._progress():
             self._close()
