@@ -38,6 +38,24 @@ class Log(Actor):
         return current_rank().rank
 
 
+class Relay(Actor):
+    """Casts from inside a proc: the tree's sender is an actor, not the controller."""
+
+    def __init__(self, logs: Any) -> None:
+        self.logs = logs
+
+    @endpoint
+    def cast_and_read(self, item: int) -> tuple[list[list[int]], int]:
+        from regency.core._current import current_runtime_or_none
+
+        self.logs.add.broadcast(item)
+        self.logs.flatten("r").slice(r=33).add.call_one(item + 1)
+        seen = list(self.logs.log.call().get().values())
+        rt = current_runtime_or_none()
+        assert rt is not None
+        return seen, rt.casting.tree_casts
+
+
 @pytest.fixture(autouse=True)
 def small_trees() -> Iterator[None]:
     """Trees from 8 procs up, 4 children each (deep trees on small meshes)."""
@@ -69,6 +87,20 @@ def test_every_adverb_goes_through_the_tree() -> None:
     assert value["total"] == n * (n - 1) // 2
     assert value["seen"] == [[5]] * n
     assert value["tree_casts"] == 5
+
+
+def test_an_actor_casts_through_a_tree_too() -> None:
+    def program(hosts: Any) -> tuple[list[list[int]], int]:
+        procs = hosts.spawn_procs(per_host={"gpus": 8})
+        logs = procs.spawn("relayed", Log)
+        relay = procs.slice(hosts=0, gpus=0).spawn("relay", Relay, logs)
+        result: tuple[list[list[int]], int] = relay.cast_and_read.call_one(7).get()
+        return result
+
+    seen, tree_casts = simulate(program, seed=8, hosts=8).value
+    assert seen[33] == [7, 8]
+    assert [s for i, s in enumerate(seen) if i != 33] == [[7]] * 63
+    assert tree_casts == 2
 
 
 def test_small_meshes_keep_the_direct_path() -> None:
