@@ -104,3 +104,12 @@ def test_the_config_keys_are_checked() -> None:
     with pytest.raises(ValueError, match=r"cast_tree_min must be positive \(got 0\)"):
         Config(cast_tree_min=0)
     assert Config().cast_fanout == 16 and Config().cast_tree_min == 32
+
+
+def test_monarchs_max_cast_dimension_size_sets_the_fanout() -> None:
+    import regency.config
+
+    with regency.config.configured(max_cast_dimension_size=8) as config:
+        assert config["cast_fanout"] == 8
+    with pytest.raises(ValueError, match=r"cast_fanout must be an int of at least 2 \(got 1\)"):
+        regency.config.configure(max_cast_dimension_size=1)
