@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.runtime")
 
 Dests = tuple[tuple[str, tuple[int, ...]], ...]  # (address, local ranks), in tree order
-#: (actor, addresses, fanout): the actor a tree cast is for and the paths it takes.
-TreeKey = tuple[str, tuple[str, ...], int]
+#: (actor, tree id, fanout): the actor a tree cast is for and the paths it takes (the tree
+#: id stands for the list of addresses: hashing a 4,096-tuple per fence would be quadratic).
+TreeKey = tuple[str, int, int]
 #: (address, actor): what a fence holds messages for (order is per sender and actor).
 Target = tuple[str, str]
 
@@ -86,6 +87,10 @@ class Casting:
             OrderedDict()
         )
         self._groups: dict[int, tuple[Any, Dests]] = {}
+        #: The id of each list of addresses a tree cast went over (ids are never reused; a
+        #: forgotten list gets a new id, which only makes a cast wait where it need not).
+        self._trees: dict[tuple[str, ...], int] = {}
+        self._tree_ids = itertools.count()
         #: Tree casts this runtime started and TreeNodes it ran (for tests and benchmarks).
         self.tree_casts = 0
         self.forwarded = 0
@@ -220,7 +225,7 @@ class Casting:
         the tree a cast takes is what the fences are checked against."""
         rt = self._rt
         direct, tree = self._split(dests)
-        key: TreeKey = (actor, tuple(a for a, _ in tree), fanout)
+        key: TreeKey = (actor, self._tree_id(tuple(a for a, _ in tree)), fanout)
         fenced = self._fenced
         if fenced:
             for address, _ in direct:  # a direct send would overtake any cast in flight
@@ -265,6 +270,14 @@ class Casting:
         node.port_id = rt.open_port(node)[1]
         rt.call_soon(node.start_root)
         return True
+
+    def _tree_id(self, addresses: tuple[str, ...]) -> int:
+        tree_id = self._trees.get(addresses)
+        if tree_id is None:
+            if len(self._trees) >= 256:
+                self._trees.clear()
+            tree_id = self._trees[addresses] = next(self._tree_ids)
+        return tree_id
 
     def _hold(self, reach: tuple[Target, ...], attempt: Callable[[], bool]) -> None:
         """Queue a send: ``attempt()`` sends it when the fences allow (True) or not."""
@@ -326,6 +339,9 @@ class Casting:
                 node.ack_also(msg.up, msg.offset)
             return
         assert isinstance(msg.payload, M.Unpickled)
+        if len(msg.dests) == 1:  # a leaf (most procs of a tree): no node, no port
+            self._leaf(msg)
+            return
         node = TreeNode(
             self,
             cast_id=msg.cast_id,
@@ -335,7 +351,7 @@ class Casting:
             gather=msg.gather,
             labels=msg.labels,
             sizes=msg.sizes,
-            dests=tuple((a, tuple(r)) for a, r in msg.dests),
+            dests=msg.dests,  # type: ignore[arg-type]  # tuples: pickle keeps them
             fanout=msg.fanout,
             parts=msg.payload.parts,
             key=None,
@@ -345,6 +361,22 @@ class Casting:
             seen.popitem(last=False)
         self.forwarded += 1
         node.start_forwarder(msg.up, msg.offset)
+
+    def _leaf(self, msg: M.Cast) -> None:
+        """Deliver a cast that ends here; acknowledge it (its replies, if gathered, go to
+        the forwarder's port and say it all)."""
+        seen = self._seen
+        seen[msg.cast_id] = ()
+        if len(seen) > _SEEN:
+            seen.popitem(last=False)
+        rt, actor, method = self._rt, msg.actor, msg.method
+        payload = msg.payload
+        assert isinstance(payload, M.Unpickled)
+        for rank in msg.dests[0][1]:
+            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
+            rt._to_actor(actor, M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args))
+        if not msg.gather:
+            self._ack(msg.up, msg.offset, ())
 
     def _ack(self, up: M.PortRef, offset: int, unreached: Sequence[tuple[int, int]]) -> None:
         try:
