@@ -235,14 +235,18 @@ def real_rows() -> list[Row]:
         for host in hosts:
             host.start_worker(SECRET)
         mesh = attach_to_workers([h.worker_address for h in hosts], lease=5.0)
+        modes = {"direct": (DIRECT, 16), "tree, fan-out 4": (2, 4), "tree, defaults": (32, 16)}
         for per_host in (4, 8):
             nodes = mesh.spawn_procs(per_host={"gpus": per_host}).spawn("nodes", Node)
             nodes.rank.call().get(30)
-            wall: dict[str, list[float]] = {"direct": [], "tree": []}
-            cpu: dict[str, list[float]] = {"direct": [], "tree": []}
+            n = 4 * per_host
+            names = [m for m in modes if m != "tree, defaults" or n >= 32]
+            wall: dict[str, list[float]] = {name: [] for name in names}
+            cpu: dict[str, list[float]] = {name: [] for name in names}
             for _ in range(5):
-                for name, tree_min in (("direct", DIRECT), ("tree", 2)):
-                    regency.configure(cast_tree_min=tree_min, cast_fanout=4)
+                for name in names:
+                    tree_min, fanout = modes[name]
+                    regency.configure(cast_tree_min=tree_min, cast_fanout=fanout)
                     nodes.rank.call().get(30)
                     start, start_cpu = time.perf_counter(), time.process_time()
                     for _ in range(200):
@@ -250,13 +254,12 @@ def real_rows() -> list[Row]:
                     wall[name].append((time.perf_counter() - start) / 200 * 1e6)
                     cpu[name].append((time.process_time() - start_cpu) / 200 * 1e6)
             regency.configure(cast_tree_min=32, cast_fanout=16)
-            n = 4 * per_host
-            for name in ("direct", "tree"):
+            for name in names:
                 rows.append((f"call() over {n} real procs (4 netns hosts x {per_host}), {name}",
                              "", statistics.median(wall[name]), "us"))
                 rows.append(("  the controller's CPU per call()", "",
                              statistics.median(cpu[name]), "us CPU"))
-            _show(rows[-4:])
+            _show(rows[-2 * len(names):])
         mesh.shutdown().get(30)
     return rows
 
