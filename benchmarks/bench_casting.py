@@ -31,6 +31,7 @@ import regency  # noqa: E402
 import regency.actor  # noqa: E402
 from regency.actor import Actor, endpoint  # noqa: E402
 from regency.core import _outbox  # noqa: E402
+from regency.core._config import overridden  # noqa: E402
 from regency.core._controller import current_runtime  # noqa: E402
 from regency.sim._cluster import simulate  # noqa: E402
 
@@ -123,10 +124,8 @@ def _frames(tree_min: int) -> tuple[int, int]:
         # The broadcast's own frames: what the controller sent minus the call's.
         return b["sent"] - c["sent"], c["received"]
 
-    try:
-        return simulate(program, seed=1, hosts=128).value  # type: ignore[no-any-return]
-    finally:
-        regency.configure(cast_tree_min=32)
+    # simulate() restores the configuration the program changed.
+    return simulate(program, seed=1, hosts=128).value  # type: ignore[no-any-return]
 
 
 def _ten_calls(tree_min: int, hosts: int = 512) -> float:
@@ -139,10 +138,7 @@ def _ten_calls(tree_min: int, hosts: int = 512) -> float:
             assert sum(nodes.rank.call().get().values()) == hosts * 8
         return time.perf_counter() - start
 
-    try:
-        return simulate(program, seed=1, hosts=hosts).value  # type: ignore[no-any-return]
-    finally:
-        regency.configure(cast_tree_min=32)
+    return simulate(program, seed=1, hosts=hosts).value  # type: ignore[no-any-return]
 
 
 def _one_call(procs: int, tree_min: int) -> float:
@@ -157,10 +153,7 @@ def _one_call(procs: int, tree_min: int) -> float:
             times.append(time.perf_counter() - start)
         return min(times)
 
-    try:
-        return simulate(program, seed=1, hosts=procs // 8).value  # type: ignore[no-any-return]
-    finally:
-        regency.configure(cast_tree_min=32)
+    return simulate(program, seed=1, hosts=procs // 8).value  # type: ignore[no-any-return]
 
 
 def _crash_mid_broadcast(hosts: int, cls: type[Actor]) -> tuple[int, int, float]:
@@ -203,14 +196,14 @@ def big_rows() -> list[Row]:
 def sim_rows() -> list[Row]:
     regency.actor.unhandled_fault_hook = lambda failure: None
     rows: list[Row] = []
-    for name, tree_min in (("tree", 32), ("direct", DIRECT)):
+    for name, tree_min in (("tree", 64), ("direct", DIRECT)):
         sent, received = _frames(tree_min)
         rows.append((f"frames the controller sends per broadcast, 1,024 procs, {name}",
                      "<= 64", sent, "frames"))
         rows.append((f"frames the controller receives per call(), 1,024 procs, {name}",
                      "<= 64", received, "frames"))
         _show(rows[-2:])
-    for name, tree_min in (("tree", 32), ("direct", DIRECT)):
+    for name, tree_min in (("tree", 64), ("direct", DIRECT)):
         rows.append((f"10 call()s over 4,096 simulated procs, {name}", "", _ten_calls(tree_min),
                      "s real"))
         _show(rows[-1:])
@@ -235,25 +228,24 @@ def real_rows() -> list[Row]:
         for host in hosts:
             host.start_worker(SECRET)
         mesh = attach_to_workers([h.worker_address for h in hosts], lease=5.0)
-        modes = {"direct": (DIRECT, 16), "tree, fan-out 4": (2, 4), "tree, defaults": (32, 16)}
+        modes = {"direct": (DIRECT, 16), "tree, fan-out 4": (2, 4), "tree, fan-out 16": (2, 16)}
         for per_host in (4, 8):
             nodes = mesh.spawn_procs(per_host={"gpus": per_host}).spawn("nodes", Node)
             nodes.rank.call().get(30)
             n = 4 * per_host
-            names = [m for m in modes if m != "tree, defaults" or n >= 32]
+            names = [m for m in modes if m != "tree, fan-out 16" or n >= 32]
             wall: dict[str, list[float]] = {name: [] for name in names}
             cpu: dict[str, list[float]] = {name: [] for name in names}
             for _ in range(5):
                 for name in names:
                     tree_min, fanout = modes[name]
-                    regency.configure(cast_tree_min=tree_min, cast_fanout=fanout)
-                    nodes.rank.call().get(30)
-                    start, start_cpu = time.perf_counter(), time.process_time()
-                    for _ in range(200):
+                    with overridden(cast_tree_min=tree_min, cast_fanout=fanout):
                         nodes.rank.call().get(30)
-                    wall[name].append((time.perf_counter() - start) / 200 * 1e6)
-                    cpu[name].append((time.process_time() - start_cpu) / 200 * 1e6)
-            regency.configure(cast_tree_min=32, cast_fanout=16)
+                        start, start_cpu = time.perf_counter(), time.process_time()
+                        for _ in range(200):
+                            nodes.rank.call().get(30)
+                        wall[name].append((time.perf_counter() - start) / 200 * 1e6)
+                        cpu[name].append((time.process_time() - start_cpu) / 200 * 1e6)
             for name in names:
                 rows.append((f"call() over {n} real procs (4 netns hosts x {per_host}), {name}",
                              "", statistics.median(wall[name]), "us"))

@@ -99,9 +99,11 @@ class Config:
     #: A cast (``call``, ``broadcast``, ``stream``, ``send``) to at least this many procs
     #: travels down a tree of the procs themselves instead of one frame per proc from the
     #: sender, and a ``call``'s replies come back up it in few frames (docs/concepts.md).
-    cast_tree_min: int = attrs.field(default=32, validator=lambda _inst, a, v: _positive(a, v))
+    cast_tree_min: int = attrs.field(default=64, validator=lambda _inst, a, v: _positive(a, v))
     #: How many procs each forwarder (and the sender) sends a tree cast on to: with 16, a
-    #: 4,096-proc cast is 3 hops deep and the sender sends 16 frames.
+    #: 4,096-proc cast is 3 hops deep and the sender sends 16 frames. (The default
+    #: ``cast_tree_min`` is 4 x 16: below it, ranges of fewer than 4 procs save the sender
+    #: little and cost a hop; docs/performance.md.)
     cast_fanout: int = attrs.field(default=16, validator=lambda _inst, a, v: _at_least_2(a, v))
 
     def to_env(self) -> dict[str, str]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import regency
 from regency.actor import Accumulator, Actor, Channel, endpoint, send
+from regency.core._config import overridden
 from regency.core._controller import current_runtime
 
 from ..conftest import SpawnProcs
@@ -39,9 +39,8 @@ class Log(Actor):
 
 @pytest.fixture(autouse=True)
 def deep_trees() -> Iterator[None]:
-    regency.configure(cast_tree_min=2, cast_fanout=2)
-    yield
-    regency.configure(cast_tree_min=32, cast_fanout=16)
+    with overridden(cast_tree_min=2, cast_fanout=2):
+        yield
 
 
 def test_every_adverb_through_a_tree_of_real_procs(spawn_procs: SpawnProcs) -> None:

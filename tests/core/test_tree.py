@@ -103,7 +103,7 @@ def test_the_config_keys_are_checked() -> None:
         Config(cast_fanout=1)
     with pytest.raises(ValueError, match=r"cast_tree_min must be positive \(got 0\)"):
         Config(cast_tree_min=0)
-    assert Config().cast_fanout == 16 and Config().cast_tree_min == 32
+    assert Config().cast_fanout == 16 and Config().cast_tree_min == 64
 
 
 def test_monarchs_max_cast_dimension_size_sets_the_fanout() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import regency
 from regency.actor import Accumulator, Actor, SupervisionError, endpoint
+from regency.core._config import overridden
 from regency.core._controller import current_runtime
 from regency.sim._cluster import current, simulate
 
@@ -59,9 +60,8 @@ class Relay(Actor):
 @pytest.fixture(autouse=True)
 def small_trees() -> Iterator[None]:
     """Trees from 8 procs up, 4 children each (deep trees on small meshes)."""
-    regency.configure(cast_tree_min=8, cast_fanout=4)
-    yield
-    regency.configure(cast_tree_min=32, cast_fanout=16)
+    with overridden(cast_tree_min=8, cast_fanout=4):
+        yield
 
 
 def test_every_adverb_goes_through_the_tree() -> None:
