@@ -6,10 +6,12 @@ The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
 * :class:`Casting` (one per runtime) decides, per cast, between the direct path (one frame
   per rank) and a tree; holds the sender's *fences* (below); and runs the forwarders'
   :class:`TreeNode` for each :class:`~regency.core._messages.Cast` that arrives.
-* :class:`TreeNode` is one proc's part in one cast, a reply-port handler: it counts the
-  TREE_ACKs of the subtrees it forwarded to, acknowledges its own subtree to its sender once
-  its ranks have the message in their mailboxes and every child acknowledged, and in
-  *gather* mode (a ``call()``) collects its subtree's replies into one BATCH for its sender.
+* :class:`TreeNode` is one forwarding proc's part in one cast (and the sender's), a
+  reply-port handler: it counts the TREE_ACKs of the subtrees it forwarded to and
+  acknowledges its own subtree to its sender once its ranks have the message in their
+  mailboxes and every child acknowledged; in *gather* mode (a ``call()``) it collects its
+  subtree's replies into one BATCH for its sender instead, which acknowledges the subtree
+  too. A proc with no one to forward to delivers and acknowledges without a node.
   A child lost before it acknowledged is handed up: a forwarder names its range in its own
   TREE_ACK, and the sender of the cast sends that range the cast itself, or, if it cannot
   reach that proc either, its children (a proc reached twice delivers once: casts are
@@ -44,7 +46,7 @@ from . import _codec
 from . import _messages as M
 from ._config import current_config
 from ._errors import RemoteFailure, UndeliverableError
-from ._tree import child_ranges, root_ranges
+from ._tree import child_ranges, root_ranges, subtree
 
 if TYPE_CHECKING:
     from ._replies import _Route
@@ -91,7 +93,7 @@ class Casting:
         #: forgotten list gets a new id, which only makes a cast wait where it need not).
         self._trees: dict[tuple[str, ...], int] = {}
         self._tree_ids = itertools.count()
-        #: Tree casts this runtime started and TreeNodes it ran (for tests and benchmarks).
+        #: Tree casts this runtime started, and forwarding nodes it ran (tests, benchmarks).
         self.tree_casts = 0
         self.forwarded = 0
 
@@ -399,8 +401,6 @@ class _Behind:
     def __call__(self, address: str) -> list[int]:
         for position, (a, _) in enumerate(self.dests):
             if a == address:
-                from ._tree import subtree
-
                 lo, hi = subtree(len(self.dests), self.fanout, position)
                 return [r for _, ranks in self.dests[lo:hi] for r in ranks]
         return []
