@@ -4,6 +4,7 @@ forwarder, so a cast goes 3 hops deep over real sockets and threads."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from regency.actor import Accumulator, Actor, Channel, endpoint, send
 from regency.core._config import overridden
 from regency.core._controller import current_runtime
 
-from ..conftest import SpawnProcs
+from ..conftest import RootFailures, SpawnProcs
 
 
 class Log(Actor):
@@ -82,3 +83,20 @@ def test_casts_and_direct_messages_from_one_sender_stay_in_order(
             expected[r].append(value)
         value += 1
     assert list(logs.log.call().get(30).values()) == expected
+
+
+def test_a_forwarder_killed_mid_broadcast_is_taken_over(
+    spawn_procs: SpawnProcs, roots: RootFailures
+) -> None:
+    """8 procs, fan-out 2: the proc at position 4 is to forward to 5 and 7 (5 to 6). It is
+    stopped (SIGSTOP) so the broadcast waits in its socket, then killed: the controller
+    sends the broadcast to 5 and 7 itself, and the failure of rank 4 is reported once."""
+    logs = spawn_procs(per_host={"gpus": 8}).spawn("takeover", Log)
+    pids = list(logs.pid.call().get(30).values())
+    os.kill(pids[4], signal.SIGSTOP)
+    logs.add.broadcast(1)
+    os.kill(pids[4], signal.SIGKILL)
+    below = logs.flatten("r").slice(r=slice(5, 8))
+    assert list(below.log.call().get(30).values()) == [[1], [1], [1]]
+    assert roots.wait_for("takeover").ranks == (4,)
+    assert len(roots.of("takeover")) == 1
