@@ -135,6 +135,8 @@ _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
     "mesh_bootstrap_enable_pdeathsig": _always_on,
     "rdma_disable_ibverbs": _no_ibverbs,
     "rdma_allow_tcp_fallback": _tcp_fallback,
+    # Monarch bounds a cast tree's fan-out by reshaping dims to at most this size.
+    "max_cast_dimension_size": _same("cast_fanout"),
 }
 
 #: Monarch's keys that have no meaning in Regency, and why.
@@ -153,7 +155,6 @@ _NOT_HERE = {
     "enable_dest_actor_reordering_buffer": "Regency's delivery is in order per sender already",
     "mesh_terminate_concurrency": "procs are stopped all at once",
     "small_write_threshold": "no such threshold in Regency's transports",
-    "max_cast_dimension_size": "Regency casts have no dimension-size limit",
     "remote_alloc_bind_to_inaddr_any": "workers listen on the address given to `regency worker`",
     "remote_alloc_bootstrap_addr": "workers listen on the address given to `regency worker`",
     "remote_alloc_allowed_port_range": "procs bind port 0 and report the port they got",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..supervision import ROOT, MeshStopped
+from . import _codec
 from . import _messages as M
 from ._adverbs import Endpoint, _PlainMethod
 from ._context import current as current_context
@@ -137,7 +138,12 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         unreachable = 0
         for global_rank in shape.ranks:
             try:
-                rt.post(self._procs[global_rank][1], M.StopActor(self._key, port))
+                # In order with this sender's casts (a stop never overtakes a broadcast).
+                rt.casting.post_actor(
+                    self._procs[global_rank][1],
+                    self._key,
+                    _codec.encode(M.StopActor(self._key, port)),
+                )
             except UndeliverableError:
                 unreachable += 1  # already gone: nothing to stop there
 

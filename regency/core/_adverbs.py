@@ -1,6 +1,7 @@
 """Endpoints of an actor mesh and their adverbs (``call``, ``call_one``, ``choose``,
 ``stream``, ``broadcast``, ``Accumulator``, ``send``): each pickles its arguments once and
-sends one CALL frame per destination rank."""
+sends one CALL frame per destination rank, or, to many procs, one CAST down a casting tree
+(:mod:`regency.core._casting`)."""
 
 from __future__ import annotations
 
@@ -88,15 +89,25 @@ class Endpoint(Generic[P, R]):
         local_ranks: Sequence[int],
         port: tuple[str, int] | None,
         payload: list[Any],
+        *,
+        gather: bool = False,
+        replies: Replies | None = None,
     ) -> None:
-        route = self._mesh._route()
-        key, name, labels, sizes = self._mesh._key, self._name, route.labels, route.sizes
-        encode, send = _codec.encode_call, rt.send
-        for local in local_ranks:
-            send(route.addresses[local], encode(key, name, port, local, labels, sizes, payload))
+        """One message per rank: directly, or down a casting tree for a big mesh
+        (:mod:`regency.core._casting`; ``gather``: the replies come back up it)."""
+        rt.casting.send(
+            self._mesh._route(), local_ranks, self._mesh._key, self._name, port, payload,
+            gather=gather, replies=replies,
+        )
 
     def _issue(
-        self, rt: Runtime, local_ranks: Sequence[int], handler: Any, payload: list[Any]
+        self,
+        rt: Runtime,
+        local_ranks: Sequence[int],
+        handler: Any,
+        payload: list[Any],
+        *,
+        gather: bool = False,
     ) -> None:
         """Open a reply port for ``handler`` and send to ``local_ranks``.
 
@@ -106,7 +117,7 @@ class Endpoint(Generic[P, R]):
         port = rt.open_port(handler)
         try:
             self._check_alive(rt, local_ranks)
-            self._send(rt, local_ranks, port, payload)
+            self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
         except SupervisionError as exc:
             rt.close_port(port[1])
             handler.fail(exc)
@@ -129,11 +140,19 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[ValueMesh[R]] = Future()
-        self._call_all(rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True)
+        self._call_all(
+            rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True, gather=True
+        )
         return fut
 
     def _call_all(
-        self, rt: Runtime, reducer: Reducer, payload: list[Any], *, once_per_rank: bool = False
+        self,
+        rt: Runtime,
+        reducer: Reducer,
+        payload: list[Any],
+        *,
+        once_per_rank: bool = False,
+        gather: bool = False,
     ) -> None:
         route = self._mesh._route()
         handler = Replies(
@@ -144,7 +163,7 @@ class Endpoint(Generic[P, R]):
             route.all_dests,
             once_per_rank=once_per_rank,
         )
-        self._issue(rt, range(len(route.addresses)), handler, payload)
+        self._issue(rt, range(len(route.addresses)), handler, payload, gather=gather)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         fut: Future[R] = Future()
@@ -199,7 +218,7 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[Any] = Future()
-        self._call_all(rt, Fold(fut, acc, combine), payload)
+        self._call_all(rt, Fold(fut, acc, combine), payload, gather=True)
         return fut
 
     def __repr__(self) -> str:

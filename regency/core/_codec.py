@@ -46,6 +46,7 @@ from ._messages import (
     Ack,
     Attach,
     Call,
+    Cast,
     Detach,
     Exited,
     Failed,
@@ -474,6 +475,7 @@ _STOP_PROC = 4
 _HELLO = 5
 _FAILED = 6
 _HEARTBEAT = 7
+_CAST = 8
 _REPLY = 1  # a reply with out-of-band parts (the binary layout takes one part only)
 _ATTACH = 20
 _RESERVE = 21
@@ -587,6 +589,12 @@ def encode(msg: M.Wire) -> Frame:
             )
         case Reply():
             return encode_reply(msg.port_id, msg.index, msg.status, msg.payload)
+        case Cast():
+            return _pack(
+                (_CAST, msg.cast_id, msg.actor, msg.method, msg.port, msg.up, msg.offset,
+                 msg.gather, msg.labels, msg.sizes, msg.dests, msg.fanout),
+                _parts(msg.payload),
+            )
         case Spawn():
             return _pack(
                 (_SPAWN, msg.actor, msg.name, msg.rank, msg.labels, msg.sizes, msg.port,
@@ -699,6 +707,13 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
         _, actor, name, rank, labels, sizes, port, owner, _ = env
         pickled = M.Unpickled(tuple(bytes(p) for p in parts))  # the receive buffer is reused
         return Spawn(actor, name, rank, labels, sizes, port, owner, pickled)
+    if kind == _CAST:
+        _, cast_id, actor, method, port, up, offset, gather, labels, sizes, dests, fanout, _ = env
+        pickled = M.Unpickled(tuple(bytes(p) for p in parts))  # forwarded as it came
+        return Cast(
+            cast_id, actor, method, port, up, offset, gather, labels, sizes, dests, fanout,
+            pickled,
+        )
     if kind == _REPLY:
         _, port_id, index, status, _ = env
         return Reply(port_id, index, status, _load(parts))

@@ -30,6 +30,11 @@ def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
 
 
+def _at_least_2(attribute: attrs.Attribute[Any], value: int) -> None:
+    if not (type(value) is int and value >= 2):
+        raise ValueError(f"{attribute.name} must be an int of at least 2 (got {value!r})")
+
+
 def _check_runtime(_: Any, __: Any, value: str) -> None:
     if value not in ("real", "sim"):
         raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
@@ -97,6 +102,16 @@ class Config:
     #: each message to the waiting thread (one more wake-up each way; for measuring the
     #: difference). Read when a runtime starts; procs inherit the controller's setting.
     thread_reads: bool = True
+
+    #: A cast (``call``, ``broadcast``, ``stream``, ``send``) to at least this many procs
+    #: travels down a tree of the procs themselves instead of one frame per proc from the
+    #: sender, and a ``call``'s replies come back up it in few frames (docs/concepts.md).
+    cast_tree_min: int = attrs.field(default=64, validator=lambda _inst, a, v: _positive(a, v))
+    #: How many procs each forwarder (and the sender) sends a tree cast on to: with 16, a
+    #: 4,096-proc cast is 3 hops deep and the sender sends 16 frames. (The default
+    #: ``cast_tree_min`` is 4 x 16: below it, ranges of fewer than 4 procs save the sender
+    #: little and cost a hop; docs/performance.md.)
+    cast_fanout: int = attrs.field(default=16, validator=lambda _inst, a, v: _at_least_2(a, v))
 
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}

@@ -29,6 +29,12 @@ OK = 0
 ERROR = 1
 #: The actor cannot take calls (failed, stopped); the payload is a RemoteFailure.
 DEAD = 2
+#: (casting trees) the payload is a list of ``(index, status, value)`` replies, gathered by a
+#: forwarding proc: the port handler gets each as if it had come alone.
+BATCH = 3
+#: (casting trees) the subtree whose range starts at ``index`` has every message of the cast
+#: in its mailboxes; no payload.
+TREE_ACK = 4
 
 
 @attrs.frozen
@@ -86,6 +92,34 @@ class Reply:
     port_id: int
     index: int
     status: int
+    payload: Any
+
+
+@attrs.frozen
+class Cast:
+    """A call cast down a tree (:mod:`regency.core._casting`): the receiver is
+    ``dests[0]``'s proc; it delivers ``Call(actor, method, ...)`` to its own ranks and forwards
+    the rest of ``dests`` in at most ``fanout`` ranges (:mod:`regency.core._tree`).
+
+    ``dests``: ``(address, local ranks)`` of each proc of this subtree, in tree order.
+    ``offset``: where ``dests`` starts in the sender's list (named in the TREE_ACK).
+    ``up``: the sender's port for the TREE_ACK of this subtree (and, when ``gather``,
+    ``port`` is where this subtree's replies go as one BATCH).
+    ``cast_id``: ``(origin address, number)``, so a proc reached twice (a forwarder was lost
+    and another took over) delivers once. Payload ``(args, kwargs)``: on the way in, an
+    :class:`Unpickled` (forwarded as it came)."""
+
+    cast_id: tuple[str, int]
+    actor: str
+    method: str
+    port: PortRef | None
+    up: PortRef
+    offset: int
+    gather: bool
+    labels: Sequence[str]
+    sizes: Sequence[int]
+    dests: Sequence[tuple[str, Sequence[int]]]
+    fanout: int
     payload: Any
 
 
@@ -244,7 +278,7 @@ class Lapsed:
 #: What a worker daemon and a controller say to each other (handled by runtime extensions).
 HostMessage = Attach | Reserve | Launch | Exited | Kill | Lease | Detach | Refused | Lapsed
 #: Every frame a runtime dispatches.
-Message = Call | Reply | Spawn | StopActor | StopProc | Hello | Failed | Heartbeat | HostMessage
+Message = Call | Reply | Cast | Spawn | StopActor | StopProc | Hello | Failed | Heartbeat | HostMessage
 #: Every frame on the wire.
 Wire = Message | Session | Ack
 

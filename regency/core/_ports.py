@@ -12,7 +12,7 @@ import trio
 from .. import transports
 from . import _codec
 from ._errors import DecodeError
-from ._messages import Reply, Undecodable
+from ._messages import BATCH, Reply, Undecodable
 
 log = logging.getLogger("regency.runtime")
 
@@ -85,7 +85,20 @@ class PortTable:
                         f"{detail}"
                     )
                 )
-            finished = handler.deliver(reply.index, reply.status, value)
+            if reply.status == BATCH and type(value) is list:
+                # Replies gathered by a forwarding proc of a casting tree: the tree's own
+                # handler takes them whole; any other gets each as if it had come alone.
+                batch = getattr(handler, "deliver_batch", None)
+                if batch is not None:
+                    finished = batch(reply.index, value)
+                else:
+                    finished = False
+                    for index, status, item in value:
+                        if handler.deliver(index, status, item):
+                            finished = True
+                            break
+            else:
+                finished = handler.deliver(reply.index, reply.status, value)
         except (KeyboardInterrupt, trio.Cancelled):
             raise
         except BaseException as exc:  # a handler's unpickling may raise anything

@@ -49,7 +49,9 @@ class Replies:
     ``reducer``. ``ranks``/``addresses``: the mesh rank and address of each rank called,
     so that a lost destination fails the call naming the ranks behind it."""
 
-    __slots__ = ("addresses", "dests", "endpoint", "missing", "ranks", "reducer", "seen")
+    __slots__ = (
+        "addresses", "behind", "dests", "endpoint", "missing", "ranks", "reducer", "seen"
+    )
     #: Replies may be delivered on a thread that read them (core/_leader.py), under the
     #: runtime's dispatch lock: this handler only counts and resolves futures.
     on_any_thread = True
@@ -69,6 +71,9 @@ class Replies:
         self.missing = len(ranks)
         #: Ranks answered, where an explicit port may answer twice (the first answer counts).
         self.seen: list[bool] | None = [False] * len(ranks) if once_per_rank else None
+        #: For a call gathered up a casting tree: the local ranks whose replies a proc was to
+        #: gather (``regency.core._casting``), named too when that proc is lost.
+        self.behind: Callable[[str], list[int]] | None = None
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
         seen = self.seen
@@ -96,6 +101,9 @@ class Replies:
             ranks = list(self.ranks)
         else:
             ranks = [r for r, a in zip(self.ranks, self.addresses, strict=True) if a == address]
+            if self.behind is not None and address is not None:
+                behind = {self.ranks[i] for i in self.behind(address)}
+                ranks = sorted(behind.union(ranks))
         where = f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {ranks}" if ranks else ""
         self.reducer.fail(SupervisionError(f"Endpoint call {self.endpoint} failed{where}: {exc}"))
 

@@ -31,6 +31,7 @@ from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec, _future
 from . import _messages as M
 from ._aio import AsyncioBridge, drive
+from ._casting import Casting
 from ._children import Child, ChildProcs
 from ._config import Config
 from ._controller import current_runtime, derive_secret, job_secret
@@ -121,6 +122,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         )
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
+        #: Casting trees: this runtime's fences as a sender, and its part as a forwarder.
+        self.casting = Casting(self)
 
     # What the environment decides, read-only: a runtime's world does not change under it.
 
@@ -373,7 +376,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         with self.dispatch_lock:  # a thread may be delivering a reply to one of these
             for port_id, handler in list(self.ports.items()):
                 if address in handler.dests:
-                    del self.ports[port_id]
+                    if not getattr(handler, "keep_port_on_loss", False):
+                        del self.ports[port_id]
                     handler.fail(error, address)
         self.oversight.feed(ProcLost(address, cause))
 
@@ -409,6 +413,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 self._to_port(msg)
             case M.Call():
                 self._to_actor(msg.actor, msg)
+            case M.Cast():
+                self.casting.on_cast(msg)
             case M.Spawn():
                 payload = msg.payload
                 if type(payload) is M.Unpickled:

@@ -1,0 +1,728 @@
+"""Casting trees, the runtime side: sending a cast down a tree of procs, forwarding it,
+gathering replies back up, and keeping one sender's messages to one actor in order.
+
+The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
+
+* :class:`Casting` (one per runtime) decides, per cast, between the direct path (one frame
+  per rank) and a tree; holds the sender's *fences* (below); and runs the forwarders'
+  :class:`TreeNode` for each :class:`~regency.core._messages.Cast` that arrives.
+* :class:`TreeNode` is one forwarding proc's part in one cast (and the sender's), a
+  reply-port handler: it counts the TREE_ACKs of the subtrees it forwarded to and
+  acknowledges its own subtree to its sender once its ranks have the message in their
+  mailboxes and every child acknowledged; in *gather* mode (a ``call()``) it collects its
+  subtree's replies into one BATCH for its sender instead, which acknowledges the subtree
+  too. A proc with no one to forward to delivers and acknowledges without a node.
+  A child lost before it acknowledged is handed up: a forwarder names its range in its own
+  TREE_ACK, and the sender of the cast sends that range the cast itself, or, if it cannot
+  reach that proc either, its children (a proc reached twice delivers once: casts are
+  numbered). In gather mode, whose replies died with the lost child, the ranks behind it
+  are answered ``DEAD`` naming it.
+
+Ordering (docs/concepts.md): messages from one sender to one actor are handled in the order
+sent. A tree cast takes longer paths than a direct message, so the sender keeps, per
+destination (proc address, actor), a *fence* while a tree cast's subtree is not acknowledged
+(answered, for a gathered call). Until then:
+
+* a direct message for that actor (``call_one``, ``stop``, a small cast) to that proc waits
+  in the sender, in order, and goes once the fence drops;
+* a tree cast for that actor over a different list of procs whose reach includes the proc
+  waits too (its tree differs, so its path there may be shorter); a cast over the same list
+  goes at once: it takes the same path as the casts in flight, link by link in order;
+* a proc that had a direct actor message from this sender not yet acknowledged by its
+  receiver gets the next tree cast directly (the same connection, so in order), not through
+  the tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _codec
+from . import _messages as M
+from ._config import current_config
+from ._errors import RemoteFailure, UndeliverableError
+from ._tree import child_ranges, root_ranges, subtree
+
+if TYPE_CHECKING:
+    from ._replies import _Route
+    from ._runtime import Runtime
+
+log = logging.getLogger("regency.runtime")
+
+Dests = tuple[tuple[str, tuple[int, ...]], ...]  # (address, local ranks), in tree order
+#: (actor, tree id, fanout): the actor a tree cast is for and the paths it takes (the tree
+#: id stands for the list of addresses: hashing a 4,096-tuple per fence would be quadratic).
+TreeKey = tuple[str, int, int]
+#: (address, actor): what a fence holds messages for (order is per sender and actor).
+Target = tuple[str, str]
+
+#: A send waiting for fences: (what it reaches, a try that says whether it went).
+_Held = tuple[tuple[Target, ...], Callable[[], bool]]
+
+#: How many cast ids a proc remembers, to deliver a cast that reaches it twice only once.
+_SEEN = 4096
+
+
+class Casting:
+    """One runtime's casting: the sender's fences and the forwarders' tree nodes."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._lock = threading.RLock()
+        self._ids = itertools.count()
+        #: (address, actor) -> {tree key: tree casts to that actor there in flight}.
+        self._fenced: dict[Target, dict[TreeKey, int]] = {}
+        #: Sends waiting for fences to drop, in send order.
+        self._held: deque[_Held] = deque()
+        self._held_reach: Counter[Target] = Counter()
+        #: address -> the outbox's frame count after this runtime's last direct actor
+        #: message to it (dropped once the receiver acknowledged that many).
+        self._direct: dict[str, int] = {}
+        #: Cast ids seen here: the node still running, or, once it is done, the ranges it
+        #: could not reach (empty: none).
+        self._seen: OrderedDict[tuple[str, int], TreeNode | tuple[tuple[int, int], ...]] = (
+            OrderedDict()
+        )
+        self._groups: dict[int, tuple[Any, Dests]] = {}
+        #: The id of each list of addresses a tree cast went over (ids are never reused; a
+        #: forgotten list gets a new id, which only makes a cast wait where it need not).
+        self._trees: dict[tuple[str, ...], int] = {}
+        self._tree_ids = itertools.count()
+        #: Tree casts this runtime started, and forwarding nodes it ran (tests, benchmarks).
+        self.tree_casts = 0
+        self.forwarded = 0
+
+    # -- sending (any thread) ----------------------------------------------------------
+
+    def post_actor(self, address: str, actor: str, frame: Any) -> None:
+        """Send a message for ``actor`` (CALL, STOP_ACTOR) straight to ``address``, in order
+        with this runtime's tree casts (it waits while a tree cast to that actor there is
+        not acknowledged). Raises what the outbox raises when sent at once."""
+        if self._fenced or self._held:
+            with self._lock:
+                target = (address, actor)
+                if target in self._fenced or target in self._held_reach:
+                    self._hold((target,), lambda: self._direct_if_clear(target, frame))
+                    return
+                self._direct_now(address, frame)
+                return
+        self._direct_now(address, frame)
+
+    def _direct_if_clear(self, target: Target, frame: Any) -> bool:
+        if target in self._fenced:
+            return False
+        self._direct_now(target[0], frame)
+        return True
+
+    def _direct_now(self, address: str, frame: Any) -> None:
+        box = self._rt.outbox(address)
+        box.send(frame)
+        self._direct[address] = box._machine.queued_count
+
+    def send(
+        self,
+        route: _Route,
+        local_ranks: Sequence[int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+        *,
+        gather: bool = False,
+        replies: Any = None,
+    ) -> None:
+        """Send ``method`` to ``local_ranks`` of ``route``: directly, or down a tree when the
+        ranks live on at least ``cast_tree_min`` procs. ``gather``: replies come back up the
+        tree in batches (``port`` is the caller's); ``replies`` (the caller's ``Replies``)
+        learns which ranks are behind each forwarder, to name them if one is lost."""
+        config = current_config()  # read per cast: configure() takes effect at once
+        if len(local_ranks) < config.cast_tree_min:
+            self._send_direct(route, local_ranks, actor, method, port, payload)
+            return
+        dests = self._group(route, local_ranks)
+        if len(dests) < config.cast_tree_min:
+            self._send_direct(route, local_ranks, actor, method, port, payload)
+            return
+        fanout = config.cast_fanout
+        args = (dests, actor, method, port, route, payload, gather, replies, fanout)
+        with self._lock:
+            reach = tuple((a, actor) for a, _ in dests)
+            held = self._held_reach
+            if (held and any(held[t] for t in reach)) or not self._cast_now(*args):
+                self._hold(reach, lambda: self._cast_now(*args))
+
+    def _send_direct(
+        self,
+        route: _Route,
+        local_ranks: Sequence[int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+    ) -> None:
+        encode, post = _codec.encode_call, self.post_actor
+        addresses, labels, sizes = route.addresses, route.labels, route.sizes
+        for local in local_ranks:
+            post(
+                addresses[local], actor, encode(actor, method, port, local, labels, sizes, payload)
+            )
+
+    def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
+        """The destination procs of a cast, each with its local ranks, in rank order (cached
+        per route for a whole-mesh cast)."""
+        whole = isinstance(local_ranks, range) and len(local_ranks) == len(route.addresses)
+        if whole:
+            cached = self._groups.get(id(route))
+            if cached is not None and cached[0] is route:
+                return cached[1]
+        by_address: dict[str, list[int]] = {}
+        addresses = route.addresses
+        for local in local_ranks:
+            by_address.setdefault(addresses[local], []).append(local)
+        dests = tuple((a, tuple(r)) for a, r in by_address.items())
+        if whole:
+            if len(self._groups) > 64:
+                self._groups.clear()
+            self._groups[id(route)] = (route, dests)
+        return dests
+
+    def _split(self, dests: Dests) -> tuple[Dests, Dests]:
+        """(procs to send to directly, procs to reach through the tree): a proc that has a
+        direct actor message from here not yet acknowledged gets the cast directly too."""
+        if not self._direct:
+            return (), dests
+        direct: list[tuple[str, tuple[int, ...]]] = []
+        tree: list[tuple[str, tuple[int, ...]]] = []
+        outboxes = self._rt._outboxes
+        for entry in dests:
+            mark = self._direct.get(entry[0])
+            if mark is not None:
+                box = outboxes.get(entry[0])
+                if box is not None and box._machine.acked < mark:
+                    direct.append(entry)
+                    continue
+                del self._direct[entry[0]]
+            tree.append(entry)
+        return tuple(direct), tuple(tree)
+
+    def _cast_now(
+        self,
+        dests: Dests,
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        route: _Route,
+        payload: Sequence[Any],
+        gather: bool,
+        replies: Any,
+        fanout: int,
+    ) -> bool:
+        """Send a cast if the fences allow it now; False (nothing sent) if not. The lock is
+        held. The split between direct and tree is decided here, at the moment of sending:
+        the tree a cast takes is what the fences are checked against."""
+        rt = self._rt
+        direct, tree = self._split(dests)
+        key: TreeKey = (actor, self._tree_id(tuple(a for a, _ in tree)), fanout)
+        fenced = self._fenced
+        if fenced:
+            for address, _ in direct:  # a direct send would overtake any cast in flight
+                if (address, actor) in fenced:
+                    return False
+            for address, _ in tree:  # a cast on another tree could overtake one in flight
+                keys = fenced.get((address, actor))
+                if keys and any(k != key for k in keys):
+                    return False
+        labels, sizes = route.labels, route.sizes
+        for address, ranks in direct:
+            for local in ranks:
+                self._direct_now(
+                    address, _codec.encode_call(actor, method, port, local, labels, sizes, payload)
+                )
+        if not tree:
+            return True
+        if replies is not None and gather:
+            replies.behind = _Behind(tree, fanout)
+        self.tree_casts += 1
+        node = TreeNode(
+            self,
+            cast_id=(rt.address, next(self._ids)),
+            actor=actor,
+            method=method,
+            port=port,
+            gather=gather,
+            labels=labels,
+            sizes=sizes,
+            dests=tree,
+            fanout=fanout,
+            parts=payload,
+            key=key,
+            inner=replies if gather else None,
+        )
+        for lo, hi in root_ranges(len(tree), fanout):
+            for address, _ in tree[lo:hi]:
+                keys = self._fenced.setdefault((address, actor), {})
+                keys[key] = keys.get(key, 0) + 1
+        # The node runs on the loop like every port handler; the fences above already hold
+        # back what this thread sends next to those procs.
+        node.port_id = rt.open_port(node)[1]
+        rt.call_soon(node.start_root)
+        return True
+
+    def _tree_id(self, addresses: tuple[str, ...]) -> int:
+        tree_id = self._trees.get(addresses)
+        if tree_id is None:
+            if len(self._trees) >= 256:
+                self._trees.clear()
+            tree_id = self._trees[addresses] = next(self._tree_ids)
+        return tree_id
+
+    def _hold(self, reach: tuple[Target, ...], attempt: Callable[[], bool]) -> None:
+        """Queue a send: ``attempt()`` sends it when the fences allow (True) or not."""
+        self._held.append((reach, attempt))
+        self._held_reach.update(reach)
+
+    def unfence(self, key: TreeKey, addresses: Sequence[str]) -> None:
+        """A root's subtree acknowledged (or was given up): its fences drop, and what waited
+        on them goes, in order."""
+        with self._lock:
+            fenced, actor = self._fenced, key[0]
+            for address in addresses:
+                target = (address, actor)
+                keys = fenced.get(target)
+                if keys is None or key not in keys:
+                    continue
+                keys[key] -= 1
+                if keys[key] <= 0:
+                    del keys[key]
+                    if not keys:
+                        del fenced[target]
+            self._drain()
+
+    def _drain(self) -> None:
+        if not self._held:
+            return
+        waiting: deque[_Held] = deque()
+        blocked: set[Target] = set()
+        held = self._held
+        self._held = deque()
+        self._held_reach = Counter()
+        for item in held:
+            reach, attempt = item
+            if blocked.intersection(reach):
+                sent = False
+            else:
+                try:
+                    sent = attempt()
+                except Exception:
+                    log.exception("a message held behind a tree cast could not be sent")
+                    sent = True
+            if not sent:
+                waiting.append(item)
+                blocked.update(reach)
+        for item in waiting:
+            self._held.append(item)
+            self._held_reach.update(item[0])
+
+    # -- receiving (the trio thread) ---------------------------------------------------
+
+    def on_cast(self, msg: M.Cast) -> None:
+        """A cast for this proc and the subtree behind it."""
+        seen = self._seen
+        if msg.cast_id in seen:
+            node = seen[msg.cast_id]
+            if isinstance(node, tuple):  # delivered and acknowledged: tell this sender too
+                self._ack(msg.up, msg.offset, node)
+            else:
+                node.ack_also(msg.up, msg.offset)
+            return
+        assert isinstance(msg.payload, M.Unpickled)
+        if len(msg.dests) == 1:  # a leaf (most procs of a tree): no node, no port
+            self._leaf(msg)
+            return
+        node = TreeNode(
+            self,
+            cast_id=msg.cast_id,
+            actor=msg.actor,
+            method=msg.method,
+            port=msg.port,
+            gather=msg.gather,
+            labels=msg.labels,
+            sizes=msg.sizes,
+            dests=msg.dests,  # type: ignore[arg-type]  # tuples: pickle keeps them
+            fanout=msg.fanout,
+            parts=msg.payload.parts,
+            key=None,
+        )
+        seen[msg.cast_id] = node
+        if len(seen) > _SEEN:
+            seen.popitem(last=False)
+        self.forwarded += 1
+        node.start_forwarder(msg.up, msg.offset)
+
+    def _leaf(self, msg: M.Cast) -> None:
+        """Deliver a cast that ends here; acknowledge it (its replies, if gathered, go to
+        the forwarder's port and say it all)."""
+        seen = self._seen
+        seen[msg.cast_id] = ()
+        if len(seen) > _SEEN:
+            seen.popitem(last=False)
+        rt, actor, method = self._rt, msg.actor, msg.method
+        payload = msg.payload
+        assert isinstance(payload, M.Unpickled)
+        for rank in msg.dests[0][1]:
+            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
+            rt._to_actor(actor, M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args))
+        if not msg.gather:
+            self._ack(msg.up, msg.offset, ())
+
+    def _ack(self, up: M.PortRef, offset: int, unreached: Sequence[tuple[int, int]]) -> None:
+        try:
+            self._rt.send_port(up, offset, M.TREE_ACK, list(unreached) or None)
+        except Exception as exc:  # the sender is gone: its loss is reported elsewhere
+            log.info("could not acknowledge a tree cast to %s: %s", up[0], exc)
+
+    def node_done(self, node: TreeNode) -> None:
+        if node.cast_id in self._seen:
+            self._seen[node.cast_id] = tuple(node.unreached)
+
+
+class _Behind:
+    """Which local ranks of a gathered call are behind a proc of its tree (to name them when
+    that proc is lost)."""
+
+    def __init__(self, dests: Dests, fanout: int) -> None:
+        self.dests, self.fanout = dests, fanout
+
+    def __call__(self, address: str) -> list[int]:
+        for position, (a, _) in enumerate(self.dests):
+            if a == address:
+                lo, hi = subtree(len(self.dests), self.fanout, position)
+                return [r for _, ranks in self.dests[lo:hi] for r in ranks]
+        return []
+
+
+class TreeNode:
+    """One proc's part in one tree cast: a reply-port handler (see the module docstring).
+
+    Two modes. Without ``gather`` (``broadcast``, ``stream``, ``send``) every proc
+    acknowledges its subtree (TREE_ACK) once the message is in all of its mailboxes, and the
+    sender's fences drop on those acknowledgements; a lost child is taken over. With
+    ``gather`` (``call``, ``Accumulator``) nothing is acknowledged: a forwarder collects its
+    subtree's replies (a leaf's go straight to its forwarder) and sends them up as one BATCH,
+    which tells the sender that subtree has the message too; a lost child's ranks are
+    answered DEAD.
+
+    At the sender (``key`` set) the node counts what comes back per range it sent to and
+    drops the fences of a range once it is acknowledged (or answered); in gather mode it
+    hands each reply to the caller's ``Replies`` (``inner``).
+    """
+
+    #: A lost child does not close this port: the node takes over for it.
+    keep_port_on_loss = True
+
+    def __init__(
+        self,
+        casting: Casting,
+        *,
+        cast_id: tuple[str, int],
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        gather: bool,
+        labels: Sequence[str],
+        sizes: Sequence[int],
+        dests: Dests,
+        fanout: int,
+        parts: Sequence[Any],
+        key: TreeKey | None,
+        inner: Any = None,
+    ) -> None:
+        self.casting, self.rt = casting, casting._rt
+        self.cast_id, self.actor, self.method = cast_id, actor, method
+        self.port, self.gather, self.labels, self.sizes = port, gather, labels, sizes
+        self.cast_dests, self.fanout, self.parts, self.key = dests, fanout, parts, key
+        self.inner = inner
+        self.endpoint = f"{actor}.{method}"  # names an undecodable reply
+        #: Ranges sent to and not acknowledged (answered, in gather mode) yet: offset ->
+        #: (lo, hi). A forwarder in gather mode keeps them until it has sent its batch.
+        self.pending: dict[int, tuple[int, int]] = {}
+        #: The addresses of the pending ranges' first procs (the port waits on them).
+        self.dests: frozenset[str] = frozenset()
+        #: Where this subtree's TREE_ACK goes: (port, offset) per sender (two when a sender
+        #: took over for a lost forwarder and reached this proc again).
+        self.up: list[tuple[M.PortRef, int]] = []
+        self.offset = 0
+        #: Ranges (ours) this proc could not reach: its TREE_ACK hands them to its sender,
+        #: and so on up to the sender of the cast, which tries them itself.
+        self.unreached: list[tuple[int, int]] = []
+        self.local_done = False
+        # In gather mode nothing is acknowledged: the batch says it all.
+        self.acked = gather
+        self.port_id: int | None = None
+        # A forwarder in gather mode: its subtree's replies, sent up as one BATCH.
+        self.collect = gather and key is None
+        self.expected = sum(len(r) for _, r in dests) if self.collect else 0
+        self.replies: list[tuple[int, int, Any]] = []
+        self.answered: set[int] = set()
+        self.batched = not self.collect
+        # The sender in gather mode: ranks still unanswered per range, and the range of the
+        # ranks of a one-proc range (whose replies come alone, not in a batch).
+        self.remaining: dict[int, int] = {}
+        self.alone: dict[int, int] = {}
+
+    # -- starting ----------------------------------------------------------------------
+
+    def start_root(self) -> None:
+        """At the sender (on the loop; the port is open): send to the first proc of each
+        range."""
+        self.local_done = self.acked = True  # the sender has no ranks and no sender
+        ranges = root_ranges(len(self.cast_dests), self.fanout)
+        if self.gather:
+            for lo, hi in ranges:
+                self.remaining[lo] = sum(len(r) for _, r in self.cast_dests[lo:hi])
+                if hi - lo == 1:
+                    for rank in self.cast_dests[lo][1]:
+                        self.alone[rank] = lo
+        self._forward(ranges)
+
+    def start_forwarder(self, up: M.PortRef, offset: int) -> None:
+        rt = self.rt
+        self.up.append((up, offset))
+        self.offset = offset
+        children = child_ranges(0, len(self.cast_dests), self.fanout)
+        if children or not self.gather:
+            if children:
+                self.port_id = rt.open_port(self)[1]
+        elif self.gather:
+            # A leaf of a gathered call: its ranks answer its forwarder directly.
+            self.collect, self.batched = False, True
+        self._forward(children)
+        here = (rt.address, self.port_id) if self.collect and self.port_id else self.port
+        actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
+        payload = M.Unpickled(tuple(self.parts))
+        for rank in self.cast_dests[0][1]:
+            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
+            rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+        # A forwarder never sends the cast again (a lost child's range goes up, to the
+        # sender), so the payload is not kept while the subtree answers.
+        self.parts = ()
+        self.local_done = True
+        if self._progress():
+            self._close()
+
+    def _forward(self, ranges: Sequence[tuple[int, int]]) -> None:
+        rt = self.rt
+        mine = (rt.address, self.port_id) if self.port_id is not None else None
+        lost: list[tuple[str, BaseException]] = []
+        payload = M.Pickled(self.parts)
+        for lo, hi in ranges:
+            self.pending[lo] = (lo, hi)
+        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+        for lo, hi in ranges:
+            address = self.cast_dests[lo][0]
+            assert mine is not None
+            msg = M.Cast(
+                self.cast_id, self.actor, self.method,
+                mine if self.gather else self.port, mine, lo, self.gather,
+                self.labels, self.sizes, self.cast_dests[lo:hi], self.fanout, payload,
+            )
+            try:
+                rt.outbox(address).send(_codec.encode(msg))
+            except UndeliverableError as error:
+                lost.append((address, error))
+        for address, cause in lost:
+            self.fail(cause, address)
+
+    # -- the port ----------------------------------------------------------------------
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        if status == M.TREE_ACK:
+            span = self.pending.pop(index, None)
+            if span is not None:
+                # Ranges the child could not reach, in its coordinates: ours are shifted.
+                unreached = [
+                    (index + a, index + b) for a, b in value or () if index + a not in self.pending
+                ]
+                self._range_done(span, keep=unreached)
+                if self.key is not None:
+                    self._forward(unreached)  # the sender tries them itself
+                else:
+                    self.unreached.extend(unreached)
+                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+        elif status == M.BATCH:  # a batch that could not be unpickled
+            error = value.error if type(value) is M.Undecodable else value
+            self._lose_replies(index, f"its replies could not be read: {error}")
+        elif self.key is not None:  # the sender: a one-proc range's reply
+            self._answered(self.alone.get(index), [(index, status, value)])
+        elif index not in self.answered:
+            self.answered.add(index)
+            self.replies.append((index, status, value))
+        return self._progress()
+
+    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
+        """The replies of the range at ``offset``, gathered by its first proc."""
+        if self.key is not None:
+            self._answered(offset, entries)
+        else:
+            answered, replies = self.answered, self.replies
+            for entry in entries:
+                if entry[0] not in answered:
+                    answered.add(entry[0])
+                    replies.append(entry)
+        return self._progress()
+
+    def _answered(self, offset: int | None, entries: list[tuple[int, int, Any]]) -> None:
+        """(At the sender, gather mode) hand replies to the caller; a range fully answered
+        has the message everywhere: its fences drop."""
+        inner = self.inner
+        if inner is not None and self.rt.ports.get(self.port[1] if self.port else -1) is not inner:
+            inner = self.inner = None  # the call is over (failed, or answered directly)
+        if inner is not None:
+            for index, status, value in entries:
+                if inner.deliver(index, status, value):
+                    self.inner = None
+                    assert self.port is not None
+                    self.rt.close_port(self.port[1])
+                    break
+        if offset is None or offset not in self.remaining:
+            return
+        self.remaining[offset] -= len(entries)
+        if self.remaining[offset] <= 0:
+            del self.remaining[offset]
+            span = self.pending.pop(offset, None)
+            if span is not None:
+                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+                self._range_done(span)
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        """A child is lost (``address``) before it acknowledged, or the runtime stops."""
+        if address is None:
+            for span in list(self.pending.values()):
+                self._range_done(span)
+            self.pending.clear()
+            self.dests = frozenset()
+            self._close()
+            return
+        for offset, span in list(self.pending.items()):
+            if self.cast_dests[offset][0] == address:
+                del self.pending[offset]
+                self._take_over(span, address, exc)
+        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
+        if self._progress():
+            self._close()
+
+    def ack_also(self, up: M.PortRef, offset: int) -> None:
+        """This proc was reached again for the same cast (a sender took over for a lost
+        forwarder): acknowledge to that sender too, once done."""
+        if self.acked:
+            self.casting._ack(up, offset, self.unreached)
+        else:
+            self.up.append((up, offset))
+
+    # -- progress ----------------------------------------------------------------------
+
+    def _take_over(self, span: tuple[int, int], address: str, exc: BaseException) -> None:
+        lo, hi = span
+        if self.gather:
+            # The replies of the range went to the lost proc. A forwarder answers DEAD for
+            # what it has not heard; at the sender, the caller's Replies names the ranks
+            # itself (its port waits on every proc of the call).
+            if self.collect:
+                self._lose_replies(lo, f"lost the proc at {address}, which was to forward "
+                                   f"the call and gather the replies of ranks {{ranks}} ({exc})")
+            self.remaining.pop(lo, None)
+            self._range_done(span)
+            return
+        if self.key is None:
+            # A forwarder hands the range up: the proc may be alive and only cut off from
+            # here (a partition), and the sender of the cast may reach it.
+            self.unreached.append(span)
+            return
+        # The sender reaches the range another way: it sends the lost proc's ranges
+        # directly. A proc the lost one reached already delivers once (the cast's id) and
+        # acknowledges again.
+        self.casting.unfence(self.key, (address,))
+        log.info("took over a tree cast for the lost proc at %s (%s)", address, exc)
+        self._forward(child_ranges(lo, hi, self.fanout))
+
+    def _lose_replies(self, lo: int, why: str) -> None:
+        """Answer DEAD for the unanswered ranks of the range at ``lo`` (a forwarder)."""
+        span = self.pending.get(lo) or next(
+            ((a, b) for a, b in child_ranges(0, len(self.cast_dests), self.fanout) if a == lo),
+            (lo, lo + 1),
+        )
+        ranks = [r for _, rs in self.cast_dests[span[0]:span[1]] for r in rs]
+        failure = RemoteFailure("regency.SupervisionError", why.replace("{ranks}", str(ranks)), "")
+        if self.key is not None:
+            self._answered(lo, [(r, M.DEAD, failure) for r in ranks])
+            return
+        for rank in ranks:
+            if rank not in self.answered:
+                self.answered.add(rank)
+                self.replies.append((rank, M.DEAD, failure))
+
+    def _range_done(
+        self, span: tuple[int, int], keep: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """At the sender: the range has the message; its fences drop (but those of the
+        ``keep`` ranges in it, which are sent again)."""
+        if self.key is not None:
+            lo, hi = span
+            kept = {i for a, b in keep for i in range(a, b)}
+            self.casting.unfence(
+                self.key, [self.cast_dests[i][0] for i in range(lo, hi) if i not in kept]
+            )
+
+    def _progress(self) -> bool:
+        """Acknowledge and batch what is due; True once this node is finished."""
+        if not self.acked and self.local_done and not self.pending:
+            self.acked = True
+            for up, offset in self.up:
+                self.casting._ack(up, offset, self.unreached)
+        if not self.batched and len(self.answered) >= self.expected:
+            self.batched = True
+            self.pending.clear()
+            self.dests = frozenset()
+            assert self.port is not None
+            try:
+                self.rt.send_port(self.port, self.offset, M.BATCH, self.replies)
+            except UndeliverableError as exc:  # the sender is gone: nobody waits any more
+                log.info("could not send the replies of a tree cast up: %s", exc)
+            except Exception:  # a reply that unpickled here but does not pickle again
+                self._send_one_by_one()
+        finished = self.acked and self.batched and not self.pending
+        if finished:
+            self.casting.node_done(self)
+        return finished
+
+    def _send_one_by_one(self) -> None:
+        """Send the gathered replies one per frame; one that cannot be pickled again goes as
+        a DEAD answer saying so, so the caller never waits for it."""
+        assert self.port is not None
+        for index, status, value in self.replies:
+            try:
+                self.rt.send_port(self.port, self.offset, M.BATCH, [(index, status, value)])
+            except UndeliverableError:
+                return
+            except Exception as exc:
+                failure = RemoteFailure(
+                    "regency.SupervisionError",
+                    f"the reply of rank {index} could not be forwarded up the casting tree "
+                    f"from {self.rt.address}: {type(exc).__name__}: {exc}",
+                    "",
+                )
+                try:
+                    self.rt.send_port(
+                        self.port, self.offset, M.BATCH, [(index, M.DEAD, failure)]
+                    )
+                except Exception as again:
+                    log.info("could not send a reply up a casting tree: %s", again)
+
+    def _close(self) -> None:
+        if self.port_id is not None:
+            self.rt.close_port(self.port_id)
