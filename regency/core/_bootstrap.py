@@ -127,6 +127,12 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
         sys.stderr.flush()
         if code != 0:
             os._exit(code)
+    from ._executor import ThreadExecutor
+
+    if isinstance(rt.executor, ThreadExecutor):
+        # The actor threads were told to stop (their mailboxes abandoned) but may still be
+        # on their way out: finalizing under them lost module-level __del__ calls.
+        rt.executor.join_threads(rt.config.stop_timeout / 2)
     _finalize_then_exit(rt.config.stop_timeout)
 
 

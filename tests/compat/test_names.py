@@ -105,7 +105,6 @@ def test_public_names_exist() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_identity_log_prefix_and_shutdown_context() -> None:
     script = textwrap.dedent(
         """
@@ -150,13 +149,6 @@ def test_identity_log_prefix_and_shutdown_context() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known bug (issue #12 notes): about 1 run in 5 a proc is gone before its "
-    "finalizers ran; suspected: the controller exits (and the zygote kills its children) "
-    "as soon as stop() resolves, which may be before a zygote child finished finalizing",
-    strict=False,
-)
 def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     """Monarch's test_del_runs_on_proc_mesh_stop: procs stop by letting Python finalize."""
     script = textwrap.dedent(
@@ -177,7 +169,6 @@ def test_del_runs_when_proc_mesh_stops(tmp_path: Path) -> None:
     assert [(tmp_path / f"w{i}").read_text() for i in range(2)] == ["finalized", "finalized"]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_with_python_executable(tmp_path: Path) -> None:
     from regency.actor import this_host
