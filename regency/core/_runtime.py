@@ -283,6 +283,22 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 del self._outboxes[address]
                 self._lost.discard(address)
 
+    async def _stop_actors_then_stop(self) -> None:
+        """A proc told to stop stops its actors first, as Monarch's do: each ends what it
+        owns, its running concurrent calls and then runs ``__cleanup__`` (after the messages
+        already queued for it), within half of ``stop_timeout`` in all; then the runtime
+        stops."""
+        cells = list(self.actors.values())
+        if cells:
+            stopped = _AllStopped(len(cells))
+            port = self.open_port(stopped)
+            for cell in cells:
+                cell.enqueue(M.StopActor(cell.key, port))
+            with trio.move_on_after(self.config.stop_timeout / 2):
+                await stopped.done.wait()
+            self.close_port(port[1])
+        self.stop()
+
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
         self.call_soon(lambda: self._stop_event.set())
@@ -423,7 +439,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             case M.StopProc():
                 if msg.port is not None:
                     self.send_port(msg.port, 0, M.OK, None)
-                self.stop()
+                self.nursery.start_soon(self._stop_actors_then_stop)
             case M.Hello():
                 ready = self.child_ready.pop(msg.address, None)
                 if ready is not None:
@@ -503,6 +519,25 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         """A cell stopped or failed: later messages to it bounce with ``failure``."""
         self.actors.pop(cell.key, None)
         self.dead[cell.key] = failure
+
+
+class _AllStopped:
+    """A port handler counting the acknowledgements of ``n`` StopActor messages."""
+
+    def __init__(self, n: int) -> None:
+        self.missing = n
+        self.done = trio.Event()
+        self.dests: frozenset[str] = frozenset()  # every actor is in this proc
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        self.missing -= 1
+        if self.missing > 0:
+            return False
+        self.done.set()
+        return True
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.done.set()
 
 
 def bounce(rt: Runtime, item: M.MailboxItem, failure: RemoteFailure) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from regency.actor import Actor, endpoint
+from regency.actor import Actor, Port, concurrent_endpoint, endpoint
 
 
 class AsyncioWorker(Actor):
@@ -228,3 +228,49 @@ class Finisher(Actor):
 
         context().actor_instance.stop("work done")
         return "stopping"
+
+
+class Gate(Actor):
+    """Monarch's concurrent-endpoint pattern: a call that waits for a later call."""
+
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
+        self.ready = asyncio.Event()
+        self.unblock = asyncio.Event()
+
+    def _log(self, line: str) -> None:
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        self.ready.set()
+        await self.unblock.wait()
+        return "done"
+
+    @endpoint
+    async def release_when_ready(self) -> str:
+        await self.ready.wait()
+        self.unblock.set()
+        return "released"
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def hang(self, port: Port[str]) -> None:
+        port.send("started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self._log("hang cancelled")
+            raise
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def answer_then_raise(self, port: Port[str]) -> None:
+        port.send("answered")
+        raise ValueError("after the answer")
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def raise_unanswered(self, port: Port[str]) -> None:
+        raise ValueError("explicit boom")
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        self._log("cleanup")
