@@ -77,7 +77,13 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
         owner = _owner(rt)
         addresses = tuple(address for _, address in procs)
-        rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
+        kind = f"{cls.__module__}.{cls.__qualname__}"
+        dims = (tuple(shape.labels), tuple(shape.sizes))
+        rt.call_soon(
+            lambda: rt.oversight.mesh_spawned(
+                key, name, owner[1], owner[2], addresses, kind, *dims
+            )
+        )
         for local, address in enumerate(addresses):
             rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
         return cast(A, mesh)

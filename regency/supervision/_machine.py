@@ -42,6 +42,10 @@ class MeshSpawned:
     owner_name: str
     #: The address of each rank's proc, by rank.
     addresses: tuple[str, ...]
+    #: ``module.Class`` of its actors, and its dims (for failure reports).
+    actor_class: str = ""
+    labels: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -133,6 +137,9 @@ class _Mesh:
     owner_name: str
     addresses: tuple[str, ...]
     status: list[str]
+    actor_class: str = ""
+    labels: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
 
 
 @attrs.define
@@ -176,6 +183,9 @@ class Supervisor:
                 event.owner_name,
                 event.addresses,
                 [RUNNING] * len(event.addresses),
+                event.actor_class,
+                event.labels,
+                event.sizes,
             )
             return []
         if isinstance(event, RanksFailed):
@@ -256,7 +266,16 @@ class Supervisor:
                 newly.append(rank)
         if not newly:
             return []
-        failure = MeshFailure(mesh.name, key, tuple(newly), cause, (mesh.owner_name,))
+        failure = MeshFailure(
+            mesh.name,
+            key,
+            tuple(newly),
+            cause,
+            (mesh.owner_name,),
+            actor_class=mesh.actor_class,
+            labels=mesh.labels,
+            sizes=mesh.sizes,
+        )
         if mesh.owner == ROOT:
             return [RunRootHook(failure)]  # the controller's main code has no __supervise__
         return [Notify(mesh.owner, failure)]

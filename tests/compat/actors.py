@@ -274,3 +274,27 @@ class Gate(Actor):
 
     async def __cleanup__(self, exc: BaseException | None) -> None:
         self._log("cleanup")
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class Parent(Actor):
+    """Owns a two-rank mesh on procs of its own, and has no ``__supervise__``."""
+
+    def __init__(self) -> None:
+        from regency.actor import this_host
+
+        self.children = this_host().spawn_procs(per_host={"a_dim": 2}).spawn("nested", Pid)
+
+    @endpoint
+    def kill_child(self, rank: int) -> None:
+        import os
+        import signal
+
+        os.kill(self.children.slice(a_dim=rank).pid.call_one().get(), signal.SIGKILL)
