@@ -52,6 +52,10 @@ def _install_services(rt: Any) -> None:
         from .._logs import install_proc
 
         install_proc(rt)
+    else:  # logging_option(level=...) still applies
+        from .._logs import install_level_control
+
+        install_level_control(rt)
     install_breakpoint_hook()
 
 

@@ -298,3 +298,20 @@ class Parent(Actor):
         import signal
 
         os.kill(self.children.slice(a_dim=rank).pid.call_one().get(), signal.SIGKILL)
+
+
+class FileLogger(Actor):
+    """Logs through the root logger to a file, as Monarch's logging test does."""
+
+    def __init__(self, path: str) -> None:
+        import logging
+
+        self.handler = logging.FileHandler(path)
+        logging.getLogger().addHandler(self.handler)
+
+    @endpoint
+    def log(self, level: int, text: str) -> None:
+        import logging
+
+        logging.getLogger().log(level, text)
+        self.handler.flush()
