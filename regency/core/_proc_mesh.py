@@ -13,6 +13,7 @@ from . import _codec
 from . import _messages as M
 from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
 from ._adverbs import _pickle_args
+from ._bootstrap_command import BootstrapCommand
 from ._children import _stop_procs, _wait_ready
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
@@ -20,7 +21,7 @@ from ._future import Future, resolved
 from ._hosts import HostRef, shutdown_hosts, worker_launcher
 from ._launcher import LocalLauncher
 from ._replies import _Acks
-from ._shape import MeshAlgebra, Shape
+from ._shape import Extent, MeshAlgebra, Point, Shape
 from ._singletons import ensure_registry
 
 A = TypeVar("A", bound=Actor)
@@ -185,8 +186,13 @@ class HostMesh(MeshAlgebra):
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         env: dict[str, str] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
-        """Start one OS process per point of ``per_host`` on each host. Returns at once."""
+        """Start one OS process per point of ``per_host`` on each host. Returns at once.
+
+        ``bootstrap_command`` (procs on this host): how to start them, one
+        :class:`BootstrapCommand` for all or a function of each proc's point (over the host
+        dims and ``per_host``); see ``default_bootstrap_cmd()``."""
         per_host = dict(per_host or {})
         for _dim, size in per_host.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -198,6 +204,7 @@ class HostMesh(MeshAlgebra):
         shape = Shape.full(
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
+        commands = self._bootstrap_commands(bootstrap_command, shape)
         rt = current_runtime()
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
@@ -219,7 +226,10 @@ class HostMesh(MeshAlgebra):
 
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
-            if python is not None:
+            if commands is not None:
+                for child, command in zip(children, commands, strict=True):
+                    child.launcher = LocalLauncher(rt.nursery, command=command)
+            elif python is not None:
                 launcher = LocalLauncher(rt.nursery, executable=python)
                 for child in children:
                     child.launcher = launcher
@@ -236,6 +246,40 @@ class HostMesh(MeshAlgebra):
 
         rt.call_soon(launch)
         return ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+
+    def _bootstrap_commands(
+        self, spec: BootstrapCommand | Callable[[Point], BootstrapCommand] | None, shape: Shape
+    ) -> list[BootstrapCommand] | None:
+        """One command per proc of ``shape`` (in rank order), or None for the default."""
+        if spec is None:
+            return None
+        if self._hosts is not None or self.is_fake_in_process:
+            raise ValueError(
+                "bootstrap_command applies to procs on this host; a worker's procs run the "
+                "command that runs `regency worker`, and simulated procs run in-process"
+            )
+        if isinstance(spec, BootstrapCommand):
+            commands = [spec] * len(shape)
+        elif callable(spec):
+            extent = Extent(shape.labels, shape.sizes)
+            commands = [spec(Point(rank, extent)) for rank in range(len(shape))]
+            for command in commands:
+                if not isinstance(command, BootstrapCommand):
+                    raise TypeError(
+                        "bootstrap_command(point) must return a BootstrapCommand "
+                        f"(got {command!r})"
+                    )
+        else:
+            raise TypeError(
+                "bootstrap_command must be a BootstrapCommand or a function of a Point "
+                f"returning one (got {spec!r})"
+            )
+        for command in commands:
+            if not (os.path.isfile(command.program) and os.access(command.program, os.X_OK)):
+                raise FileNotFoundError(
+                    f"bootstrap_command program {command.program!r} is not an executable file"
+                )
+        return commands
 
     def shutdown(self) -> Future[None]:
         """Stop this mesh's procs on its hosts and detach from their workers (hosts from

@@ -315,3 +315,11 @@ class FileLogger(Actor):
 
         logging.getLogger().log(level, text)
         self.handler.flush()
+
+
+class Environ(Actor):
+    @endpoint
+    def get(self, name: str) -> str:
+        import os
+
+        return os.environ.get(name, "")
