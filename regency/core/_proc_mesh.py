@@ -15,6 +15,7 @@ from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndp
 from ._adverbs import _pickle_args
 from ._bootstrap_command import BootstrapCommand
 from ._children import _stop_procs, _wait_ready
+from ._context import context, record_spawned
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
@@ -245,7 +246,9 @@ class HostMesh(MeshAlgebra):
             rt.nursery.start_soon(_wait_ready, rt, children, ready)
 
         rt.call_soon(launch)
-        return ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+        procs = ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+        record_spawned(context().actor_instance.actor_id, procs)
+        return procs
 
     def _bootstrap_commands(
         self, spec: BootstrapCommand | Callable[[Point], BootstrapCommand] | None, shape: Shape

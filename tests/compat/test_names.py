@@ -232,3 +232,38 @@ def test_parametrize_config_restores_and_refuses_bad_keys() -> None:
         config.parametrize_config(tail_log_lines={1})
     with pytest.raises(ValueError, match="sequences of one length"):
         config.parametrize_config_pointwise(stop_actor_timeout=["1s"], cleanup_timeout=[1, 2])
+
+
+@pytest.mark.slow
+def test_actor_instance_children_lists_spawned_proc_meshes() -> None:
+    """Monarch's private ``actor_instance._children``, which its test fixtures use to stop
+    what a test spawned: the proc meshes spawned from here, in order; assignable."""
+    from regency.actor import context, this_host
+
+    me = context().actor_instance
+    before = me._children
+    first = this_host().spawn_procs(per_host={"gpus": 1})
+    second = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        assert (me._children or [])[-2:] == [first, second]
+        assert context().actor_instance._children is not None  # one list per actor, not per call
+        me._children = before
+        assert me._children == before
+    finally:
+        first.stop().get(30)
+        second.stop().get(30)
+
+
+def test_global_config_reports_monarchs_rdma_switches(clean_config: None) -> None:
+    with config.configured(rdma_disable_ibverbs=True):
+        settings = config.get_global_config()
+        assert (settings["rdma_disable_ibverbs"], settings["rdma_allow_tcp_fallback"]) == (
+            True,
+            True,
+        )
+    with config.configured(rdma_allow_tcp_fallback=False):
+        settings = config.get_global_config()
+        assert (settings["rdma_disable_ibverbs"], settings["rdma_allow_tcp_fallback"]) == (
+            False,
+            False,
+        )
