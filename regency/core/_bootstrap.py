@@ -136,7 +136,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     if isinstance(rt.executor, ThreadExecutor):
         # The actor threads were told to stop (their mailboxes abandoned) but may still be
         # on their way out: finalizing under them lost module-level __del__ calls.
-        rt.executor.join_threads(rt.config.stop_timeout / 2)
+        # Threads on their way out end in microseconds; one blocked in user code never
+        # will, so the wait is short.
+        rt.executor.join_threads(min(1.0, rt.config.stop_timeout / 2))
     _finalize_then_exit(rt.config.stop_timeout)
 
 
