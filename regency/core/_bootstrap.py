@@ -118,10 +118,7 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     code = 0
     try:
         if record.get("boot"):
-            boot = _codec.loads([bytes.fromhex(record["boot"])])
-            result = boot()
-            if hasattr(result, "__await__"):
-                trio.run(lambda: result)  # an async bootstrap callable
+            rt.boot = _codec.loads([bytes.fromhex(record["boot"])])  # run by rt.serve
         trio.run(rt.serve)
     except BaseException:
         logging.getLogger("regency.proc").exception("proc %s failed", record["proc_id"])

@@ -15,6 +15,7 @@ one sender to one receiver arrive in send order; mailboxes are FIFO, so handling
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import os
@@ -96,6 +97,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._child_ids = itertools.count()
         self._names = itertools.count()
         self.started = threading.Event()
+        #: ``spawn_procs(bootstrap=fn)``'s ``fn``: run once this runtime listens, before it
+        #: says HELLO, so it may use the runtime (spawn actors on ``this_proc()``, call them).
+        self.boot: Callable[[], Any] | None = None
         self.thread_id: int | None = None
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
@@ -164,6 +168,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                     )
                 else:
                     self._loopback = listener
+                if self.boot is not None:
+                    await self._run_boot(self.boot)
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
                         _codec.encode(M.Hello(self.proc_id, self.address))
@@ -191,6 +197,17 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 for handler in list(self.ports.values()):
                     handler.fail(UndeliverableError("the runtime stopped"))
                 self.ports.clear()
+
+    async def _run_boot(self, boot: Callable[[], Any]) -> None:
+        """Run the proc's bootstrap callable: an async one on this loop (asyncio and trio
+        code both work), a sync one on a thread (it may block on futures this loop serves).
+        Raising ends the proc (exit status 1: its spawner's ``initialized`` fails)."""
+        if inspect.iscoroutinefunction(boot):
+            await self.run_coroutine(boot())
+            return
+        result = await trio.to_thread.run_sync(boot)
+        if inspect.isawaitable(result):
+            await self.run_coroutine(result)
 
     def runtime_died(self, exc: BaseException) -> None:
         """The trio loop of this runtime ended with ``exc`` (called on its thread once

@@ -323,3 +323,32 @@ class Environ(Actor):
         import os
 
         return os.environ.get(name, "")
+
+
+_booted: list[str] = []
+
+
+def boot_with_actor() -> None:
+    """A proc's bootstrap that uses the runtime: spawns an actor on its own proc, calls it."""
+    from regency.actor import this_proc
+
+    pid = this_proc().spawn("boot_helper", Pid).pid.call_one().get(30)
+    _booted.append(f"sync {pid}")
+
+
+async def boot_with_actor_async() -> None:
+    import asyncio
+
+    from regency.actor import this_proc
+
+    await asyncio.sleep(0)
+    pid = await this_proc().spawn("boot_helper", Pid).pid.call_one()
+    _booted.append(f"async {pid}")
+
+
+class Booted(Actor):
+    @endpoint
+    def booted(self) -> list[str]:
+        import os
+
+        return [entry.replace(str(os.getpid()), "self") for entry in _booted]

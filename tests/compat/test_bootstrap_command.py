@@ -75,3 +75,19 @@ def test_bootstrap_command_refusals(tmp_path: Path) -> None:
         host.spawn_procs(bootstrap_command=lambda point: "python")  # type: ignore[arg-type,return-value]
     with pytest.raises(TypeError, match="bootstrap_command must be a BootstrapCommand"):
         host.spawn_procs(bootstrap_command="python")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_bootstrap_callable_may_use_the_runtime() -> None:
+    """Monarch's setup pattern: ``bootstrap`` spawns an actor on its own proc and calls it
+    (it runs once the proc's runtime listens, before the proc counts as started)."""
+    from .actors import Booted, boot_with_actor, boot_with_actor_async
+
+    sync = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=boot_with_actor)
+    aio = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=boot_with_actor_async)
+    try:
+        assert sync.spawn("b", Booted).booted.call_one().get(T) == ["sync self"]
+        assert aio.spawn("b", Booted).booted.call_one().get(T) == ["async self"]
+    finally:
+        sync.stop().get(T)
+        aio.stop().get(T)
