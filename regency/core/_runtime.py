@@ -206,7 +206,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             await self.run_coroutine(boot())
             return
         result = await trio.to_thread.run_sync(boot)
-        if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):  # a sync callable that returned a coroutine
             await self.run_coroutine(result)
 
     def runtime_died(self, exc: BaseException) -> None:
