@@ -64,9 +64,27 @@ def reduce_one(
     if not isinstance(t, Tensor):
         raise TypeError(f"reduce takes regency.Tensor values (got {type(t).__name__})")
     if mesh is not None:
+        # Monarch 0.7 raises NotImplementedError too; say what does the same job.
         raise NotImplementedError("reduce(mesh=...) is not supported; reduce, then to_mesh")
     if out is not None:
-        raise NotImplementedError("reduce(out=...) is not supported; use reduce_ or copy_")
+        if inplace:
+            raise ValueError("reduce_ writes into the tensor itself: it takes no out=")
+        if not isinstance(out, Tensor):
+            raise TypeError(f"reduce(out=) takes a regency.Tensor (got {type(out).__name__})")
+        result = reduce_one(t, dims, reduction, scatter, None, False, None)
+        if out._mesh._shape != result._mesh._shape or out._mesh._procs != result._mesh._procs:
+            result.drop()
+            raise ValueError(f"reduce(out=) needs out on the mesh {t._mesh!r} (got {out._mesh!r})")
+        if (out.shape, out.dtype) != (result.shape, result.dtype):
+            shape, dtype = tuple(result.shape), result.dtype
+            result.drop()
+            raise ValueError(
+                f"reduce(out=) needs out of shape {shape} and dtype {dtype} "
+                f"(got {tuple(out.shape)}, {out.dtype})"
+            )
+        out.copy_(result)
+        result.drop()
+        return out
     labels = t._mesh._shape.labels
     dims_t: tuple[str, ...] = (dims,) if isinstance(dims, str) else tuple(dims)
     for d in dims_t:

@@ -32,6 +32,9 @@ from trio._core._run import GLOBAL_RUN_CONTEXT
 
 from ..core._ticker import Tick
 
+#: The most virtual time one idle skip covers when nothing else is scheduled (virtual s).
+_LONGEST_SKIP = 3600.0
+
 if TYPE_CHECKING:
     from ..core._runtime import Runtime
     from ._cluster import SimCluster
@@ -147,7 +150,9 @@ class SimTicker:
         network = cluster.network
         # Leave the ticks near the next other deadline to run for real: a heartbeat sent
         # then, and its acknowledgement, would still be in flight at that deadline.
-        ahead = runner.deadlines.next_deadline()
+        # With no other deadline at all (a notebook's main thread waiting for news that only
+        # a fault could bring), skip a bounded stretch at a time, never to infinity.
+        ahead = min(runner.deadlines.next_deadline(), now + _LONGEST_SKIP)
         top = self._jobs.get(self._heap[0][1]) if self._heap else None
         if top is None or ahead - now < 2 * top.interval():
             return False  # cheap first: too little idle time ahead to be worth a look

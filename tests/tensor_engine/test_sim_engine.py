@@ -200,6 +200,25 @@ def test_bitwise_stack_scatter_and_in_place_reductions() -> None:
     assert got["tree"] == (3, 7) and got["bits"] == 3  # pytrees; min of 3, 6, 9, 12
 
 
+def test_reduce_into_out_writes_the_given_tensor() -> None:
+    def program(hosts: Any) -> Any:
+        mesh = hosts.spawn_procs(per_host={"gpu": 2})
+        with mesh.activate():
+            r = mesh.rank_tensor(("hosts", "gpu")).float() + 1  # 1..4
+            out = torch.zeros(())
+            got = r.reduce(("hosts", "gpu"), "sum", out=out)
+            wrong_shape = torch.zeros(2)
+            with pytest.raises(ValueError, match=r"out of shape \(\) and dtype torch.float32"):
+                r.reduce("gpu", out=wrong_shape)
+            with pytest.raises(ValueError, match="takes no out="):
+                r.reduce("gpu", out=out, _inplace=True)
+            with pytest.raises(TypeError, match=r"takes a regency\.Tensor"):
+                r.reduce("gpu", out=3)
+        return got is out, [regency.inspect(out, hosts=h, gpu=1).item() for h in (0, 1)]
+
+    assert run(program) == (True, [10.0, 10.0])
+
+
 def test_reduce_rejects_bad_arguments() -> None:
     def program(hosts: Any) -> Any:
         mesh = hosts.spawn_procs(per_host={"gpu": 2})
