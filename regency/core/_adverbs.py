@@ -120,8 +120,10 @@ class Endpoint(Generic[P, R]):
             if machine.failed(key, ranks[local]):
                 cause = machine.cause_of(key, ranks[local])
                 why = f": {cause.summary}" if cause is not None else ""
+                who = machine.actor_of(key, ranks[local])
                 raise SupervisionError(
-                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why}"
+                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why} "
+                    f"(The actor {who} and all its descendants have failed)"
                 )
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:

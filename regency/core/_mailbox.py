@@ -569,9 +569,10 @@ class ActorCell:
     # -- dying and stopping --------------------------------------------------------------
 
     def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
+        # Names the actor as Monarch's supervision errors do: <module.Class name{'gpus': 1/2}>.
         return RemoteFailure(
             "regency.SupervisionError",
-            f"actor {self.name} rank {self.point.rank} failed: {cause.summary}",
+            f"The actor {self.instance} and all its descendants have failed: {cause.summary}",
             cause.traceback,
         )
 

@@ -8,6 +8,21 @@ import attrs
 _ACTORS_SHOWN = 4
 
 
+def describe_actor(
+    actor_class: str, mesh_name: str, labels: tuple[str, ...], sizes: tuple[int, ...], rank: int
+) -> str:
+    """Rank ``rank`` of a mesh as Monarch prints an actor: ``<module.Class name{'gpus': 3/8}>``
+    (the class left out when unknown)."""
+    coords = []
+    rest = rank
+    for label, size in reversed(list(zip(labels, sizes, strict=True))):
+        rest, coord = divmod(rest, size) if size else (rest, 0)
+        coords.append(f"{label!r}: {coord}/{size}")
+    where = "{" + ", ".join(reversed(coords)) + "}"
+    who = f"{actor_class} " if actor_class else ""
+    return f"<{who}{mesh_name}{where}>"
+
+
 @attrs.frozen
 class FailureCause:
     """Why one or more ranks failed, as plain data (it crosses processes)."""
@@ -43,14 +58,7 @@ class MeshFailure:
     def actor(self, rank: int) -> str:
         """The failed actor at ``rank`` as Monarch prints an actor instance:
         ``<module.Class name{'hosts': 0/2, 'gpus': 3/8}>``."""
-        coords = []
-        rest = rank
-        for label, size in reversed(list(zip(self.labels, self.sizes, strict=True))):
-            rest, coord = divmod(rest, size) if size else (rest, 0)
-            coords.append(f"{label!r}: {coord}/{size}")
-        where = "{" + ", ".join(reversed(coords)) + "}"
-        who = f"{self.actor_class} " if self.actor_class else ""
-        return f"<{who}{self.mesh_name}{where}>"
+        return describe_actor(self.actor_class, self.mesh_name, self.labels, self.sizes, rank)
 
     def __str__(self) -> str:
         ranks = ", ".join(map(str, self.ranks))

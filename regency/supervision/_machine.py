@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._failure import FailureCause, MeshFailure
+from ._failure import FailureCause, MeshFailure, describe_actor
 
 #: The owner key of meshes spawned by the controller's main code.
 ROOT = "client"
@@ -157,6 +157,13 @@ class Supervisor:
         except _Illegal as exc:
             self.broken = str(exc)
             return []
+
+    def actor_of(self, key: str, rank: int) -> str:
+        """Rank ``rank`` of mesh ``key`` as Monarch prints an actor (for error messages)."""
+        mesh = self._meshes.get(key)
+        if mesh is None:
+            return f"<{key}[{rank}]>"
+        return describe_actor(mesh.actor_class, mesh.name, mesh.labels, mesh.sizes, rank)
 
     def failed(self, key: str, rank: int) -> bool:
         mesh = self._meshes.get(key)
