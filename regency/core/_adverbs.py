@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import _codec
 from ._controller import current_runtime
-from ._errors import SupervisionError
+from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
 from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
@@ -47,7 +47,7 @@ def _pickle_args(
             try:
                 _codec.dumps(value)
             except Exception as inner:
-                raise TypeError(
+                raise ArgumentPickleError(
                     f"cannot pickle argument #{position} ({type(value).__name__}) "
                     f"of endpoint {endpoint}: {inner}"
                 ) from inner
@@ -55,11 +55,13 @@ def _pickle_args(
             try:
                 _codec.dumps(value)
             except Exception as inner:
-                raise TypeError(
+                raise ArgumentPickleError(
                     f"cannot pickle argument {name!r} ({type(value).__name__}) "
                     f"of endpoint {endpoint}: {inner}"
                 ) from inner
-        raise TypeError(f"cannot pickle the arguments of endpoint {endpoint}: {exc}") from exc
+        raise ArgumentPickleError(
+            f"cannot pickle the arguments of endpoint {endpoint}: {exc}"
+        ) from exc
 
 
 class Endpoint(Generic[P, R]):

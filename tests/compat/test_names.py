@@ -267,3 +267,22 @@ def test_global_config_reports_monarchs_rdma_switches(clean_config: None) -> Non
             False,
             False,
         )
+
+
+@pytest.mark.slow
+def test_unpicklable_argument_is_a_type_error_and_a_runtime_error() -> None:
+    """Monarch raises RuntimeError at the call site; Regency's TypeError is both."""
+    import threading
+
+    from regency.actor import this_host
+
+    from .actors import Environ
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = procs.spawn("env_pickle", Environ)
+        for expected in (TypeError, RuntimeError):
+            with pytest.raises(expected, match=r"cannot pickle argument #0 \(lock\) of endpoint"):
+                mesh.get.call_one(threading.Lock())  # type: ignore[arg-type]
+    finally:
+        procs.stop().get(30)
