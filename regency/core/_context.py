@@ -91,6 +91,27 @@ class ActorInstance:
         else:
             rt.call_soon(lambda: cell.enqueue(M.StopActor(self.actor_id, None)))
 
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor (Monarch's ``context().actor_instance.abort()``): after the message
+        it is handling, it dies as if an endpoint had raised with no caller waiting; its owner
+        gets a ``MeshFailure`` saying "actor aborted: <reason>" (or "no reason provided")."""
+        from ..supervision import FailureCause
+        from . import _messages as M
+        from ._controller import current_runtime
+
+        if not self.class_name:
+            raise RuntimeError(
+                "the controller's root client cannot abort itself; raise an exception instead"
+            )
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"abort(reason) takes a str or None (got {reason!r})")
+        rt = current_runtime()
+        cell = rt.actors.get(self.actor_id)
+        if cell is None:
+            raise RuntimeError(f"actor {self} is not running in this process")
+        cause = FailureCause(f"actor aborted: {reason or 'no reason provided'}")
+        rt.call_soon(lambda: cell.enqueue(M.Escalate(cause)))
+
 
 class Context:
     """The running actor and the message it handles (Monarch's ``context()``).

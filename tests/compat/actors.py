@@ -352,3 +352,12 @@ class Booted(Actor):
         import os
 
         return [entry.replace(str(os.getpid()), "self") for entry in _booted]
+
+
+class Aborter(Actor):
+    @endpoint
+    def abort(self, reason: str | None) -> str:
+        from regency.actor import context
+
+        context().actor_instance.abort(reason)
+        return "aborting"
