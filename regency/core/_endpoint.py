@@ -9,7 +9,9 @@ the mesh's ``__getattr__`` builds the endpoint.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
@@ -214,6 +216,13 @@ class Actor:
     ``ProcMesh``. Each actor handles one message at a time; sync endpoints run on the
     actor's own thread (so they may block, e.g. on another actor's ``.get()``), async
     endpoints on its proc's trio loop."""
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class (Monarch's ``self.logger``); its records
+        carry the ``[actor=...]`` prefix like any logging inside an actor. Assignable."""
+        cls = type(self)
+        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
 
     if TYPE_CHECKING:
         # What a spawned mesh offers, for the type checker only: ``ProcMesh.spawn`` returns

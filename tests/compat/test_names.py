@@ -286,3 +286,21 @@ def test_unpicklable_argument_is_a_type_error_and_a_runtime_error() -> None:
                 mesh.get.call_one(threading.Lock())  # type: ignore[arg-type]
     finally:
         procs.stop().get(30)
+
+
+def test_actor_logger_is_named_after_its_class_and_assignable() -> None:
+    import logging
+
+    from regency.actor import Actor
+
+    class Plain(Actor):
+        pass
+
+    class Own(Actor):
+        def __init__(self) -> None:
+            self.logger = logging.getLogger("mine")  # Monarch code does this too
+
+    plain = Plain()
+    assert plain.logger is logging.getLogger(f"{__name__}.{Plain.__qualname__}")
+    assert plain.logger is plain.logger
+    assert Own().logger.name == "mine"
