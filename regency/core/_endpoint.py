@@ -219,10 +219,13 @@ class Actor:
 
     @functools.cached_property
     def logger(self) -> logging.Logger:
-        """A logger named after the actor's class (Monarch's ``self.logger``); its records
-        carry the ``[actor=...]`` prefix like any logging inside an actor. Assignable."""
+        """A logger named after the actor's class (Monarch's ``self.logger``), at DEBUG as
+        Monarch's is, so ``self.logger.info(...)`` reaches the proc's handlers whatever the
+        root level; its records carry the ``[actor=...]`` prefix. Assignable."""
         cls = type(self)
-        return logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+        logger = logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+        logger.setLevel(logging.DEBUG)
+        return logger
 
     if TYPE_CHECKING:
         # What a spawned mesh offers, for the type checker only: ``ProcMesh.spawn`` returns

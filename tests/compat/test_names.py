@@ -303,4 +303,5 @@ def test_actor_logger_is_named_after_its_class_and_assignable() -> None:
     plain = Plain()
     assert plain.logger is logging.getLogger(f"{__name__}.{Plain.__qualname__}")
     assert plain.logger is plain.logger
+    assert plain.logger.level == logging.DEBUG  # as Monarch's: info() is not filtered out
     assert Own().logger.name == "mine"
