@@ -33,6 +33,7 @@ from .core import (
     this_host,
     this_proc,
 )
+from .core._bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from .core._controller import shutdown_context
 from .core._hosts import attach_to_workers
 from .core._oversight import UnhandledFault, default_unhandled_fault_hook
@@ -51,6 +52,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
     "Extent",
     "Future",
@@ -71,6 +73,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "endpoint",
     "get_or_spawn_controller",
     "proc_mesh",

@@ -212,8 +212,14 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
 
 
 def get_global_config() -> dict[str, Any]:
-    """Every setting in effect (configured, from ``REGENCY_*`` variables, or default)."""
-    return attrs.asdict(current_config())
+    """Every setting in effect (configured, from ``REGENCY_*`` variables, or default), and
+    Monarch's RDMA switches as they follow from ``rdma_backend`` (Monarch programs and test
+    helpers read ``rdma_disable_ibverbs`` and ``rdma_allow_tcp_fallback`` back)."""
+    settings = attrs.asdict(current_config())
+    backend = settings["rdma_backend"]
+    settings["rdma_disable_ibverbs"] = backend == "tcp"
+    settings["rdma_allow_tcp_fallback"] = backend != "ibverbs"
+    return settings
 
 
 def get_runtime_config() -> dict[str, Any]:

@@ -79,7 +79,7 @@ def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # it exited between the two looks
+    except (FileNotFoundError, ProcessLookupError):  # reaped meanwhile (reading says ESRCH)
         return False
 
 

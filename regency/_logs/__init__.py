@@ -36,6 +36,7 @@ __all__ = [
     "Mode",
     "flush",
     "flush_procs",
+    "install_level_control",
     "install_proc",
     "logging_option",
     "procs_planned",
@@ -51,6 +52,44 @@ def install_proc(rt: Runtime) -> None:
     from ._tee import install_tee
 
     install_tee(rt)
+
+
+class LevelControl:
+    """A proc's control port when forwarding is off: ``logging_option(level=...)`` still sets
+    the proc's root logger level (Monarch's does, forwarding or not); nothing to stream."""
+
+    dests: frozenset[str] = frozenset()
+
+    def __init__(self, rt: Runtime, apply_level: bool = True) -> None:
+        self.rt = rt
+        #: False in the simulator, where the level is process-wide and left alone.
+        self.apply_level = apply_level
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        from ..core import _messages as M
+
+        if not isinstance(value, SetMode):
+            raise TypeError(f"log control port without forwarding takes SetMode (got {value!r})")
+        if self.apply_level:
+            logging.getLogger().setLevel(value.mode.level)
+        try:
+            self.rt.send_port(value.reply, 0, M.OK, None)
+        except Exception as exc:
+            log.debug("could not acknowledge a log level change: %s", exc)
+        return False
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        pass
+
+
+def install_level_control(rt: Runtime, apply_level: bool = True) -> None:
+    """In a new proc when forwarding is off: serve ``logging_option``'s level changes."""
+    if apply_level:
+        # The level set is the user's: Regency's own loggers keep REGENCY_LOG_LEVEL.
+        import os
+
+        logging.getLogger("regency").setLevel(os.environ.get("REGENCY_LOG_LEVEL", "WARNING"))
+    rt.ports[CONTROL_PORT] = LevelControl(rt, apply_level)
 
 
 #: Per runtime: the procs it spawned with forwarding on (only they have a control port to
@@ -115,16 +154,19 @@ def logging_option(
     from ..core._controller import current_runtime
 
     rt = current_runtime()
-    addresses = _teed(rt, _addresses(mesh))
-    if not addresses:
+    # This process's own proc (``this_proc()`` in the controller) is the program's: its
+    # logging is left as the program set it up.
+    addresses = [a for a in _addresses(mesh) if a != rt.address]
+    if stream_to_client and not _teed(rt, addresses):
         warnings.warn(
-            "logging_option has no effect: log forwarding was off when these procs were "
-            "spawned (or they were not spawned from here); call "
+            "logging_option(stream_to_client=True) streams nothing: log forwarding was off "
+            "when these procs were spawned (or they were not spawned from here); call "
             "regency.configure(enable_log_forwarding=True) (or set "
-            "REGENCY_ENABLE_LOG_FORWARDING=1) before spawning them",
+            "REGENCY_ENABLE_LOG_FORWARDING=1) before spawning them. The level still applies.",
             UserWarning,
             stacklevel=3,
         )
+    if not addresses:
         return resolved(None)
     done: Future[None] = Future()
     port = rt.open_port(

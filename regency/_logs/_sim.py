@@ -133,6 +133,9 @@ def install_sim_proc(rt: Runtime, host: str, now: Callable[[], float]) -> None:
     """A simulated proc starts: with forwarding on, open its control port and make sure the
     dispatchers stand in for ``sys.stdout``/``sys.stderr``."""
     if not rt.config.enable_log_forwarding:
+        from . import install_level_control
+
+        install_level_control(rt, apply_level=False)  # process-wide here: left alone
         return
     rt.ports[CONTROL_PORT] = SimProcLogs(rt, host, now)
     if not isinstance(sys.stdout, _Dispatch):

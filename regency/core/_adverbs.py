@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import _codec
 from ._controller import current_runtime
-from ._errors import SupervisionError
+from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
 from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
@@ -48,7 +48,7 @@ def _pickle_args(
             try:
                 _codec.dumps(value)
             except Exception as inner:
-                raise TypeError(
+                raise ArgumentPickleError(
                     f"cannot pickle argument #{position} ({type(value).__name__}) "
                     f"of endpoint {endpoint}: {inner}"
                 ) from inner
@@ -56,11 +56,13 @@ def _pickle_args(
             try:
                 _codec.dumps(value)
             except Exception as inner:
-                raise TypeError(
+                raise ArgumentPickleError(
                     f"cannot pickle argument {name!r} ({type(value).__name__}) "
                     f"of endpoint {endpoint}: {inner}"
                 ) from inner
-        raise TypeError(f"cannot pickle the arguments of endpoint {endpoint}: {exc}") from exc
+        raise ArgumentPickleError(
+            f"cannot pickle the arguments of endpoint {endpoint}: {exc}"
+        ) from exc
 
 
 class Endpoint(Generic[P, R]):
@@ -131,8 +133,10 @@ class Endpoint(Generic[P, R]):
             if machine.failed(key, ranks[local]):
                 cause = machine.cause_of(key, ranks[local])
                 why = f": {cause.summary}" if cause is not None else ""
+                who = machine.actor_of(key, ranks[local])
                 raise SupervisionError(
-                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why}"
+                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why} "
+                    f"(The actor {who} and all its descendants have failed)"
                 )
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:

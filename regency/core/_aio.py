@@ -95,6 +95,10 @@ async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:
     try:
         to_send: Any = None
         to_throw: BaseException | None = None
+        # A trio cancellation that reached the coroutine as asyncio.CancelledError (it was
+        # waiting on an asyncio future, where asyncio code expects that type); re-raised as
+        # itself if the CancelledError comes back out.
+        cancelled: trio.Cancelled | None = None
         while True:
             try:
                 if to_throw is not None:
@@ -104,11 +108,19 @@ async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:
                     yielded = coro.send(to_send)
             except StopIteration as stop:
                 return stop.value
+            except asyncio.CancelledError:
+                if cancelled is not None:
+                    raise cancelled from None
+                raise
             to_send = None
             try:
                 if getattr(yielded, "_asyncio_future_blocking", None) is not None:
                     yielded._asyncio_future_blocking = False
-                    to_send = await trio_asyncio.run_aio_future(yielded)
+                    try:
+                        to_send = await trio_asyncio.run_aio_future(yielded)
+                    except trio.Cancelled as exc:
+                        cancelled = exc
+                        to_throw = asyncio.CancelledError()
                 elif yielded is None:  # asyncio's bare yield: let others run
                     await trio.lowlevel.checkpoint()
                 else:

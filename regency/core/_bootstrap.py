@@ -52,6 +52,10 @@ def _install_services(rt: Any) -> None:
         from .._logs import install_proc
 
         install_proc(rt)
+    else:  # logging_option(level=...) still applies
+        from .._logs import install_level_control
+
+        install_level_control(rt)
     install_breakpoint_hook()
 
 
@@ -114,10 +118,7 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     code = 0
     try:
         if record.get("boot"):
-            boot = _codec.loads([bytes.fromhex(record["boot"])])
-            result = boot()
-            if hasattr(result, "__await__"):
-                trio.run(lambda: result)  # an async bootstrap callable
+            rt.boot = _codec.loads([bytes.fromhex(record["boot"])])  # run by rt.serve
         trio.run(rt.serve)
     except BaseException:
         logging.getLogger("regency.proc").exception("proc %s failed", record["proc_id"])
@@ -127,6 +128,14 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
         sys.stderr.flush()
         if code != 0:
             os._exit(code)
+    from ._executor import ThreadExecutor
+
+    if isinstance(rt.executor, ThreadExecutor):
+        # The actor threads were told to stop (their mailboxes abandoned) but may still be
+        # on their way out: finalizing under them lost module-level __del__ calls.
+        # Threads on their way out end in microseconds; one blocked in user code never
+        # will, so the wait is short.
+        rt.executor.join_threads(min(1.0, rt.config.stop_timeout / 2))
     _finalize_then_exit(rt.config.stop_timeout)
 
 

@@ -14,7 +14,17 @@ if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
 
 
-@attrs.frozen
+#: The proc meshes each actor (by actor_id; the root client too) spawned from this process,
+#: in order: Monarch's ``actor_instance._children``, which test fixtures read and reassign.
+_spawned: dict[str, list[ProcMesh]] = {}
+
+
+def record_spawned(actor_id: str, procs: ProcMesh) -> None:
+    _spawned.setdefault(actor_id, []).append(procs)
+
+
+# Fields cannot change (as if frozen); ``_children`` can be reassigned (Monarch's fixtures do).
+@attrs.define(on_setattr=attrs.setters.frozen, unsafe_hash=True)
 class ActorInstance:
     """The actor that is running (the controller's root client outside any actor)."""
 
@@ -32,6 +42,19 @@ class ActorInstance:
         if not self.class_name:
             return "<root>"
         return f"<{self.class_name} {self.name}{self.rank}>"
+
+    @property
+    def _children(self) -> list[ProcMesh] | None:
+        """The proc meshes this actor spawned from this process (None when none), as
+        Monarch's private attribute of that name; assigning replaces the list."""
+        return _spawned.get(self.actor_id) or None
+
+    @_children.setter
+    def _children(self, children: list[ProcMesh] | None) -> None:
+        if children:
+            _spawned[self.actor_id] = list(children)
+        else:
+            _spawned.pop(self.actor_id, None)
 
     @property
     def proc(self) -> ProcMesh:
@@ -67,6 +90,27 @@ class ActorInstance:
             cell.stop_when_handled = True
         else:
             rt.call_soon(lambda: cell.enqueue(M.StopActor(self.actor_id, None)))
+
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor (Monarch's ``context().actor_instance.abort()``): after the message
+        it is handling, it dies as if an endpoint had raised with no caller waiting; its owner
+        gets a ``MeshFailure`` saying "actor aborted: <reason>" (or "no reason provided")."""
+        from ..supervision import FailureCause
+        from . import _messages as M
+        from ._controller import current_runtime
+
+        if not self.class_name:
+            raise RuntimeError(
+                "the controller's root client cannot abort itself; raise an exception instead"
+            )
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"abort(reason) takes a str or None (got {reason!r})")
+        rt = current_runtime()
+        cell = rt.actors.get(self.actor_id)
+        if cell is None:
+            raise RuntimeError(f"actor {self} is not running in this process")
+        cause = FailureCause(f"actor aborted: {reason or 'no reason provided'}")
+        rt.call_soon(lambda: cell.enqueue(M.Escalate(cause)))
 
 
 class Context:

@@ -9,7 +9,9 @@ the mesh's ``__getattr__`` builds the endpoint.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
@@ -60,6 +62,14 @@ class EndpointSpec(Generic[P, R]):
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+
+    @property
+    def _explicit_response_port(self) -> bool:
+        """Monarch's name for "the reply goes through a port the body is given": true for
+        ``explicit_response_port=True`` and for every ``@concurrent_endpoint`` (Monarch
+        builds those on an explicit port; here the runtime replies for them, the same
+        way)."""
+        return self.explicit_response_port or self.concurrent
 
     # On an actor instance (``self.incr`` inside the actor) this is the plain bound method;
     # the type checker is told "Endpoint", which is what the same name is on a mesh (where
@@ -178,8 +188,18 @@ def concurrent_endpoint(
     waiting answers it (value or error); one without, that raises, fails the actor."""
 
     def wrap(f: Callable[..., Any]) -> EndpointSpec[..., Any]:
+        if isinstance(f, EndpointSpec):
+            raise ValueError(
+                f"@concurrent_endpoint does not wrap @endpoint (on {f.name}): use "
+                "@concurrent_endpoint alone and give it the endpoint options, e.g. "
+                "@concurrent_endpoint(explicit_response_port=True)"
+            )
         if not inspect.iscoroutinefunction(f):
-            raise TypeError(f"@concurrent_endpoint decorates an async function (got {f!r})")
+            raise ValueError(
+                "@concurrent_endpoint can only wrap async endpoints: make "
+                f"{getattr(f, '__qualname__', f)!s} an `async def` (got {type(f).__name__} "
+                f"{f!r})"
+            )
         spec: EndpointSpec[..., Any] = EndpointSpec(
             f, explicit_response_port=explicit_response_port, propagate=propagate
         )
@@ -196,6 +216,16 @@ class Actor:
     ``ProcMesh``. Each actor handles one message at a time; sync endpoints run on the
     actor's own thread (so they may block, e.g. on another actor's ``.get()``), async
     endpoints on its proc's trio loop."""
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class (Monarch's ``self.logger``), at DEBUG as
+        Monarch's is, so ``self.logger.info(...)`` reaches the proc's handlers whatever the
+        root level; its records carry the ``[actor=...]`` prefix. Assignable."""
+        cls = type(self)
+        logger = logging.getLogger(f"{cls.__module__}.{cls.__qualname__}")
+        logger.setLevel(logging.DEBUG)
+        return logger
 
     if TYPE_CHECKING:
         # What a spawned mesh offers, for the type checker only: ``ProcMesh.spawn`` returns

@@ -81,6 +81,12 @@ class UndeliverableError(SupervisionError):
     """The message could not reach its destination."""
 
 
+class ArgumentPickleError(TypeError, RuntimeError):
+    """An endpoint's arguments cannot be pickled (raised at the call site, naming the
+    argument). A ``TypeError``, and a ``RuntimeError`` as Monarch raises there, so either
+    ``except`` catches it."""
+
+
 class DecodeError(ValueError):
     """A message arrived but could not be unpickled (its ``__reduce__``/``__setstate__``
     raised, even ``SystemExit``). Fails the one call it belongs to; nothing else."""

@@ -18,6 +18,8 @@ from typing import Any
 
 import trio
 
+from ._bootstrap_command import BootstrapCommand
+
 #: Environment variables never handed to a proc or the zygote: the job secret reaches procs
 #: only through their bootstrap record (a pipe), never the environment, where any process of
 #: the same user (and ``ps e`` for some) could read it.
@@ -94,10 +96,16 @@ class LocalLauncher(ProcLauncher):
     that forked, not the process.
     """
 
-    def __init__(self, nursery: trio.Nursery, executable: str | None = None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        executable: str | None = None,
+        command: BootstrapCommand | None = None,
+    ) -> None:
         self._nursery = nursery
-        #: The Python interpreter procs run (``HostMesh.with_python_executable``).
-        self._executable = executable or sys.executable
+        #: The command procs run (``spawn_procs(bootstrap_command=...)``; else the Python
+        #: interpreter of ``HostMesh.with_python_executable``, else this one).
+        self._command = command or BootstrapCommand(executable or sys.executable)
 
     def launch(
         self,
@@ -105,9 +113,11 @@ class LocalLauncher(ProcLauncher):
         env: Mapping[str, str],
         on_exit: Callable[[int], None],
     ) -> ProcHandle:
-        child_env = child_environ(env)
+        command = self._command
+        child_env = child_environ({**command.env, **env})
         popen = subprocess.Popen(
-            [self._executable, "-m", "regency.core._bootstrap"],
+            command.argv(),
+            executable=command.program,
             stdin=subprocess.PIPE,
             env=child_env,
             close_fds=True,

@@ -141,6 +141,8 @@ class ActorCell:
         self.stop_when_handled = False
         #: Calls of concurrent endpoints still running (cancelled when the actor retires).
         self._running: set[trio.CancelScope] = set()
+        #: Set when ``_running`` empties while the actor winds down (_cancel_concurrent).
+        self._running_idle: trio.Event | None = None
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -367,6 +369,7 @@ class ActorCell:
             yield _OnLoop(lambda: self._start_concurrent(item))
             return True  # the mailbox moves on; the call runs as its own task
         token = current.set(self._context(item))
+        explicit = False
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
             if inspect.iscoroutinefunction(fn):
@@ -402,7 +405,7 @@ class ActorCell:
         except BaseException as exc:
             if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
                 _dbg.call_ended(exc)
-            cause = self._raised(item, exc)
+            cause = self._raised(item, exc, explicit)
             if cause is not None:
                 yield from self._die(cause, exc)
                 return False
@@ -424,6 +427,7 @@ class ActorCell:
         queued as an Escalate: the actor dies in mailbox order."""
         spec = self.endpoints.get(item.method)
         token = current.set(self._context(item))
+        explicit = False
         try:
             with scope:
                 try:
@@ -440,11 +444,13 @@ class ActorCell:
                 except trio.Cancelled:
                     raise
                 except BaseException as exc:
-                    cause = self._raised(item, exc)
+                    cause = self._raised(item, exc, explicit)
                     if cause is not None:
                         self.enqueue(M.Escalate(cause))
                 finally:
                     self._running.discard(scope)
+                    if not self._running and self._running_idle is not None:
+                        self._running_idle.set()
             if scope.cancelled_caught and item.port is not None:
                 self._reply(item.port, item.rank, M.DEAD, self._stopped_failure())
         finally:
@@ -462,15 +468,28 @@ class ActorCell:
                 self._deque.append(stop)
                 self._wakeup.set()
 
-    def _raised(self, item: M.Call, exc: BaseException) -> S.FailureCause | None:
+    def _raised(
+        self, item: M.Call, exc: BaseException, explicit: bool = False
+    ) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just
-        gets the error (an ``Exception`` with a caller waiting)."""
+        gets the error (an ``Exception`` with a caller waiting). A body that answers through
+        an explicit response port (``explicit``) and raises fails the actor, as in Monarch:
+        it may have answered already, so no caller is sure to see the error otherwise."""
         self._queue_requested_stop()
         port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
-        if isinstance(exc, Exception) and port is not None:
+        if isinstance(exc, Exception) and port is not None and not explicit:
             self._reply(port, index, M.ERROR, RemoteFailure.capture(exc))
             return None
+        if isinstance(exc, Exception) and explicit:
+            cause = _exception_cause(
+                f"{what} raised (it answers through its response port, so the error has "
+                "no caller to go to):",
+                exc,
+            )
+            if port is not None:
+                self._reply(port, index, M.DEAD, self._dead_failure(cause))
+            return cause
         if isinstance(exc, Exception):
             return _exception_cause(f"{what} raised with no caller waiting:", exc)
         cause = _exception_cause(f"{what} raised", exc)
@@ -553,9 +572,10 @@ class ActorCell:
     # -- dying and stopping --------------------------------------------------------------
 
     def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
+        # Names the actor as Monarch's supervision errors do: <module.Class name{'gpus': 1/2}>.
         return RemoteFailure(
             "regency.SupervisionError",
-            f"actor {self.name} rank {self.point.rank} failed: {cause.summary}",
+            f"The actor {self.instance} and all its descendants have failed: {cause.summary}",
             cause.traceback,
         )
 
@@ -597,6 +617,8 @@ class ActorCell:
             raise
         except Exception as error:
             log.warning("stopping what %s owns: %s", self.name, error)
+        if self._running:  # concurrent calls still running end before __cleanup__
+            yield _Await(self._cancel_concurrent)
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is None:
             return
@@ -621,6 +643,17 @@ class ActorCell:
             )
         if not finished:
             log.warning("__cleanup__ of %s took over %s s; abandoned", self.name, timeout)
+
+    async def _cancel_concurrent(self) -> None:
+        """Cancel the calls of concurrent endpoints still running and wait until they have
+        finished (asyncio code in them sees ``CancelledError``), at most ``cleanup_timeout``."""
+        if not self._running:
+            return
+        self._running_idle = trio.Event()
+        for scope in list(self._running):
+            scope.cancel()
+        with trio.move_on_after(self.rt.config.cleanup_timeout):
+            await self._running_idle.wait()
 
     def _in(self, context: Context, fn: Callable[..., Any], *args: Any) -> Any:
         """Call ``fn`` on another thread as this actor: its context and runtime."""

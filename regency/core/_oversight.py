@@ -141,10 +141,20 @@ class Oversight:
             self._perform(action)
 
     def mesh_spawned(
-        self, key: str, name: str, owner: str, owner_name: str, addresses: tuple[str, ...]
+        self,
+        key: str,
+        name: str,
+        owner: str,
+        owner_name: str,
+        addresses: tuple[str, ...],
+        actor_class: str = "",
+        labels: tuple[str, ...] = (),
+        sizes: tuple[int, ...] = (),
     ) -> None:
         self.routes[key] = addresses
-        self.feed(S.MeshSpawned(key, name, owner, owner_name, addresses))
+        self.feed(
+            S.MeshSpawned(key, name, owner, owner_name, addresses, actor_class, labels, sizes)
+        )
 
     def procs_spawned(self, owner: str, addresses: list[str]) -> None:
         self.owned_procs.setdefault(owner, []).extend(addresses)

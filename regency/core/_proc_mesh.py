@@ -12,14 +12,16 @@ from . import _codec
 from . import _messages as M
 from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
 from ._adverbs import _pickle_args
+from ._bootstrap_command import BootstrapCommand
 from ._children import _stop_procs, _wait_ready
+from ._context import context, record_spawned
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
 from ._hosts import HostRef, shutdown_hosts, worker_launcher
 from ._launcher import LocalLauncher
 from ._replies import _Acks
-from ._shape import MeshAlgebra, Shape
+from ._shape import Extent, MeshAlgebra, Point, Shape
 from ._singletons import ensure_registry
 
 A = TypeVar("A", bound=Actor)
@@ -76,7 +78,13 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         mesh = mesh_class(key, name, cls, procs, Shape.full(shape.labels, shape.sizes), init)
         owner = _owner(rt)
         addresses = tuple(address for _, address in procs)
-        rt.call_soon(lambda: rt.oversight.mesh_spawned(key, name, owner[1], owner[2], addresses))
+        kind = f"{cls.__module__}.{cls.__qualname__}"
+        dims = (tuple(shape.labels), tuple(shape.sizes))
+        rt.call_soon(
+            lambda: rt.oversight.mesh_spawned(
+                key, name, owner[1], owner[2], addresses, kind, *dims
+            )
+        )
         for local, address in enumerate(addresses):
             rt.post(address, M.Spawn(key, name, local, labels, sizes, port, owner, pickled))
         return cast(A, mesh)
@@ -180,8 +188,13 @@ class HostMesh(MeshAlgebra):
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
         env: dict[str, str] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
-        """Start one OS process per point of ``per_host`` on each host. Returns at once."""
+        """Start one OS process per point of ``per_host`` on each host. Returns at once.
+
+        ``bootstrap_command`` (procs on this host): how to start them, one
+        :class:`BootstrapCommand` for all or a function of each proc's point (over the host
+        dims and ``per_host``); see ``default_bootstrap_cmd()``."""
         per_host = dict(per_host or {})
         for _dim, size in per_host.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -193,6 +206,7 @@ class HostMesh(MeshAlgebra):
         shape = Shape.full(
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
+        commands = self._bootstrap_commands(bootstrap_command, shape)
         rt = current_runtime()
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
@@ -217,7 +231,10 @@ class HostMesh(MeshAlgebra):
 
         def launch() -> None:
             rt.oversight.procs_spawned(owner, [c.address for c in children])
-            if python is not None:
+            if commands is not None:
+                for child, command in zip(children, commands, strict=True):
+                    child.launcher = LocalLauncher(rt.nursery, command=command)
+            elif python is not None:
                 launcher = LocalLauncher(rt.nursery, executable=python)
                 for child in children:
                     child.launcher = launcher
@@ -233,7 +250,43 @@ class HostMesh(MeshAlgebra):
             rt.nursery.start_soon(_wait_ready, rt, children, ready)
 
         rt.call_soon(launch)
-        return ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+        procs = ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+        record_spawned(context().actor_instance.actor_id, procs)
+        return procs
+
+    def _bootstrap_commands(
+        self, spec: BootstrapCommand | Callable[[Point], BootstrapCommand] | None, shape: Shape
+    ) -> list[BootstrapCommand] | None:
+        """One command per proc of ``shape`` (in rank order), or None for the default."""
+        if spec is None:
+            return None
+        if self._hosts is not None or self.is_fake_in_process:
+            raise ValueError(
+                "bootstrap_command applies to procs on this host; a worker's procs run the "
+                "command that runs `regency worker`, and simulated procs run in-process"
+            )
+        if isinstance(spec, BootstrapCommand):
+            commands = [spec] * len(shape)
+        elif callable(spec):
+            extent = Extent(shape.labels, shape.sizes)
+            commands = [spec(Point(rank, extent)) for rank in range(len(shape))]
+            for command in commands:
+                if not isinstance(command, BootstrapCommand):
+                    raise TypeError(
+                        "bootstrap_command(point) must return a BootstrapCommand "
+                        f"(got {command!r})"
+                    )
+        else:
+            raise TypeError(
+                "bootstrap_command must be a BootstrapCommand or a function of a Point "
+                f"returning one (got {spec!r})"
+            )
+        for command in commands:
+            if not (os.path.isfile(command.program) and os.access(command.program, os.X_OK)):
+                raise FileNotFoundError(
+                    f"bootstrap_command program {command.program!r} is not an executable file"
+                )
+        return commands
 
     def shutdown(self) -> Future[None]:
         """Stop this mesh's procs on its hosts and detach from their workers (hosts from

@@ -15,6 +15,7 @@ one sender to one receiver arrive in send order; mailboxes are FIFO, so handling
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import os
@@ -98,6 +99,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._child_ids = itertools.count()
         self._names = itertools.count()
         self.started = threading.Event()
+        #: ``spawn_procs(bootstrap=fn)``'s ``fn``: run once this runtime listens, before it
+        #: says HELLO, so it may use the runtime (spawn actors on ``this_proc()``, call them).
+        self.boot: Callable[[], Any] | None = None
         self.thread_id: int | None = None
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
@@ -174,6 +178,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                     )
                 else:
                     self._loopback = listener
+                if self.boot is not None:
+                    await self._run_boot(self.boot)
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
                         _codec.encode(M.Hello(self.proc_id, self.address))
@@ -205,6 +211,17 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 for handler in list(self.ports.values()):
                     handler.fail(UndeliverableError("the runtime stopped"))
                 self.ports.clear()
+
+    async def _run_boot(self, boot: Callable[[], Any]) -> None:
+        """Run the proc's bootstrap callable: an async one on this loop (asyncio and trio
+        code both work), a sync one on a thread (it may block on futures this loop serves).
+        Raising ends the proc (exit status 1: its spawner's ``initialized`` fails)."""
+        if inspect.iscoroutinefunction(boot):
+            await self.run_coroutine(boot())
+            return
+        result = await trio.to_thread.run_sync(boot)
+        if inspect.iscoroutine(result):  # a sync callable that returned a coroutine
+            await self.run_coroutine(result)
 
     def runtime_died(self, exc: BaseException) -> None:
         """The trio loop of this runtime ended with ``exc`` (called on its thread once
@@ -296,6 +313,22 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             elif now - box.broken_at > horizon:
                 del self._outboxes[address]
                 self._lost.discard(address)
+
+    async def _stop_actors_then_stop(self) -> None:
+        """A proc told to stop stops its actors first, as Monarch's do: each ends what it
+        owns, its running concurrent calls and then runs ``__cleanup__`` (after the messages
+        already queued for it), within half of ``stop_timeout`` in all; then the runtime
+        stops."""
+        cells = list(self.actors.values())
+        if cells:
+            stopped = _AllStopped(len(cells))
+            port = self.open_port(stopped)
+            for cell in cells:
+                cell.enqueue(M.StopActor(cell.key, port))
+            with trio.move_on_after(self.config.stop_timeout / 2):
+                await stopped.done.wait()
+            self.close_port(port[1])
+        self.stop()
 
     def stop(self) -> None:
         """Ask :meth:`serve` to return. Thread-safe."""
@@ -441,7 +474,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             case M.StopProc():
                 if msg.port is not None:
                     self.send_port(msg.port, 0, M.OK, None)
-                self.stop()
+                self.nursery.start_soon(self._stop_actors_then_stop)
             case M.Hello():
                 ready = self.child_ready.pop(msg.address, None)
                 if ready is not None:
@@ -530,6 +563,25 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         """A cell stopped or failed: later messages to it bounce with ``failure``."""
         self.actors.pop(cell.key, None)
         self.dead[cell.key] = failure
+
+
+class _AllStopped:
+    """A port handler counting the acknowledgements of ``n`` StopActor messages."""
+
+    def __init__(self, n: int) -> None:
+        self.missing = n
+        self.done = trio.Event()
+        self.dests: frozenset[str] = frozenset()  # every actor is in this proc
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        self.missing -= 1
+        if self.missing > 0:
+            return False
+        self.done.set()
+        return True
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.done.set()
 
 
 def bounce(rt: Runtime, item: M.MailboxItem, failure: RemoteFailure) -> None:

@@ -17,6 +17,8 @@ from ._job import (
 )
 from ._kubernetes import kubernetes_manifests, kubernetes_worker_addresses
 from ._local import LocalJob, ProcessJob
+from ._port_forward import PortForwarder
+from ._shell import shell
 from ._slurm import SlurmJob, SlurmJobInfo, parse_squeue_json
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "JobState",
     "JobTrait",
     "LocalJob",
+    "PortForwarder",
     "ProcessJob",
     "SlurmJob",
     "SlurmJobInfo",
@@ -36,4 +39,5 @@ __all__ = [
     "kubernetes_manifests",
     "kubernetes_worker_addresses",
     "parse_squeue_json",
+    "shell",
 ]

@@ -19,9 +19,13 @@ imported only by callers that pass tensors. See docs/rdma.md.
 
 from __future__ import annotations
 
-from . import _ibverbs
-from ._backend import BACKEND_CHOICES, Backend, backend_choice, set_backend
-from ._buffer import LocalMemory, RDMAAction, RDMABuffer
+# _buffer first: a proc may unpickle an RDMABuffer (importing regency.rdma._buffer) on its
+# loop while another thread imports this package for an actor's module. Were this package
+# holding the lock of a module _buffer needs, the two imports would deadlock and Python would
+# hand one of them a half-initialized _buffer (ImportError, seen in Monarch's RDMA tests).
+from ._buffer import LocalMemory, RDMAAction, RDMABuffer  # isort: skip
+from . import _ibverbs  # isort: skip
+from ._backend import BACKEND_CHOICES, Backend, backend_choice, set_backend  # isort: skip
 from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError
 from ._host import same_host_supported
 

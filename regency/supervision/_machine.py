@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._failure import FailureCause, MeshFailure
+from ._failure import FailureCause, MeshFailure, describe_actor
 
 #: The owner key of meshes spawned by the controller's main code.
 ROOT = "client"
@@ -42,6 +42,10 @@ class MeshSpawned:
     owner_name: str
     #: The address of each rank's proc, by rank.
     addresses: tuple[str, ...]
+    #: ``module.Class`` of its actors, and its dims (for failure reports).
+    actor_class: str = ""
+    labels: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -133,6 +137,9 @@ class _Mesh:
     owner_name: str
     addresses: tuple[str, ...]
     status: list[str]
+    actor_class: str = ""
+    labels: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
 
 
 @attrs.define
@@ -150,6 +157,13 @@ class Supervisor:
         except _Illegal as exc:
             self.broken = str(exc)
             return []
+
+    def actor_of(self, key: str, rank: int) -> str:
+        """Rank ``rank`` of mesh ``key`` as Monarch prints an actor (for error messages)."""
+        mesh = self._meshes.get(key)
+        if mesh is None:
+            return f"<{key}[{rank}]>"
+        return describe_actor(mesh.actor_class, mesh.name, mesh.labels, mesh.sizes, rank)
 
     def failed(self, key: str, rank: int) -> bool:
         mesh = self._meshes.get(key)
@@ -176,6 +190,9 @@ class Supervisor:
                 event.owner_name,
                 event.addresses,
                 [RUNNING] * len(event.addresses),
+                event.actor_class,
+                event.labels,
+                event.sizes,
             )
             return []
         if isinstance(event, RanksFailed):
@@ -256,7 +273,16 @@ class Supervisor:
                 newly.append(rank)
         if not newly:
             return []
-        failure = MeshFailure(mesh.name, key, tuple(newly), cause, (mesh.owner_name,))
+        failure = MeshFailure(
+            mesh.name,
+            key,
+            tuple(newly),
+            cause,
+            (mesh.owner_name,),
+            actor_class=mesh.actor_class,
+            labels=mesh.labels,
+            sizes=mesh.sizes,
+        )
         if mesh.owner == ROOT:
             return [RunRootHook(failure)]  # the controller's main code has no __supervise__
         return [Notify(mesh.owner, failure)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from regency.actor import Actor, endpoint
+from regency.actor import Actor, Port, concurrent_endpoint, endpoint
 
 
 class AsyncioWorker(Actor):
@@ -228,3 +228,136 @@ class Finisher(Actor):
 
         context().actor_instance.stop("work done")
         return "stopping"
+
+
+class Gate(Actor):
+    """Monarch's concurrent-endpoint pattern: a call that waits for a later call."""
+
+    def __init__(self, log_path: str) -> None:
+        self.log_path = log_path
+        self.ready = asyncio.Event()
+        self.unblock = asyncio.Event()
+
+    def _log(self, line: str) -> None:
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        self.ready.set()
+        await self.unblock.wait()
+        return "done"
+
+    @endpoint
+    async def release_when_ready(self) -> str:
+        await self.ready.wait()
+        self.unblock.set()
+        return "released"
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def hang(self, port: Port[str]) -> None:
+        port.send("started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self._log("hang cancelled")
+            raise
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def answer_then_raise(self, port: Port[str]) -> None:
+        port.send("answered")
+        raise ValueError("after the answer")
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def raise_unanswered(self, port: Port[str]) -> None:
+        raise ValueError("explicit boom")
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        self._log("cleanup")
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class Parent(Actor):
+    """Owns a two-rank mesh on procs of its own, and has no ``__supervise__``."""
+
+    def __init__(self) -> None:
+        from regency.actor import this_host
+
+        self.children = this_host().spawn_procs(per_host={"a_dim": 2}).spawn("nested", Pid)
+
+    @endpoint
+    def kill_child(self, rank: int) -> None:
+        import os
+        import signal
+
+        os.kill(self.children.slice(a_dim=rank).pid.call_one().get(), signal.SIGKILL)
+
+
+class FileLogger(Actor):
+    """Logs through the root logger to a file, as Monarch's logging test does."""
+
+    def __init__(self, path: str) -> None:
+        import logging
+
+        self.handler = logging.FileHandler(path)
+        logging.getLogger().addHandler(self.handler)
+
+    @endpoint
+    def log(self, level: int, text: str) -> None:
+        import logging
+
+        logging.getLogger().log(level, text)
+        self.handler.flush()
+
+
+class Environ(Actor):
+    @endpoint
+    def get(self, name: str) -> str:
+        import os
+
+        return os.environ.get(name, "")
+
+
+_booted: list[str] = []
+
+
+def boot_with_actor() -> None:
+    """A proc's bootstrap that uses the runtime: spawns an actor on its own proc, calls it."""
+    from regency.actor import this_proc
+
+    pid = this_proc().spawn("boot_helper", Pid).pid.call_one().get(30)
+    _booted.append(f"sync {pid}")
+
+
+async def boot_with_actor_async() -> None:
+    import asyncio
+
+    from regency.actor import this_proc
+
+    await asyncio.sleep(0)
+    pid = await this_proc().spawn("boot_helper", Pid).pid.call_one()
+    _booted.append(f"async {pid}")
+
+
+class Booted(Actor):
+    @endpoint
+    def booted(self) -> list[str]:
+        import os
+
+        return [entry.replace(str(os.getpid()), "self") for entry in _booted]
+
+
+class Aborter(Actor):
+    @endpoint
+    def abort(self, reason: str | None) -> str:
+        from regency.actor import context
+
+        context().actor_instance.abort(reason)
+        return "aborting"

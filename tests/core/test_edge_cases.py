@@ -62,7 +62,8 @@ def test_base_exception_fails_the_actor_and_poisons_only_its_proc(
     mesh = pm.spawn(f"dies_{method}", cls)
     with pytest.raises(
         SupervisionError,
-        match=rf"actor dies_{method} rank 1 failed: endpoint dies_{method}.{method} raised builtins",
+        match=rf"The actor <tests\.core\.actors\.\w+ dies_{method}\{{'gpus': 1/2\}}> and all its "
+        rf"descendants have failed: endpoint dies_{method}.{method} raised builtins",
     ):
         getattr(mesh.slice(gpus=1), method).call_one().get(T)
     with pytest.raises(SupervisionError, match="failed"):
