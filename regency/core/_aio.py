@@ -21,6 +21,7 @@ reported in the proc's log at once, naming the task, instead of when it is garba
 from __future__ import annotations
 
 import logging
+import sys
 import types
 from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any
@@ -108,8 +109,8 @@ async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:
                     yielded = coro.send(to_send)
             except StopIteration as stop:
                 return stop.value
-            except asyncio.CancelledError:
-                if cancelled is not None:
+            except BaseException as exc:
+                if cancelled is not None and _is_asyncio_cancel(exc):
                     raise cancelled from None
                 raise
             to_send = None
@@ -120,7 +121,7 @@ async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:
                         to_send = await trio_asyncio.run_aio_future(yielded)
                     except trio.Cancelled as exc:
                         cancelled = exc
-                        to_throw = asyncio.CancelledError()
+                        to_throw = sys.modules["asyncio"].CancelledError()
                 elif yielded is None:  # asyncio's bare yield: let others run
                     await trio.lowlevel.checkpoint()
                 else:
@@ -130,6 +131,13 @@ async def drive(coro: Coroutine[Any, Any, Any], bridge: AsyncioBridge) -> Any:
     finally:
         coro.close()
         trio_asyncio.current_loop.reset(token)
+
+
+def _is_asyncio_cancel(exc: BaseException) -> bool:
+    """``exc`` is asyncio's CancelledError (asyncio is not imported until an endpoint uses
+    it: without it, no asyncio future was awaited, so there is no such error)."""
+    aio = sys.modules.get("asyncio")
+    return aio is not None and isinstance(exc, aio.CancelledError)
 
 
 def _report_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
