@@ -105,7 +105,7 @@ class InboundSink:
                             )
                             rt.call_soon(conn.close)
                             return True
-                if receiver.ack_due:
+                if receiver.ack_due or len(frame) >= _ACK_BYTES:
                     self.ack()
                 elif not self._ack_pending:
                     self._ack_pending = True
