@@ -28,7 +28,7 @@ from ._sink import LogSink, ensure_sink, sink_of
 
 if TYPE_CHECKING:
     from ..core._children import Child
-    from ..core._mesh import ProcMesh
+    from ..core._proc_mesh import ProcMesh
     from ..core._runtime import Runtime
 
 __all__ = [

@@ -354,7 +354,7 @@ class ActorCell:
                 )
             return fn, args, kwargs, False
         if spec.explicit_response_port:
-            from ._mesh import Port
+            from ._channel import Port
 
             args = (Port(port, index), *args)
         return spec.fn, args, kwargs, spec.explicit_response_port

@@ -15,7 +15,7 @@ from ._future import Future
 from ._shape import Shape
 
 if TYPE_CHECKING:
-    from ._mesh import ActorMesh
+    from ._actor_mesh import ActorMesh
     from ._runtime import Runtime
 
 A = TypeVar("A", bound=Actor)
@@ -42,7 +42,7 @@ class _Registry(Actor):
     async def get_or_spawn(
         self, name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        from ._mesh import this_proc
+        from ._proc_mesh import this_proc
 
         if name not in self._controllers:
             mesh: Any = this_proc().spawn(name, cls, *args, **kwargs)
@@ -85,8 +85,8 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
         raise ValueError(f"a controller's name must be a non-empty string (got {name!r})")
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"get_or_spawn_controller needs an Actor subclass (got {cls!r})")
+    from ._actor_mesh import ActorMesh
     from ._controller import current_runtime
-    from ._mesh import ActorMesh
 
     rt = current_runtime()
     root = root_address(rt)

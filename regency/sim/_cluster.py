@@ -268,7 +268,7 @@ class SimCluster:
     def hosts(self, count: int) -> Any:
         """A ``HostMesh`` of ``count`` fresh simulated hosts (dim ``hosts``)."""
         from ..core._hosts import HostRef
-        from ..core._mesh import HostMesh
+        from ..core._proc_mesh import HostMesh
         from ..core._shape import Shape
 
         assert self.controller is not None

@@ -229,8 +229,8 @@ class InvariantChecker(Probe):
             )
         # Stop what is left, as a program's exit does, and check that nothing remains.
         self.stopping = True
+        from ..core._children import _stop_procs
         from ..core._future import Future
-        from ..core._mesh import _stop_procs
 
         running = [a for a, c in rt.children.items() if c.returncode is None]
         if running:
