@@ -36,7 +36,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
 import cloudpickle
@@ -685,20 +685,44 @@ def decode(frame: memoryview) -> M.Wire:
     env, parts = _unpack(frame, head)
     try:
         if env[0] == _CALL:  # the common case first
-            _, actor, method, port, rank, labels, sizes, _ = env
-            try:
-                if len(parts) == 1:
-                    args = pickle.loads(parts[0])
-                else:
-                    args = pickle.loads(parts[0], buffers=parts[1:])
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:
-                args = undecodable(exc)
-            return Call(actor, method, port, rank, labels, sizes, args)
+            return _call(env, parts)
         return _from_envelope(env, parts)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed frame envelope {env[:1]!r}: {exc}") from exc
+
+
+def decode_call_to(frame: memoryview, wanted: Callable[[str], bool]) -> Call | None:
+    """The :class:`Call` ``frame`` carries when it is a call to an actor for which
+    ``wanted(actor)`` holds; None for any other frame, read no further than its envelope (its
+    payload is neither unpickled nor copied: the loop decodes it when it handles the frame).
+    Raises ``ValueError`` for a malformed frame."""
+    try:
+        (head,) = _HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
+    if head in (_PORT_MARK, _SESSION_HEAD, _ACK_HEAD):
+        return None
+    env, parts = _unpack(frame, head)
+    if env[0] != _CALL or len(env) != 8 or not wanted(env[1]):
+        return None
+    try:
+        return _call(env, parts)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"malformed frame envelope {env[:1]!r}: {exc}") from exc
+
+
+def _call(env: tuple[Any, ...], parts: list[memoryview]) -> Call:
+    _, actor, method, port, rank, labels, sizes, _ = env
+    try:
+        if len(parts) == 1:
+            args = pickle.loads(parts[0])
+        else:
+            args = pickle.loads(parts[0], buffers=parts[1:])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        args = undecodable(exc)
+    return Call(actor, method, port, rank, labels, sizes, args)
 
 
 def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:

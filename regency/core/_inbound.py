@@ -76,13 +76,14 @@ class InboundSink:
             if handler is None or not getattr(handler, "on_any_thread", False):
                 return False
         else:
+            # Only a call to an actor with a thread; any other frame is left to the loop
+            # unread past its envelope (its payload is decoded once, there).
             try:
-                msg = _codec.decode(frame)
+                call = _codec.decode_call_to(frame, rt.threaded_actor)
             except ValueError:
                 return False  # malformed: the loop meets it and closes the connection
-            if type(msg) is not Call or not rt.threaded_actor(msg.actor):
+            if call is None:
                 return False
-            call = msg
         with rt.dispatch_lock:
             index = receiver.frame()
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).
@@ -90,10 +91,7 @@ class InboundSink:
             # once the frame counts as handled.
             try:
                 if index is not None:
-                    probe = self._probe
-                    if probe is not None:
-                        assert receiver.session is not None
-                        probe.frame_handled(rt, receiver.session, index)
+                    self._count(index)
                     if call is not None:
                         rt._to_actor(call.actor, call)
                     else:
@@ -105,11 +103,7 @@ class InboundSink:
                             )
                             rt.call_soon(conn.close)
                             return True
-                if receiver.ack_due or len(frame) >= _ACK_BYTES:
-                    self.ack()
-                elif not self._ack_pending:
-                    self._ack_pending = True
-                    rt.call_soon(lambda: rt.ack_later(self))
+                self._acknowledge(frame, on_loop=False)
             except BaseException as exc:
                 self._raise_later(conn, exc)
         return True
@@ -142,16 +136,31 @@ class InboundSink:
         index = receiver.frame()
         if index is None:
             return  # handled before the reconnect: a resend
+        self._count(index)
+        self._rt.on_frame(frame)
+        self._acknowledge(frame, on_loop=True)
+
+    # The bookkeeping both readers (the loop, a thread) do for a numbered frame.
+
+    def _count(self, index: int) -> None:
+        """Frame ``index`` of the session is being handled (the simulator's probe counts)."""
         probe = self._probe
         if probe is not None:
-            assert receiver.session is not None
-            probe.frame_handled(self._rt, receiver.session, index)
-        self._rt.on_frame(frame)
-        if receiver.ack_due or len(frame) >= _ACK_BYTES:
+            assert self._receiver.session is not None
+            probe.frame_handled(self._rt, self._receiver.session, index)
+
+    def _acknowledge(self, frame: memoryview, *, on_loop: bool) -> None:
+        """Acknowledge now (every ``ack_every`` frames, or a big frame: until acknowledged
+        the sender keeps it for a resend) or within ``_ACK_DELAY``."""
+        if self._receiver.ack_due or len(frame) >= _ACK_BYTES:
             self.ack()
         elif not self._ack_pending:
             self._ack_pending = True
-            self._rt.ack_later(self)
+            rt = self._rt
+            if on_loop:
+                rt.ack_later(self)
+            else:
+                rt.call_soon(lambda: rt.ack_later(self))
 
     def ack(self) -> None:
         with self._rt.dispatch_lock:

@@ -84,6 +84,40 @@ def test_the_hot_path_encoders_match_encode() -> None:
     assert isinstance(reply, bytes) and reply[:4] == b"\xff\xff\xff\xff"  # the binary layout
 
 
+_LOADS: list[int] = []
+
+
+def _counted(value: int) -> int:
+    _LOADS.append(value)
+    return value
+
+
+class _CountsLoads:
+    """Unpickles to an int, and counts each time it is unpickled."""
+
+    def __reduce__(self) -> Any:
+        return (_counted, (7,))
+
+
+def test_decode_call_to_reads_only_calls_to_wanted_actors() -> None:
+    payload = _codec.dumps(((_CountsLoads(),), {}))
+    call = _wire(_codec.encode_call("k", "ping", None, 0, ["gpus"], [1], payload))
+    _LOADS.clear()
+    assert _codec.decode_call_to(call, lambda actor: False) is None
+    assert _LOADS == []  # its payload was not unpickled
+    got = _codec.decode_call_to(call, lambda actor: actor == "k")
+    assert isinstance(got, M.Call) and got.method == "ping" and got.payload == ((7,), {})
+    assert _LOADS == [7]
+    reply = _wire(_codec.encode_reply(9, 1, M.OK, "x"))
+    spawn = _wire(_codec.encode(M.Spawn("k", "n", 0, [], [], None, ("a", "k", "n"), M.Pickled([b"x"]))))
+    assert _codec.decode_call_to(reply, lambda actor: True) is None
+    assert _codec.decode_call_to(spawn, lambda actor: True) is None
+    with pytest.raises(ValueError, match="too short for a header"):
+        _codec.decode_call_to(memoryview(b"\x01"), lambda actor: True)
+    with pytest.raises(ValueError, match="envelope length"):
+        _codec.decode_call_to(memoryview(b"\x00\x00\x10\x00" + b"\x00" * 8), lambda actor: True)
+
+
 def test_a_payload_that_cannot_be_unpickled_arrives_as_undecodable() -> None:
     frame = _codec.encode(M.Call("k", "m", None, 0, [], [], M.Pickled([b"not a pickle"])))
     msg = _codec.decode(_wire(frame))
