@@ -6,36 +6,15 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from regency.actor import Accumulator, Actor, Channel, endpoint, send
+from regency.actor import Accumulator, Channel, send
 from regency.core._config import overridden
 from regency.core._controller import current_runtime
 
 from ..conftest import RootFailures, SpawnProcs
-
-
-class Log(Actor):
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-
-    @endpoint
-    def add(self, item: int) -> None:
-        self.seen.append(item)
-
-    @endpoint
-    def log(self) -> list[int]:
-        return list(self.seen)
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
-    def echo(self, value: Any) -> Any:
-        return value
+from ..sim.actors import CastLog
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +24,7 @@ def deep_trees() -> Iterator[None]:
 
 
 def test_every_adverb_through_a_tree_of_real_procs(spawn_procs: SpawnProcs) -> None:
-    logs = spawn_procs(per_host={"gpus": 8}).spawn("logs", Log)
+    logs = spawn_procs(per_host={"gpus": 8}).spawn("logs", CastLog)
     rt = current_runtime()
     before = rt.casting.tree_casts
     pids = logs.pid.call().get(30).values()
@@ -63,7 +42,7 @@ def test_every_adverb_through_a_tree_of_real_procs(spawn_procs: SpawnProcs) -> N
 def test_casts_and_direct_messages_from_one_sender_stay_in_order(
     spawn_procs: SpawnProcs,
 ) -> None:
-    logs = spawn_procs(per_host={"gpus": 8}).spawn("order", Log)
+    logs = spawn_procs(per_host={"gpus": 8}).spawn("order", CastLog)
     logs.log.call().get(30)
     flat = logs.flatten("r")
     expected: list[list[int]] = [[] for _ in range(8)]
@@ -91,7 +70,7 @@ def test_a_forwarder_killed_mid_broadcast_is_taken_over(
     """8 procs, fan-out 2: the proc at position 4 is to forward to 5 and 7 (5 to 6). It is
     stopped (SIGSTOP) so the broadcast waits in its socket, then killed: the controller
     sends the broadcast to 5 and 7 itself, and the failure of rank 4 is reported once."""
-    logs = spawn_procs(per_host={"gpus": 8}).spawn("takeover", Log)
+    logs = spawn_procs(per_host={"gpus": 8}).spawn("takeover", CastLog)
     pids = list(logs.pid.call().get(30).values())
     os.kill(pids[4], signal.SIGSTOP)
     logs.add.broadcast(1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import trio
 
 from regency.actor import Actor, ActorMesh, current_rank, endpoint
@@ -60,3 +63,31 @@ class Recorder(Actor):
     @endpoint
     async def nap(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+
+class CastLog(Actor):
+    """What the casting-tree tests (real procs and simulated) cast to: it logs what it got."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    def add(self, item: int) -> None:
+        self.seen.append(item)
+
+    @endpoint
+    def log(self) -> list[int]:
+        return list(self.seen)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def rank(self) -> int:
+        return current_rank().rank
+
+    @endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+

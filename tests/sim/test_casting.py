@@ -18,25 +18,7 @@ from regency.core._controller import current_runtime
 from regency.sim._cluster import current, simulate
 
 from ..conftest import RootFailures
-
-
-class Log(Actor):
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-
-    @endpoint
-    def add(self, item: int) -> None:
-        self.seen.append(item)
-
-    @endpoint
-    def log(self) -> list[int]:
-        return list(self.seen)
-
-    @endpoint
-    def rank(self) -> int:
-        from regency.actor import current_rank
-
-        return current_rank().rank
+from .actors import CastLog
 
 
 class Relay(Actor):
@@ -67,7 +49,7 @@ def small_trees() -> Iterator[None]:
 def test_every_adverb_goes_through_the_tree() -> None:
     def program(hosts: Any) -> dict[str, Any]:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        logs = procs.spawn("logs", Log)
+        logs = procs.spawn("logs", CastLog)
         rt = current_runtime()
         before = rt.casting.tree_casts
         ranks = list(logs.rank.call().get().values())
@@ -92,7 +74,7 @@ def test_every_adverb_goes_through_the_tree() -> None:
 def test_an_actor_casts_through_a_tree_too() -> None:
     def program(hosts: Any) -> tuple[list[list[int]], int]:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        logs = procs.spawn("relayed", Log)
+        logs = procs.spawn("relayed", CastLog)
         relay = procs.slice(hosts=0, gpus=0).spawn("relay", Relay, logs)
         result: tuple[list[list[int]], int] = relay.cast_and_read.call_one(7).get()
         return result
@@ -105,7 +87,7 @@ def test_an_actor_casts_through_a_tree_too() -> None:
 
 def test_small_meshes_keep_the_direct_path() -> None:
     def program(hosts: Any) -> int:
-        logs = hosts.spawn_procs(per_host={"gpus": 2}).spawn("logs", Log)  # 4 procs
+        logs = hosts.spawn_procs(per_host={"gpus": 2}).spawn("logs", CastLog)  # 4 procs
         logs.rank.call().get()
         return current_runtime().casting.tree_casts
 
@@ -141,7 +123,7 @@ def test_one_senders_messages_arrive_in_order_whatever_the_path(
 
     def program(hosts: Any) -> list[list[int]]:
         regency.configure(cast_fanout=fanout)
-        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("logs", Log)
+        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("logs", CastLog)
         flat = logs.flatten("r")
         for value, (kind, arg) in enumerate(ops):
             if kind == "cast":
@@ -180,7 +162,7 @@ def test_a_forwarder_that_crashes_mid_broadcast_does_not_lose_it_below(
 
     def program(hosts: Any) -> list[list[int]]:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        logs = procs.spawn("fwdcrash", Log)
+        logs = procs.spawn("fwdcrash", CastLog)
         logs.log.call().get()
         logs.add.broadcast(7)
         current().crash_proc(procs.slice(hosts=0, gpus=1))
@@ -198,7 +180,7 @@ def test_a_forwarder_that_crashes_mid_call_fails_it_naming_the_ranks_behind(
 ) -> None:
     def program(hosts: Any) -> str:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        logs = procs.spawn("callcrash", Log)
+        logs = procs.spawn("callcrash", CastLog)
         logs.log.call().get()
         fut = logs.rank.call()
         current().crash_proc(procs.slice(hosts=0, gpus=1))
@@ -219,7 +201,7 @@ def test_a_forwarder_cut_off_for_a_while_delivers_late_and_in_order() -> None:
     forwarder waits for it."""
 
     def program(hosts: Any) -> tuple[list[list[int]], float]:
-        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("cut", Log)
+        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("cut", CastLog)
         logs.log.call().get()
         start = current().now()
         current().partition(["controller"], ["host2"], duration=2.0)
@@ -239,7 +221,7 @@ def test_a_slow_link_under_a_subtree_slows_only_that_subtree() -> None:
     whole mesh waits for it once, not once per level; one over the other hosts does not."""
 
     def program(hosts: Any) -> tuple[list[int], float, float]:
-        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("slow", Log)
+        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("slow", CastLog)
         logs.log.call().get()
         current().delay("host2", "host3", extra=0.5, duration=60.0)
         start = current().now()
@@ -262,7 +244,7 @@ def test_a_forwarder_cut_off_from_its_children_hands_them_to_the_sender() -> Non
     gets it once, and a call_one sent right after the broadcast still lands behind it."""
 
     def program(hosts: Any) -> list[list[int]]:
-        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("cutkids", Log)
+        logs = hosts.spawn_procs(per_host={"gpus": 8}).spawn("cutkids", CastLog)
         logs.log.call().get()
         current().partition(["host0"], ["host1"], duration=60.0)
         logs.add.broadcast(1)
@@ -294,7 +276,7 @@ def test_any_proc_crashing_mid_broadcast_loses_it_only_for_itself(
     def program(hosts: Any) -> list[list[int]]:
         regency.configure(cast_fanout=fanout)
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        logs = procs.spawn("anycrash", Log)
+        logs = procs.spawn("anycrash", CastLog)
         logs.log.call().get()
         logs.add.broadcast(1)
         current().crash_proc(procs.flatten("r").slice(r=victim))
@@ -314,7 +296,7 @@ def test_fences_are_per_actor() -> None:
 
     def program(hosts: Any) -> tuple[float, float, list[int]]:
         procs = hosts.spawn_procs(per_host={"gpus": 8})
-        slow, other = procs.spawn("slowcast", Log), procs.spawn("other", Log)
+        slow, other = procs.spawn("slowcast", CastLog), procs.spawn("other", CastLog)
         slow.log.call().get()
         other.log.call().get()
         # Rank 9 (host1) is reached through the proc at position 0 (host0).
