@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
 
@@ -179,7 +180,13 @@ class Leader:
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
+            notebook = _future.notebook
             while not done():
+                if notebook is not None:
+                    # A fault for the cell whose SIGUSR2 came while this thread was in a
+                    # callee (reading or handling a frame), where the handler does not raise:
+                    # raised here, before the thread polls again (else it would wait forever).
+                    notebook.before_wait()
                 if deadline is None:
                     ms: int | None = None
                 else:
