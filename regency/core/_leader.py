@@ -152,6 +152,11 @@ class Leader:
         read here. False when no connection could be led (nothing was waited for)."""
         if not self.enabled or _here.declined:
             return False
+        if _future.notebook is not None and threading.current_thread() is threading.main_thread():
+            # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
+            # that may unwind it anywhere, also while it hands sockets back to the loop: there
+            # it waits on its lock and the loop reads, as with thread_reads=False.
+            return False
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
             self.declined += 1
