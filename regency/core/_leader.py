@@ -90,12 +90,24 @@ class Bell:
         os.close(self.fd)
 
 
+class _Reading(threading.local):
+    """What one thread keeps between the waits in which it reads: its doorbell, and the
+    poll set of the connections it led last time with that bell (kept while the same
+    connections are led again, which is the common case: a wait costs no poll set)."""
+
+    bell: Bell | None = None
+    poller: Any = None
+    #: The connections ``poller`` polls (besides the bell), and the poller's fd map.
+    polled: tuple[Any, ...] = ()
+    by_fd: dict[int, Any] | None = None
+
+
 class Leader:
     """One runtime's side of leader/follower: :meth:`wait` is ``_future.reader``."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._local = threading.local()
+        self._local = _Reading()
         #: False: threads wait as before, the loop reads everything (``thread_reads=False``
         #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
         self.enabled = True
@@ -107,7 +119,7 @@ class Leader:
         self.on_lead: Callable[[], None] | None = None
 
     def _bell(self) -> Bell:
-        bell: Bell | None = getattr(self._local, "bell", None)
+        bell = self._local.bell
         if bell is None:
             bell = self._local.bell = Bell()
         return bell
@@ -138,6 +150,22 @@ class Leader:
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
         return LeadingMailbox(self)
+
+    def _poll_set(self, taken: list[Any], bell: Bell) -> tuple[Any, dict[int, Any]]:
+        """A poll set of ``taken`` and ``bell``: this thread's last one when it polled the
+        same connections (a thread that unregisters from it, below, forgets it)."""
+        local = self._local
+        polled = tuple(taken)
+        if local.polled == polled and local.by_fd is not None:
+            return local.poller, local.by_fd
+        poller = select.poll()
+        by_fd = {}
+        for conn in taken:
+            by_fd[conn.fileno()] = conn
+            poller.register(conn.fileno(), select.POLLIN)
+        poller.register(bell.fd, select.POLLIN)
+        local.poller, local.polled, local.by_fd = poller, polled, by_fd
+        return poller, by_fd
 
     def _lead(
         self,
@@ -176,25 +204,19 @@ class Leader:
                 return False
             self.led += 1
             deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-            poller = select.poll()
-            by_fd = {}
-            for conn in taken:
-                by_fd[conn.fileno()] = conn
-                poller.register(conn.fileno(), select.POLLIN)
-            poller.register(bell.fd, select.POLLIN)
+            poller, by_fd = self._poll_set(taken, bell)
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
             notebook = _future.notebook
+            ms: int | None = None
             while not done():
                 if notebook is not None:
                     # A fault for the cell whose SIGUSR2 came while this thread was in a
                     # callee (reading or handling a frame), where the handler does not raise:
                     # raised here, before the thread polls again (else it would wait forever).
                     notebook.before_wait()
-                if deadline is None:
-                    ms: int | None = None
-                else:
+                if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError(f"future not resolved within {timeout} s")
@@ -205,6 +227,8 @@ class Leader:
                         continue
                     conn = by_fd.get(fd)
                     if conn is not None and not conn.read_led():  # handed back to the loop
+                        if by_fd is self._local.by_fd:  # the kept poll set changes: forget it
+                            self._local.polled, self._local.by_fd = (), None
                         poller.unregister(fd)
                         del by_fd[fd]
                         taken.remove(conn)

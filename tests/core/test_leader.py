@@ -105,3 +105,26 @@ def test_get_timeout_expires_while_the_thread_reads(pm: ProcMesh, leader: Leader
     opener.open.call_one().get(T)
     assert fut.get(T) == "opened"  # the connections went back: the reply still comes
     assert gate.wait.call_one().get(T) == "opened"
+
+
+def test_a_thread_keeps_its_poll_set_until_the_connections_it_leads_change(
+    spawn_procs: SpawnProcs, leader: Leader
+) -> None:
+    first = spawn_procs(per_host={"gpus": 1}).spawn("poll_first", Seq)
+    first.take.call_one(-1).get(T)
+    before, pollers = leader.led, []
+    for i in range(100):
+        assert first.take.call_one(i).get(T) == i
+        pollers.append(leader._local.poller)  # kept alive here: identities stay distinct
+    assert leader.led - before >= 50
+    # A connection handed back mid-wait (an acknowledgement frame is the loop's) drops the
+    # kept set; otherwise every wait polls the same one.
+    assert len({id(p) for p in pollers}) <= 25
+    # Another proc mesh: a new connection, which the next waits must poll (a kept set
+    # without it would leave its replies unread: neither the silenced loop nor the
+    # waiting thread would see them, and get() would time out).
+    second = spawn_procs(per_host={"gpus": 1}).spawn("poll_second", Seq)
+    for i in range(50):
+        assert second.take.call_one(i).get(T) == i
+        assert first.take.call_one(i).get(T) == i
+    assert second.taken.call_one().get(T) == list(range(50))
