@@ -12,7 +12,7 @@ from . import _codec
 from ._controller import current_runtime
 from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
-from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
+from ._replies import EachInTurn, Fold, OneReply, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 
 if TYPE_CHECKING:
@@ -80,10 +80,8 @@ class Endpoint(Generic[P, R]):
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
         self._name = name
-
-    @property
-    def qualname(self) -> str:
-        return f"{self._mesh._name}.{self._name}"
+        #: ``mesh.endpoint``, as errors and reply handlers name it.
+        self.qualname = f"{mesh._name}.{name}"
 
     def _send(
         self,
@@ -93,7 +91,7 @@ class Endpoint(Generic[P, R]):
         payload: list[Any],
         *,
         gather: bool = False,
-        replies: Replies | None = None,
+        replies: Replies | OneReply | None = None,
     ) -> None:
         """One message per rank: directly, or down a casting tree for a big mesh
         (:mod:`regency.core._casting`; ``gather``: the replies come back up it)."""
@@ -172,11 +170,8 @@ class Endpoint(Generic[P, R]):
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         fut: Future[R] = Future()
         route = self._mesh._route()
-        handler = Replies(
-            One(fut),
-            self.qualname,
-            (route.ranks[local],),
-            (route.addresses[local],),
+        handler = OneReply(
+            fut, self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
         )
         self._issue(rt, (local,), handler, payload)
