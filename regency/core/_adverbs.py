@@ -117,7 +117,16 @@ class Endpoint(Generic[P, R]):
         port = rt.open_port(handler)
         try:
             self._check_alive(rt, local_ranks)
-            self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
+            leader = rt.leader
+            if leader is not None and len(local_ranks) > 1:
+                # Replies that come while the later ranks are sent are read by this thread.
+                leader.sending(
+                    lambda: self._send(
+                        rt, local_ranks, port, payload, gather=gather, replies=handler
+                    )
+                )
+            else:
+                self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
         except SupervisionError as exc:
             rt.close_port(port[1])
             handler.fail(exc)

@@ -167,6 +167,51 @@ class Leader:
         local.poller, local.polled, local.by_fd = poller, polled, by_fd
         return poller, by_fd
 
+    def _may_lead(self) -> bool:
+        """Whether this thread may read the runtime's sockets itself at all."""
+        if not self.enabled or _here.declined or self._rt.on_runtime_thread():
+            return False
+        # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
+        # that may unwind it anywhere, also while it hands sockets back to the loop: there
+        # it waits on its lock and the loop reads, as with thread_reads=False.
+        return _future.notebook is None or threading.current_thread() is not threading.main_thread()
+
+    def sending(self, send: Callable[[], None]) -> None:
+        """Run ``send()`` (a call's fan-out to several ranks) leading this runtime's
+        inbound connections, then read on this thread what came meanwhile, and give them
+        back. The first ranks' replies can come before the last rank's frame is sent: the
+        loop would wake up to read them (at about twice a waiting thread's cost), where the
+        caller, about to wait, reads them here. Nothing is held past ``send()`` and one
+        poll that does not wait."""
+        conns = list(self._rt.leadable.values()) if self._may_lead() else ()
+        if not conns or len(conns) > MAX_LED:
+            send()
+            return
+        taken = [conn for conn in conns if conn.lead()]
+        try:
+            send()
+            if taken:
+                poller, by_fd = self._poll_set(taken, self._bell())
+                for fd, _ in poller.poll(0):
+                    conn = by_fd.get(fd)  # (the bell: nobody armed it for this)
+                    if conn is not None and not conn.read_led():  # handed back to the loop
+                        self._unpoll(poller, by_fd, fd)
+                        taken.remove(conn)
+                    error = getattr(deferred, "error", None)
+                    if error is not None:  # raised handling a frame it took (see _inbound)
+                        deferred.error = None
+                        raise error
+        finally:
+            for conn in taken:
+                conn.give_back()
+
+    def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
+        """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
+        if by_fd is self._local.by_fd:
+            self._local.polled, self._local.by_fd = (), None
+        poller.unregister(fd)
+        del by_fd[fd]
+
     def _lead(
         self,
         done: Callable[[], bool],
@@ -178,12 +223,7 @@ class Leader:
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
         read here. False when no connection could be led (nothing was waited for)."""
-        if not self.enabled or _here.declined:
-            return False
-        if _future.notebook is not None and threading.current_thread() is threading.main_thread():
-            # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
-            # that may unwind it anywhere, also while it hands sockets back to the loop: there
-            # it waits on its lock and the loop reads, as with thread_reads=False.
+        if not self._may_lead():
             return False
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
@@ -227,10 +267,7 @@ class Leader:
                         continue
                     conn = by_fd.get(fd)
                     if conn is not None and not conn.read_led():  # handed back to the loop
-                        if by_fd is self._local.by_fd:  # the kept poll set changes: forget it
-                            self._local.polled, self._local.by_fd = (), None
-                        poller.unregister(fd)
-                        del by_fd[fd]
+                        self._unpoll(poller, by_fd, fd)
                         taken.remove(conn)
                     error = getattr(deferred, "error", None)
                     if error is not None:  # raised handling a frame it took (see _inbound)
