@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
-from ._spin import SpinPolicy, spin_limit
+from ._spin import SpinPolicy, cpu_gauge, spin_limit
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -110,6 +110,7 @@ class Leader:
         self.on_lead: Callable[[], None] | None = None
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
         self.spin = spin_limit(runtime.config.spin_us)
+        self._gauge = cpu_gauge()
 
     def _spinner(self) -> SpinPolicy:
         spinner: SpinPolicy | None = getattr(self._local, "spinner", None)
@@ -200,7 +201,7 @@ class Leader:
             spinner = self._spinner()
             spin = spinner.budget(self.spin)
             spin_until = 0.0
-            if spin:
+            if spin and not self._gauge.crowded():
                 self.spun += 1
                 spin_until = time.perf_counter() + spin
             while not done():

@@ -9,6 +9,10 @@ busy while it spins, so the policy spins only where spinning pays:
 
 * only with more than one usable CPU (on one CPU, a spinner delays the very process it waits
   for), and never longer than ``spin_us`` (``regency.configure(spin_us=0)`` turns it off);
+* only while the machine has a CPU to spare: a wait starts spinning only if no more tasks are
+  runnable right now than there are CPUs (the kernel's instant count in ``/proc/loadavg``,
+  read in about 2 us), so spinners never crowd out work that is waiting for a CPU, and at
+  most about one spinner per idle CPU starts (the spinners count as runnable);
 * only while spinning keeps catching: after ``MISSES_TO_STOP`` waits in a row that spun and
   caught nothing (a slow endpoint, an idle actor), the thread goes straight to sleep, probing
   again once every ``PROBE_EVERY`` waits, so an idle proc spins for a few us in thousands
@@ -31,13 +35,62 @@ MISSES_TO_STOP = 3
 PROBE_EVERY = 16
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def spin_limit(spin_us: float) -> float:
     """Seconds a wait may spin with ``spin_us`` configured: none with one usable CPU."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return spin_us * 1e-6 if cpus > 1 else 0.0
+    return spin_us * 1e-6 if usable_cpus() > 1 else 0.0
+
+
+class CpuGauge:
+    """Whether every CPU is taken right now: more tasks runnable, machine-wide, than this
+    process may use CPUs (``/proc/loadavg``'s fourth field, ``runnable/total``, counts the
+    reader itself). Without the file (not Linux), never crowded."""
+
+    __slots__ = ("_cpus", "_fd")
+
+    def __init__(self, path: str = "/proc/loadavg", cpus: int | None = None) -> None:
+        self._cpus = usable_cpus() if cpus is None else cpus
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def runnable(self) -> int | None:
+        """Tasks runnable now (None: unknown)."""
+        if self._fd is None:
+            return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[3].partition(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def crowded(self) -> bool:
+        runnable = self.runnable()
+        return runnable is not None and runnable > self._cpus
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_gauge: CpuGauge | None = None
+
+
+def cpu_gauge() -> CpuGauge:
+    """The process's gauge (one descriptor, shared by every thread: ``pread`` keeps no
+    offset; a forked child shares it too)."""
+    global _gauge
+    if _gauge is None:
+        _gauge = CpuGauge()
+    return _gauge
 
 
 class SpinPolicy:
