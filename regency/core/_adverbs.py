@@ -177,13 +177,26 @@ class Endpoint(Generic[P, R]):
         self._issue(rt, range(len(route.addresses)), handler, payload, gather=gather)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
+        """``_issue`` to one rank, flattened (the pipelined and round-trip hot path): the
+        same port, liveness check and errors, and ``Casting.send_one`` for the send."""
         fut: Future[R] = Future()
-        route = self._mesh._route()
+        mesh = self._mesh
+        route = mesh._route()
         handler = OneReply(
             fut, self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
         )
-        self._issue(rt, (local,), handler, payload)
+        port = rt.open_port(handler)
+        try:
+            if rt.oversight.machine.failed(mesh._key, route.ranks[local]):
+                self._check_alive(rt, (local,))  # raises, saying why
+            rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
+        except SupervisionError as exc:
+            rt.close_port(port[1])
+            handler.fail(exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:

@@ -156,6 +156,31 @@ class Casting:
             if (held and any(held[t] for t in reach)) or not self._cast_now(*args):
                 self._hold(reach, lambda: self._cast_now(*args))
 
+    def send_one(
+        self,
+        route: _Route,
+        local: int,
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+    ) -> None:
+        """:meth:`send` to one rank (``call_one``, ``choose``), without its layers."""
+        if current_config().cast_tree_min <= 1:  # every cast goes down a tree
+            self.send(route, (local,), actor, method, port, payload)
+            return
+        address = route.addresses[local]
+        frame = _codec.encode_call(
+            actor, method, port, local, route.labels, route.sizes, payload
+        )
+        if self._fenced or self._held:  # a tree cast of ours in flight: check its fence
+            self.post_actor(address, actor, frame)
+            return
+        rt = self._rt
+        box = rt._outboxes.get(address) or rt.outbox(address)
+        box.send(frame)
+        self._direct[address] = box._machine.queued_count
+
     def _send_direct(
         self,
         route: _Route,
