@@ -5,15 +5,31 @@ encoding and queueing a call on a connected outbox.
 CPU time of this thread (``time.thread_time``), best of several rounds: on a loaded machine
 wall-clock figures swing by tens of percent, these by a few. Run through ``make bench`` or
 ``python -m benchmarks.bench_dispatch``.
+
+``python -m benchmarks.bench_dispatch --callgrind [N]`` counts the instructions of a whole
+``call_one`` round trip to a sync endpoint of another process, per thread, with valgrind's
+callgrind (exact and independent of load; run it twice, the paths taken vary a little with
+timing): the controller's side (this script re-run under callgrind: the user thread's
+``call_one()`` and ``get()``, and the runtime's loop thread) and the proc's (the proc started
+under callgrind: its actor thread, which reads the call, runs it and writes the reply, and its
+loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import timeit
 from collections.abc import Callable
 from typing import Any
 
+from regency.actor import Actor, endpoint
 from regency.core import _codec
 from regency.core._config import Config
 from regency.core._delivery import CONNECTED
@@ -88,6 +104,84 @@ def run() -> list[tuple[str, str, float, str]]:
     ]
 
 
+class _Echo(Actor):
+    @endpoint
+    def ping(self) -> None:
+        return None
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _callgrind_control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+
+
+def _round_trips(side: str, n: int, out: str) -> None:
+    """One side of :func:`callgrind`: spawn the proc (under callgrind for ``side ==
+    "proc"``), warm up, zero the counters, make ``n`` round trips, dump."""
+    import regency
+    from regency.actor import this_host
+    from regency.core._bootstrap_command import BOOTSTRAP_ARGS, BootstrapCommand
+
+    # Under valgrind a process runs some 50x slower: no heartbeat may time out meanwhile.
+    regency.configure(heartbeat_timeout=600.0, spawn_timeout=600.0, delivery_timeout=600.0)
+    command = None
+    if side == "proc":
+        command = BootstrapCommand(shutil.which("valgrind") or "valgrind", args=[
+            "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
+            "--separate-threads=yes", sys.executable, *BOOTSTRAP_ARGS,
+        ])
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=command)
+    echo = procs.spawn("echo", _Echo)
+    for _ in range(300):
+        echo.ping.call_one().get()
+    target = echo.pid.call_one().get() if side == "proc" else os.getpid()
+    _callgrind_control("-z", str(target))
+    for _ in range(n):
+        echo.ping.call_one().get()
+    _callgrind_control("-d", str(target))
+
+
+def _per_thread(pattern: str, n: int) -> list[int]:
+    """Instructions per round trip of each thread's dump (largest first)."""
+    counts = []
+    for path in glob.glob(pattern):
+        with open(path) as f:
+            text = f.read()
+        found = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(
+            r"^totals:\s+(\d+)", text, re.M
+        )
+        if found and int(found.group(1)):
+            counts.append(int(found.group(1)) // n)
+    return sorted(counts, reverse=True)
+
+
+def callgrind(n: int = 2000) -> None:
+    """Print the instructions per round trip of each busy thread on both sides."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    me = [sys.executable, "-m", "benchmarks.bench_dispatch"]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "REGENCY_ZYGOTE": "0"}  # the proc's own command, not a fork
+        subprocess.run([*me, "--side", "proc", str(n), f"{tmp}/proc.out"], check=True, env=env)
+        subprocess.run([
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
+            "--dump-instr=no", "--separate-threads=yes", "-q",
+            *me, "--side", "ctl", str(n), f"{tmp}/none",
+        ], check=True)
+        ctl, proc = _per_thread(f"{tmp}/ctl.out.1-*", n), _per_thread(f"{tmp}/proc.out.1-*", n)
+    print(f"instructions per call_one round trip ({n} trips), by thread, busiest first")
+    print(f"  controller (user thread, then the runtime's loop): {ctl}")
+    print(f"  proc (actor thread, then the proc's loop): {proc}")
+
+
 if __name__ == "__main__":
-    for figure, _target, value, unit in run():
-        print(f"{figure}: {value:.2f} {unit}")
+    if sys.argv[1:2] == ["--side"]:
+        _round_trips(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1:2] == ["--callgrind"]:
+        callgrind(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+    else:
+        for figure, _target, value, unit in run():
+            print(f"{figure}: {value:.2f} {unit}")

@@ -80,10 +80,8 @@ class Endpoint(Generic[P, R]):
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
         self._name = name
-
-    @property
-    def qualname(self) -> str:
-        return f"{self._mesh._name}.{self._name}"
+        #: ``mesh.endpoint``, as errors name it (built once: every call passes it on).
+        self.qualname = f"{mesh._name}.{name}"
 
     def _send(
         self,

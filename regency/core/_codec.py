@@ -607,11 +607,14 @@ def encode_call(
 def encode_reply(port_id: int, index: int, status: int, value: Any) -> Frame:
     """``encode(Reply(...))`` without building the record: the binary layout unless the
     payload has out-of-band parts. Raises what pickling ``value`` raises."""
-    parts = _parts(value)
-    if len(parts) != 1:
-        return _pack((_REPLY, port_id, index, status), parts)
+    if type(value) in _PLAIN:  # None, a number, a string (most replies): one part
+        body: bytes | memoryview = pickle.dumps(value, protocol=5)
+    else:
+        parts = _parts(value)
+        if len(parts) != 1:
+            return _pack((_REPLY, port_id, index, status), parts)
+        body = parts[0]
     head = _PORT_HEAD.pack(_PORT_MARK, port_id, index, status)
-    body = parts[0]
     if len(body) >= _SCAN_LIMIT:
         return [head, body]
     return head + body
