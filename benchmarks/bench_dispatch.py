@@ -68,7 +68,7 @@ def run() -> list[tuple[str, str, float, str]]:
     reply = memoryview(_codec.encode_reply(5, 0, 0, 42))  # type: ignore[arg-type]
     args = _codec.dumps(((), {}))
     port = ("unix:///tmp/c1.sock", 5)
-    call = _codec.encode_call("c1.echo.0", "ping", port, 0, ["gpus"], [1], args)
+    call = _codec.encode_call("c1.echo.0", "ping", port, 0, ("gpus",), (1,), args)
     call_view = memoryview(call if isinstance(call, bytes) else b"".join(call))
 
     def receive_reply() -> None:
@@ -100,7 +100,56 @@ def run() -> list[tuple[str, str, float, str]]:
         ),
         ("send a frame on a connected outbox", "", _best_us(send_frame), "us cpu"),
         ("encode a call", "", _best_us(lambda: _codec.encode_call(
-            "c1.echo.0", "ping", port, 0, ["gpus"], [1], args)), "us cpu"),
+            "c1.echo.0", "ping", port, 0, ("gpus",), (1,), args)), "us cpu"),
+        ("decode a call read by the actor's thread", "", _best_us(
+            lambda: _codec.decode_call_to(call_view, wanted)), "us cpu"),
+        ("encode a reply of None", "", _best_us(lambda: _codec.encode_reply(5, 0, 0, None)), "us cpu"),
+        *round_trip_cpu(),
+    ]
+
+
+def _wanted(actor: str) -> bool:
+    return True
+
+
+wanted = _wanted
+
+
+def round_trip_cpu(n: int = 2000, rounds: int = 5) -> list[tuple[str, str, float, str]]:
+    """The whole of each side of a ``call_one`` round trip to a sync endpoint of another
+    process, as CPU time of the thread that does it (best of ``rounds`` means of ``n``):
+    the user thread's ``call_one()`` (arguments, future, port, encode, outbox, the socket
+    write) and ``get()`` (taking the sockets over, ``poll``, reading, decoding, resolving,
+    handing them back), and the proc's actor thread per call (the same reading, the mailbox,
+    the endpoint, the reply's encoding and write)."""
+    from regency.actor import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    echo = procs.spawn("echo", _Echo)
+    ping = echo.ping
+    for _ in range(1000):
+        ping.call_one().get()
+    clock = time.thread_time
+    sends, gets, procs_cpu = [], [], []
+    for _ in range(rounds):
+        echo.cpu_start.call_one().get()
+        send = get = 0.0
+        for _ in range(n):
+            t0 = clock()
+            fut = ping.call_one()
+            t1 = clock()
+            fut.get()
+            t2 = clock()
+            send += t1 - t0
+            get += t2 - t1
+        procs_cpu.append(echo.cpu_since_start.call_one().get() / n * 1e6)
+        sends.append(send / n * 1e6)
+        gets.append(get / n * 1e6)
+    procs.stop().get(30)
+    return [
+        ("call_one(): the whole send path, socket write included", "", min(sends), "us cpu"),
+        ("get(): the whole receive path (poll, read, decode, resolve)", "", min(gets), "us cpu"),
+        ("the proc's actor thread per call (read, run, reply)", "", min(procs_cpu), "us cpu"),
     ]
 
 
@@ -108,6 +157,14 @@ class _Echo(Actor):
     @endpoint
     def ping(self) -> None:
         return None
+
+    @endpoint
+    def cpu_start(self) -> None:
+        self._cpu = time.thread_time()
+
+    @endpoint
+    def cpu_since_start(self) -> float:
+        return time.thread_time() - self._cpu
 
     @endpoint
     def pid(self) -> int:
