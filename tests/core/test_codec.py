@@ -107,6 +107,19 @@ def test_a_call_with_one_payload_part_has_the_compact_layout() -> None:
     assert _codec.decode(_wire(frame_parts)).payload == ((bytes(1 << 17),), {})
 
 
+def test_the_route_tables_stay_bounded_and_every_call_decodes() -> None:
+    payload = _codec.dumps(((), {}))
+    frames = [
+        _codec.encode_call(f"k{i}", "m", ("unix:///x.sock", i), 0, ("a",), (1,), payload)
+        for i in range(_codec._ROUTES_MAX + 100)
+    ]
+    assert len(_codec._routes_out) <= _codec._ROUTES_MAX
+    for i, frame in enumerate(frames):
+        got = _codec.decode(_wire(frame))
+        assert isinstance(got, M.Call) and got.actor == f"k{i}" and got.port == ("unix:///x.sock", i)
+    assert len(_codec._routes_in) <= _codec._ROUTES_MAX
+
+
 def test_a_big_compact_call_is_sent_as_parts() -> None:
     payload = _codec.dumps(((list(range(40000)),), {}))  # one part, over 64 KiB
     frame = _codec.encode_call("k", "m", None, 0, ("a",), (1,), payload)
