@@ -121,7 +121,8 @@ def round_trip_cpu(n: int = 2000, rounds: int = 5) -> list[tuple[str, str, float
     the user thread's ``call_one()`` (arguments, future, port, encode, outbox, the socket
     write) and ``get()`` (taking the sockets over, ``poll``, reading, decoding, resolving,
     handing them back), and the proc's actor thread per call (the same reading, the mailbox,
-    the endpoint, the reply's encoding and write)."""
+    the endpoint, the reply's encoding and write). A thread that spins before it sleeps
+    (``core/_spin.py``, when a CPU is free) counts its spinning here too."""
     from regency.actor import this_host
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
