@@ -231,8 +231,8 @@ def callgrind(n: int = 2000) -> None:
         ], check=True)
         ctl, proc = _per_thread(f"{tmp}/ctl.out.1-*", n), _per_thread(f"{tmp}/proc.out.1-*", n)
     print(f"instructions per call_one round trip ({n} trips), by thread, busiest first")
-    print(f"  controller (user thread, then the runtime's loop): {ctl}")
-    print(f"  proc (actor thread, then the proc's loop): {proc}")
+    print(f"  controller (user thread, then the runtime's loop): {ctl}, in all {sum(ctl)}")
+    print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
 
 
 if __name__ == "__main__":
