@@ -37,7 +37,7 @@ from regency.core._future import Future
 from regency.core._inbound import InboundSink
 from regency.core._messages import Session
 from regency.core._outbox import Outbox
-from regency.core._replies import One, Replies
+from regency.core._replies import OneReply
 from regency.core._runtime import Runtime
 
 
@@ -73,7 +73,7 @@ def run() -> list[tuple[str, str, float, str]]:
 
     def receive_reply() -> None:
         fut: Future[Any] = Future()
-        rt.ports[5] = Replies(One(fut), "Echo.ping", (0,), ("a",), frozenset(("a",)))
+        rt.ports[5] = OneReply(fut, "Echo.ping", (0,), ("a",), frozenset(("a",)))
         rt.on_frame(reply)
 
     rt.nursery = _Nursery()  # type: ignore[assignment]

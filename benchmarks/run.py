@@ -13,6 +13,7 @@ import regency.actor
 from benchmarks import (
     bench_actors,
     bench_dispatch,
+    bench_fanout,
     bench_jobs,
     bench_logs,
     bench_multihost,
@@ -42,6 +43,7 @@ def main() -> None:
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
     _table("Actors (issue #2)", bench_actors.run())
     _table("Runtime cost per message, one thread's CPU (issue #10)", bench_dispatch.run())
+    _table("The controller's CPU for one call, without sockets (issue #13)", bench_fanout.run())
     print("\n### Transports: 64-byte frames between two processes\n")
     print("| transport | round trip | pipelined | client CPU per trip |")
     print("|---|---|---|---|")

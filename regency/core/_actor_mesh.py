@@ -66,6 +66,8 @@ class ActorMesh(MeshAlgebra, Generic[A]):
                 frozenset(addresses),
                 shape.labels,
                 shape.sizes,
+                tuple((a,) for a in addresses),
+                tuple((r,) for r in shape.ranks),
             )
             self._cached_route = route
         return route

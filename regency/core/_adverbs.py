@@ -12,7 +12,7 @@ from . import _codec
 from ._controller import current_runtime
 from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
-from ._replies import EachInTurn, Fold, One, Reducer, Replies, ToMesh
+from ._replies import EachInTurn, Fold, OneReply, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ class Endpoint(Generic[P, R]):
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
         self._name = name
-        #: ``mesh.endpoint``, as errors name it (built once: every call passes it on).
+        #: ``mesh.endpoint``, as errors and reply handlers name it (built once: every call
+        #: passes it on).
         self.qualname = f"{mesh._name}.{name}"
 
     def _send(
@@ -91,7 +92,7 @@ class Endpoint(Generic[P, R]):
         payload: list[Any],
         *,
         gather: bool = False,
-        replies: Replies | None = None,
+        replies: Replies | OneReply | None = None,
     ) -> None:
         """One message per rank: directly, or down a casting tree for a big mesh
         (:mod:`regency.core._casting`; ``gather``: the replies come back up it)."""
@@ -117,7 +118,16 @@ class Endpoint(Generic[P, R]):
         port = rt.open_port(handler)
         try:
             self._check_alive(rt, local_ranks)
-            self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
+            leader = rt.leader
+            if leader is not None and len(local_ranks) > 1:
+                # Replies that come while the later ranks are sent are read by this thread.
+                leader.sending(
+                    lambda: self._send(
+                        rt, local_ranks, port, payload, gather=gather, replies=handler
+                    )
+                )
+            else:
+                self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
         except SupervisionError as exc:
             rt.close_port(port[1])
             handler.fail(exc)
@@ -168,16 +178,26 @@ class Endpoint(Generic[P, R]):
         self._issue(rt, range(len(route.addresses)), handler, payload, gather=gather)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
+        """``_issue`` to one rank, flattened (the pipelined and round-trip hot path): the
+        same port, liveness check and errors, and ``Casting.send_one`` for the send."""
         fut: Future[R] = Future()
-        route = self._mesh._route()
-        handler = Replies(
-            One(fut),
-            self.qualname,
-            (route.ranks[local],),
-            (route.addresses[local],),
+        mesh = self._mesh
+        route = mesh._route()
+        handler = OneReply(
+            fut, self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
         )
-        self._issue(rt, (local,), handler, payload)
+        port = rt.open_port(handler)
+        try:
+            if rt.oversight.machine.failed(mesh._key, route.ranks[local]):
+                self._check_alive(rt, (local,))  # raises, saying why
+            rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
+        except SupervisionError as exc:
+            rt.close_port(port[1])
+            handler.fail(exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
         return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:

@@ -156,6 +156,31 @@ class Casting:
             if (held and any(held[t] for t in reach)) or not self._cast_now(*args):
                 self._hold(reach, lambda: self._cast_now(*args))
 
+    def send_one(
+        self,
+        route: _Route,
+        local: int,
+        actor: str,
+        method: str,
+        port: M.PortRef | None,
+        payload: Sequence[Any],
+    ) -> None:
+        """:meth:`send` to one rank (``call_one``, ``choose``), without its layers."""
+        if current_config().cast_tree_min <= 1:  # every cast goes down a tree
+            self.send(route, (local,), actor, method, port, payload)
+            return
+        address = route.addresses[local]
+        frame = _codec.encode_call(
+            actor, method, port, local, route.labels, route.sizes, payload
+        )
+        if self._fenced or self._held:  # a tree cast of ours in flight: check its fence
+            self.post_actor(address, actor, frame)
+            return
+        rt = self._rt
+        box = rt._outboxes.get(address) or rt.outbox(address)
+        box.send(frame)
+        self._direct[address] = box._machine.queued_count
+
     def _send_direct(
         self,
         route: _Route,
@@ -167,10 +192,28 @@ class Casting:
     ) -> None:
         encode, post = _codec.encode_call, self.post_actor
         addresses, labels, sizes = route.addresses, route.labels, route.sizes
-        for local in local_ranks:
+        if len(local_ranks) == 1:
+            local = local_ranks[0]
             post(
                 addresses[local], actor, encode(actor, method, port, local, labels, sizes, payload)
             )
+            return
+        # Every frame is encoded before the first is sent: the sends then follow each other
+        # closely, and the first ranks' replies less often arrive before the caller waits
+        # for them (where the loop, not the waiting thread, would read them).
+        frames = [encode(actor, method, port, local, labels, sizes, payload) for local in local_ranks]
+        if self._fenced or self._held:  # a tree cast of ours in flight: check each target
+            for local, frame in zip(local_ranks, frames, strict=True):
+                post(addresses[local], actor, frame)
+            return
+        # No fence (a cast this thread sent earlier would have left one): post_actor's
+        # _direct_now, for each rank, without its calls.
+        outboxes, outbox, direct = self._rt._outboxes, self._rt.outbox, self._direct
+        for local, frame in zip(local_ranks, frames, strict=True):
+            address = addresses[local]
+            box = outboxes.get(address) or outbox(address)
+            box.send(frame)
+            direct[address] = box._machine.queued_count
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached

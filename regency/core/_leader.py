@@ -91,12 +91,26 @@ class Bell:
         os.close(self.fd)
 
 
+class _Reading(threading.local):
+    """What one thread keeps between the waits in which it reads: its doorbell, and the
+    poll set of the connections it led last time with that bell (kept while the same
+    connections are led again, which is the common case: a wait costs no poll set)."""
+
+    bell: Bell | None = None
+    #: How this thread spins before it sleeps (core/_spin.py).
+    spinner: SpinPolicy | None = None
+    poller: Any = None
+    #: The connections ``poller`` polls (besides the bell), and the poller's fd map.
+    polled: tuple[Any, ...] = ()
+    by_fd: dict[int, Any] | None = None
+
+
 class Leader:
     """One runtime's side of leader/follower: :meth:`wait` is ``_future.reader``."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._local = threading.local()
+        self._local = _Reading()
         #: False: threads wait as before, the loop reads everything (``thread_reads=False``
         #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
         self.enabled = True
@@ -113,13 +127,13 @@ class Leader:
         self._gauge = cpu_gauge()
 
     def _spinner(self) -> SpinPolicy:
-        spinner: SpinPolicy | None = getattr(self._local, "spinner", None)
+        spinner = self._local.spinner
         if spinner is None:
             spinner = self._local.spinner = SpinPolicy()
         return spinner
 
     def _bell(self) -> Bell:
-        bell: Bell | None = getattr(self._local, "bell", None)
+        bell = self._local.bell
         if bell is None:
             bell = self._local.bell = Bell()
         return bell
@@ -151,6 +165,67 @@ class Leader:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
         return LeadingMailbox(self)
 
+    def _poll_set(self, taken: list[Any], bell: Bell) -> tuple[Any, dict[int, Any]]:
+        """A poll set of ``taken`` and ``bell``: this thread's last one when it polled the
+        same connections (a thread that unregisters from it, below, forgets it)."""
+        local = self._local
+        polled = tuple(taken)
+        if local.polled == polled and local.by_fd is not None:
+            return local.poller, local.by_fd
+        poller = select.poll()
+        by_fd = {}
+        for conn in taken:
+            by_fd[conn.fileno()] = conn
+            poller.register(conn.fileno(), select.POLLIN)
+        poller.register(bell.fd, select.POLLIN)
+        local.poller, local.polled, local.by_fd = poller, polled, by_fd
+        return poller, by_fd
+
+    def _may_lead(self) -> bool:
+        """Whether this thread may read the runtime's sockets itself at all."""
+        if not self.enabled or _here.declined or self._rt.on_runtime_thread():
+            return False
+        # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
+        # that may unwind it anywhere, also while it hands sockets back to the loop: there
+        # it waits on its lock and the loop reads, as with thread_reads=False.
+        return _future.notebook is None or threading.current_thread() is not threading.main_thread()
+
+    def sending(self, send: Callable[[], None]) -> None:
+        """Run ``send()`` (a call's fan-out to several ranks) leading this runtime's
+        inbound connections, then read on this thread what came meanwhile, and give them
+        back. The first ranks' replies can come before the last rank's frame is sent: the
+        loop would wake up to read them (at about twice a waiting thread's cost), where the
+        caller, about to wait, reads them here. Nothing is held past ``send()`` and one
+        poll that does not wait."""
+        conns = list(self._rt.leadable.values()) if self._may_lead() else ()
+        if not conns or len(conns) > MAX_LED:
+            send()
+            return
+        taken = [conn for conn in conns if conn.lead()]
+        try:
+            send()
+            if taken:
+                poller, by_fd = self._poll_set(taken, self._bell())
+                for fd, _ in poller.poll(0):
+                    conn = by_fd.get(fd)  # (the bell: nobody armed it for this)
+                    if conn is not None and not conn.read_led():  # handed back to the loop
+                        self._unpoll(poller, by_fd, fd)
+                        taken.remove(conn)
+                    error = getattr(deferred, "error", None)
+                    if error is not None:  # raised handling a frame it took (see _inbound)
+                        deferred.error = None
+                        raise error
+        finally:
+            for conn in taken:
+                conn.give_back()
+
+    def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
+        """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
+        if by_fd is self._local.by_fd:
+            self._local.polled, self._local.by_fd = (), None
+        poller.unregister(fd)
+        del by_fd[fd]
+
     def _lead(
         self,
         done: Callable[[], bool],
@@ -162,12 +237,7 @@ class Leader:
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
         read here. False when no connection could be led (nothing was waited for)."""
-        if not self.enabled or _here.declined:
-            return False
-        if _future.notebook is not None and threading.current_thread() is threading.main_thread():
-            # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
-            # that may unwind it anywhere, also while it hands sockets back to the loop: there
-            # it waits on its lock and the loop reads, as with thread_reads=False.
+        if not self._may_lead():
             return False
         conns = list(self._rt.leadable.values())
         if not conns or len(conns) > MAX_LED:
@@ -188,16 +258,12 @@ class Leader:
                 return False
             self.led += 1
             deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-            poller = select.poll()
-            by_fd = {}
-            for conn in taken:
-                by_fd[conn.fileno()] = conn
-                poller.register(conn.fileno(), select.POLLIN)
-            poller.register(bell.fd, select.POLLIN)
+            poller, by_fd = self._poll_set(taken, bell)
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
             notebook = _future.notebook
+            ms: int | None = None
             spinner = self._spinner()
             spin = spinner.budget(self.spin)
             spin_until = 0.0
@@ -210,9 +276,7 @@ class Leader:
                     # callee (reading or handling a frame), where the handler does not raise:
                     # raised here, before the thread polls again (else it would wait forever).
                     notebook.before_wait()
-                if deadline is None:
-                    ms: int | None = None
-                else:
+                if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError(f"future not resolved within {timeout} s")
@@ -239,8 +303,7 @@ class Leader:
                         continue
                     conn = by_fd.get(fd)
                     if conn is not None and not conn.read_led():  # handed back to the loop
-                        poller.unregister(fd)
-                        del by_fd[fd]
+                        self._unpoll(poller, by_fd, fd)
                         taken.remove(conn)
                     error = getattr(deferred, "error", None)
                     if error is not None:  # raised handling a frame it took (see _inbound)

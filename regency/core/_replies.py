@@ -3,8 +3,9 @@ thread.
 
 An endpoint call's port has one handler, :class:`Replies`: it counts replies (ignoring a
 second answer for a rank), decodes each, and names the ranks behind a lost destination; what
-the replies become is its reducer's business (:class:`One`, :class:`ToMesh`, :class:`Fold`,
-:class:`EachInTurn`). Spawn and stop acknowledgements are counted by :class:`_Acks`.
+the replies become is its reducer's business (:class:`ToMesh`, :class:`Fold`,
+:class:`EachInTurn`). A call to one rank (``call_one``, ``choose``) has :class:`OneReply`,
+both in one record. Spawn and stop acknowledgements are counted by :class:`_Acks`.
 """
 
 from __future__ import annotations
@@ -108,6 +109,46 @@ class Replies:
         self.reducer.fail(SupervisionError(f"Endpoint call {self.endpoint} failed{where}: {exc}"))
 
 
+class OneReply:
+    """The reply port handler of a call to one rank (``call_one``, ``choose``):
+    :class:`Replies` with a reducer that keeps the one value, in one record. A pipelined caller
+    keeps one per call in flight, so each object less is one less for the garbage
+    collector to allocate and traverse (docs/performance.md)."""
+
+    __slots__ = ("addresses", "dests", "endpoint", "fut", "ranks")
+    on_any_thread = True  # as Replies
+    #: Never set: a one-rank call is not gathered up a casting tree.
+    behind: Callable[[str], list[int]] | None = None
+
+    def __init__(
+        self,
+        fut: Future[Any],
+        endpoint: str,
+        ranks: tuple[int],
+        addresses: tuple[str],
+        dests: frozenset[str],
+    ) -> None:
+        self.fut, self.endpoint = fut, endpoint
+        self.ranks, self.addresses, self.dests = ranks, addresses, dests
+
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        try:
+            if type(value) is M.Undecodable:
+                raise value.error
+            if status != M.OK:
+                value = _decode(self.endpoint, index, status, value)  # raises
+        except Exception as exc:
+            self.fut.set_exception(exc)
+            return True
+        self.fut.set_result(value)
+        return True
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        self.fut.set_exception(
+            SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.ranks[0]}: {exc}")
+        )
+
+
 class _IntoFuture:
     """A reducer that resolves one future; the first error fails it."""
 
@@ -122,18 +163,6 @@ class _IntoFuture:
 
     def fail(self, exc: BaseException) -> None:
         self.fut.set_exception(exc)
-
-
-class One(_IntoFuture):
-    """The only reply (``call_one``, ``choose``)."""
-
-    __slots__ = ("value",)
-
-    def add(self, index: int, value: Any) -> None:
-        self.value = value
-
-    def finish(self) -> None:
-        self.fut.set_result(self.value)
 
 
 class ToMesh(_IntoFuture):
@@ -244,3 +273,7 @@ class _Route(NamedTuple):
     all_dests: frozenset[str]
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
+    #: ``(addresses[i],)`` and ``(ranks[i],)`` by local rank: what a one-rank call's reply
+    #: handler keeps, built once per mesh rather than per call.
+    one_address: tuple[tuple[str], ...]
+    one_rank: tuple[tuple[int], ...]

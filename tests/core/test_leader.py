@@ -4,6 +4,7 @@ controller's thread in ``Future.get`` reads its reply, an idle actor thread its 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
 import time
@@ -105,3 +106,70 @@ def test_get_timeout_expires_while_the_thread_reads(pm: ProcMesh, leader: Leader
     opener.open.call_one().get(T)
     assert fut.get(T) == "opened"  # the connections went back: the reply still comes
     assert gate.wait.call_one().get(T) == "opened"
+
+
+def test_a_thread_keeps_its_poll_set_until_the_connections_it_leads_change(
+    spawn_procs: SpawnProcs, leader: Leader
+) -> None:
+    first = spawn_procs(per_host={"gpus": 1}).spawn("poll_first", Seq)
+    first.take.call_one(-1).get(T)
+    before, pollers = leader.led, []
+    for i in range(100):
+        assert first.take.call_one(i).get(T) == i
+        pollers.append(leader._local.poller)  # kept alive here: identities stay distinct
+    assert leader.led - before >= 50
+    # A connection handed back mid-wait (an acknowledgement frame is the loop's) drops the
+    # kept set; otherwise every wait polls the same one.
+    assert len({id(p) for p in pollers}) <= 25
+    # Another proc mesh: a new connection, which the next waits must poll (a kept set
+    # without it would leave its replies unread: neither the silenced loop nor the
+    # waiting thread would see them, and get() would time out).
+    second = spawn_procs(per_host={"gpus": 1}).spawn("poll_second", Seq)
+    for i in range(50):
+        assert second.take.call_one(i).get(T) == i
+        assert first.take.call_one(i).get(T) == i
+    assert second.taken.call_one().get(T) == list(range(50))
+
+
+def test_replies_that_come_during_a_fan_out_are_read_by_the_sending_thread(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("fan_seq", Seq)
+    assert list(seq.take.call(0).get(T).values()) == [0, 0]
+    leadable = current_runtime().leadable
+    me = threading.get_ident()
+    for attempt in range(10):  # a connection the loop was reading just then is not led
+        resolved_on: list[int] = []
+
+        def send(attempt: int = attempt, resolved_on: list[int] = resolved_on) -> None:
+            # As in a fan-out whose first rank answers before the last frame is sent.
+            fut = seq.slice(gpus=0).take.call_one(attempt)
+            fut.add_done_callback(lambda: resolved_on.append(threading.get_ident()))
+            select.select([conn.fileno() for conn in leadable.values()], [], [], T)
+
+        leader.sending(send)
+        if resolved_on == [me]:
+            break
+    else:
+        pytest.fail("the sending thread never read a reply that came while it sent")
+    # Everything went back to the loop: later calls, mesh calls and waits go on as before.
+    assert seq.slice(gpus=1).take.call_one(-1).get(T) == -1
+    assert list(seq.take.call(1).get(T).values()) == [1, 1]
+
+
+def test_a_fan_out_that_raises_gives_the_connections_back(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("fan_raise", Seq).slice(gpus=0)
+    assert seq.take.call_one(0).get(T) == 0
+
+    def send() -> None:
+        raise ValueError("message too large")
+
+    for _ in range(3):
+        with pytest.raises(ValueError, match="message too large"):
+            leader.sending(send)
+    # Connections left led would be read by no one (the loop's interest is silenced, and
+    # a waiting thread cannot lead them): these would time out.
+    for i in range(20):
+        assert seq.take.call_one(i).get(T) == i

@@ -375,3 +375,15 @@ async def test_trio_can_await_many_futures_concurrently(procs: ProcMesh) -> None
         for i in range(40):
             n.start_soon(one, i)
     assert results == [1] * 40
+
+
+@pytest.mark.slow
+def test_the_controller_freezes_the_heap_it_started_with(procs: ProcMesh) -> None:
+    """Once the first production runtime runs, what was alive then (the imports) is out of
+    the collector's way: full collections during pipelined calls would traverse it all."""
+    import gc
+
+    from regency.core import _controller
+
+    assert _controller._heap_frozen
+    assert gc.get_freeze_count() > 1000  # the import-time heap: tens of thousands

@@ -1,0 +1,144 @@
+"""The controller's own CPU for one endpoint call, without sockets or other processes:
+issuing it (arguments, reply handler, port, one CALL frame per rank encoded and handed to a
+connected outbox) and taking its replies (decode, port, reply handler, future), for
+``call_one`` and for ``call`` over a 4-rank mesh (issue #13's pipelined and mesh figures).
+
+CPU time of this thread, best of several rounds (``benchmarks/bench_dispatch.py`` measures
+the parts one by one). Run ``python -m benchmarks.bench_fanout``; ``--callgrind N [one|four]``
+runs N calls of each kind (or of one) once, for ``valgrind --tool=callgrind``: instruction
+counts do not move with the machine's load (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import struct
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from regency.core import _codec
+from regency.core._actor_mesh import ActorMesh
+from regency.core._config import Config
+from regency.core._current import _runtime_var
+from regency.core._delivery import CONNECTED
+from regency.core._endpoint import Actor, endpoint
+from regency.core._outbox import Outbox
+from regency.core._runtime import Runtime
+from regency.core._shape import Shape
+
+#: Where a compact reply frame carries its port id (``_codec``: u32 mark, then u64 port id).
+_PORT_ID = struct.Struct("<Q")
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: object = None) -> object:
+        return x
+
+
+class _Connection:
+    closed = False
+
+    def send_nowait(self, frame: Any) -> None:
+        pass
+
+
+def _setup(ranks: int) -> tuple[Runtime, ActorMesh[Echo], list[Outbox]]:
+    rt = Runtime("c1", secret=b"b" * 32, jobdir="/nowhere", config=Config(), address="inproc://c1")
+    _runtime_var.set(rt)
+    procs = tuple((f"c1.p{i}", f"unix:///tmp/p{i}.sock") for i in range(ranks))
+    boxes = []
+    for _, address in procs:
+        box = Outbox(rt, address)
+        box._machine.state, box._machine.link = CONNECTED, _Connection()
+        rt._outboxes[address] = box
+        boxes.append(box)
+    mesh: ActorMesh[Echo] = ActorMesh(
+        "c1.echo", "echo", Echo, procs, Shape.full(("gpus",), (ranks,))
+    )
+    return rt, mesh, boxes
+
+
+def _replies(ranks: int) -> Callable[[int], list[memoryview]]:
+    """The reply frames of one call to ``ranks`` ranks, for a given port (encoded once: the
+    proc's work is not the controller's; only the port id is written in per call)."""
+    frames = [bytearray(_codec.encode_reply(0, i, 0, None)) for i in range(ranks)]  # type: ignore[arg-type]
+    views = [memoryview(f) for f in frames]
+
+    def for_port(port_id: int) -> list[memoryview]:
+        for frame in frames:
+            _PORT_ID.pack_into(frame, 4, port_id)
+        return views
+
+    return for_port
+
+
+def call_one_and_reply() -> Callable[[], None]:
+    """One ``call_one``: issued, then its reply taken (as the thread in ``get()`` does)."""
+    rt, mesh, boxes = _setup(1)
+    ping = mesh.slice(gpus=0).ping
+    replies = _replies(1)
+
+    def once() -> None:
+        fut = ping.call_one()
+        for frame in replies(next(iter(rt.ports))):
+            rt.on_frame(frame)
+        assert fut.done()
+        for box in boxes:
+            box._unacked.clear()
+
+    return once
+
+
+def call_4_and_replies() -> Callable[[], None]:
+    """One ``call`` over 4 ranks: issued, then its 4 replies taken, folded into a ValueMesh."""
+    rt, mesh, boxes = _setup(4)
+    ping = mesh.ping
+    replies = _replies(4)
+
+    def once() -> None:
+        fut = ping.call()
+        for frame in replies(next(iter(rt.ports))):
+            rt.on_frame(frame)
+        assert fut.done()
+        for box in boxes:
+            box._unacked.clear()
+
+    return once
+
+
+def _best_us(fn: Callable[[], object], n: int = 5000, rounds: int = 7) -> float:
+    fn()
+    return min(timeit.repeat(fn, number=n, repeat=rounds, timer=time.thread_time)) / n * 1e6
+
+
+def run() -> list[tuple[str, str, float, str]]:
+    """The figures; the runtimes made here are current only inside (``make bench`` goes on
+    with the real one)."""
+    return contextvars.copy_context().run(
+        lambda: [
+            ("call_one issued and its reply taken", "", _best_us(call_one_and_reply()), "us cpu"),
+            (
+                "call over 4 ranks issued and its 4 replies taken",
+                "",
+                _best_us(call_4_and_replies()),
+                "us cpu",
+            ),
+        ]
+    )
+
+
+if __name__ == "__main__":
+    if "--callgrind" in sys.argv:
+        tail = sys.argv[sys.argv.index("--callgrind") + 1 :]
+        n, kinds = int(tail[0]), tail[1:] or ["one", "four"]
+        for kind in kinds:
+            once = {"one": call_one_and_reply, "four": call_4_and_replies}[kind]()
+            for _ in range(n):  # (the runtime ``once`` made is the current one)
+                once()
+    else:
+        for figure, _target, value, unit in run():
+            print(f"{figure}: {value:.2f} {unit}")
