@@ -99,6 +99,9 @@ class OutRing:
         #: Frames placed in the ring so far (tests check the path was taken).
         self.placed = 0
         self._seen = 0  # the last ``freed`` read: it may only grow, up to ``_tail``
+        # Where the ring last started again empty: nothing before it is in use, whatever
+        # ``freed`` says (the receiver frees past it only after the frame there).
+        self._floor = 0
 
     def fd_sent(self) -> None:
         """The peer has the descriptor (or will never get it): close ours."""
@@ -122,12 +125,18 @@ class OutRing:
         self._seen = freed
         tail = self._tail
         offset = tail % ring
-        if offset and (freed == tail or offset + size > ring):
-            # Empty: start again at offset 0 (warm pages). Or the frame would cross the
-            # end: skip to the start. The skipped bytes count as used until freed.
+        if freed == tail:
+            # Empty: start again at offset 0 (warm pages); all before it is free.
+            if offset:
+                tail += ring - offset
+                offset = 0
+            self._floor = tail
+        elif offset + size > ring:
+            # The frame would cross the end: skip to the start. The skipped bytes count as
+            # used until the receiver frees past them.
             tail += ring - offset
             offset = 0
-        if freed != self._tail and tail + size - freed > ring:
+        if tail + size - max(freed, self._floor) > ring:
             return None  # it would overwrite frames not yet freed
         data = self._data
         at = offset

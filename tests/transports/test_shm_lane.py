@@ -382,3 +382,57 @@ async def test_a_thread_reads_lane_frames_and_leaves_declined_ones_to_the_loop(
         assert server.frames[1] == frames[1]  # the loop took the declined one, in order
         assert server.frames[2] in (frames[2], b"thread:" + frames[2])
         assert conn._lane_out is not None and conn._lane_out.in_use() == 0
+
+
+def test_rings_reuse_freed_space_wrap_and_restart_when_empty() -> None:
+    """The rings without sockets: where frames land, when the ring is full, and what a
+    receiver accepts."""
+    out = _shm.OutRing(RING)
+    assert out.fd is not None
+    ring_in = _shm.InRing(os.dup(out.fd))
+    out.fd_sent()
+    try:
+        n = 100_000
+
+        def place(tag: bytes) -> tuple[int, int] | None:
+            descriptor = out.place([tag * (n // 2), memoryview(tag * (n - n // 2))], n)
+            return None if descriptor is None else _shm.DESCRIPTOR.unpack(descriptor)
+
+        def take(where: tuple[int, int], tag: bytes, free: bool = True) -> None:
+            frame = ring_in.take(_shm.DESCRIPTOR.pack(*where))
+            assert bytes(frame) == tag * n
+            frame.release()
+            if free:
+                ring_in.free()
+
+        a = place(b"a")
+        assert a == (0, n)
+        take(a, b"a")
+        b = place(b"b")
+        assert b == (RING, n)  # empty: starts again at offset 0
+        c = place(b"c")
+        assert c == (RING + n, n)  # b is not freed: c follows it
+        assert place(b"d") is None  # it would cross the end, and offset 0 holds b: full
+        take(b, b"b")
+        take(c, b"c", free=False)
+        d = place(b"d")
+        assert d == (2 * RING, n)  # skips the ring's tail, lands where b was
+        take(c, b"c")  # taken again (a thread declined it, the loop takes it): the same
+        with pytest.raises(_shm.LaneError, match=f"must name position {RING + 2 * n} or the ring.s next start"):
+            ring_in.take(_shm.DESCRIPTOR.pack(2 * RING + 8, n))
+        take(d, b"d")
+        assert out.in_use() == 0 and out.placed == 4
+        # A receiver that writes nonsense into the control page breaks the lane.
+        ring_in._freed[0] = 1 << 40
+        with pytest.raises(_shm.LaneError, match="freed position must lie between"):
+            out.place([b"e" * n], n)
+    finally:
+        out.close()
+        ring_in.close()
+
+
+def test_ring_sizes_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"lane ring size must be a multiple of 4096 bytes .* \(got 5000\)"):
+        _shm.OutRing(5000)
+    with pytest.raises(ValueError, match=r"lane ring size must be .* \(got 4096\)"):
+        SocketTransport(None, SECRET, 1 << 20, lane_ring=4096)  # type: ignore[arg-type]
