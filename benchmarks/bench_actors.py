@@ -39,8 +39,8 @@ class Echo(Actor):
         return len(data)
 
     @endpoint
-    def thread_reads(self, on: bool) -> None:
-        _set_thread_reads(on)
+    def thread_reads(self, on: bool, switch: str = "thread_reads") -> None:
+        _set_thread_reads(on, switch)
 
 
 class AsyncEcho(Actor):
@@ -115,17 +115,22 @@ def run() -> list[tuple[str, str, float, str]]:
     return rows
 
 
-def _set_thread_reads(on: bool) -> None:
-    """In this process's runtime (a proc's, through :meth:`Echo.thread_reads`)."""
+def _set_thread_reads(on: bool, switch: str = "thread_reads") -> None:
+    """In this process's runtime (a proc's, through :meth:`Echo.thread_reads`); with
+    ``switch="spin"`` (``--compare-spin``), the waiting threads' spin (``spin_us``)."""
     from regency.core._controller import current_runtime
+    from regency.core._spin import spin_limit
 
     leader = current_runtime().leader
     if leader is None:
         raise RuntimeError("this runtime has no leader: thread_reads was off at its start")
-    leader.enabled = on
+    if switch == "spin":
+        leader.spin = spin_limit(200.0) if on else 0.0
+    else:
+        leader.enabled = on
 
 
-def compare(blocks: int) -> None:
+def compare(blocks: int, switch: str = "thread_reads") -> None:
     """Threads reading their own messages, on and off, in one process against the same procs:
     short blocks of each figure, alternating (the order flips every block), so that the
     machine's load drifts over both settings alike. Prints the median and the quartiles of
@@ -163,15 +168,15 @@ def compare(blocks: int) -> None:
     seen: dict[tuple[str, bool], list[float]] = {}
     for b in range(blocks + 1):
         for on in (False, True) if b % 2 else (True, False):
-            _set_thread_reads(on)
-            echo.thread_reads.call(on).get(30)
+            _set_thread_reads(on, switch)
+            echo.thread_reads.call(on, switch).get(30)
             for name, _unit, block in figures:
                 value = block()
                 if b:  # the first round warms up
                     seen.setdefault((name, on), []).append(value)
-    _set_thread_reads(True)
+    _set_thread_reads(True, switch)
     procs.stop().get(30)
-    print(f"{'figure (median, quartiles of ' + str(blocks) + ' blocks)':58s} {'thread_reads off':>24s} {'thread_reads on':>24s}")
+    print(f"{'figure (median, quartiles of ' + str(blocks) + ' blocks)':58s} {switch + ' off':>24s} {switch + ' on':>24s}")
     for name, unit, _ in figures:
         cells = []
         for on in (False, True):
@@ -209,7 +214,10 @@ def _cold_start() -> float:
 
 
 if __name__ == "__main__":
-    if "--compare" in sys.argv:
+    if "--compare-spin" in sys.argv:
+        tail = sys.argv[sys.argv.index("--compare-spin") + 1 :]
+        compare(int(tail[0]) if tail else 20, "spin")
+    elif "--compare" in sys.argv:
         tail = sys.argv[sys.argv.index("--compare") + 1 :]
         compare(int(tail[0]) if tail else 20)
     elif "--json" in sys.argv:

@@ -30,6 +30,11 @@ def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
 
 
+def _not_negative(attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{attribute.name} must be zero or more (got {value!r})")
+
+
 def _at_least_2(attribute: attrs.Attribute[Any], value: int) -> None:
     if not (type(value) is int and value >= 2):
         raise ValueError(f"{attribute.name} must be an int of at least 2 (got {value!r})")
@@ -102,6 +107,12 @@ class Config:
     #: each message to the waiting thread (one more wake-up each way; for measuring the
     #: difference). Read when a runtime starts; procs inherit the controller's setting.
     thread_reads: bool = True
+    #: Microseconds a thread that reads its own messages polls without sleeping before it
+    #: blocks (``core/_spin.py``): it catches a reply already on its way without the
+    #: kernel's wake-up, at the cost of a busy core meanwhile; only with more than one usable
+    #: CPU, when a CPU is free, and while spinning keeps catching. 0 turns it off. Read when a runtime
+    #: starts; procs inherit the controller's setting.
+    spin_us: float = attrs.field(default=200.0, validator=lambda _inst, a, v: _not_negative(a, v))
 
     #: Big frames (128 KiB or more) between procs of one host travel through shared memory
     #: instead of the unix socket: a ring per connection and direction, passed over the

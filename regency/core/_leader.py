@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
+from ._spin import SpinPolicy, cpu_gauge, spin_limit
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -102,9 +103,20 @@ class Leader:
         #: How many waits read on their own thread, and how many could not (for tests).
         self.led = 0
         self.declined = 0
+        #: How many waits polled without sleeping first (core/_spin.py; for tests).
+        self.spun = 0
         #: Called on a thread that has taken over its connections, before it polls (tests
         #: use it to act while a thread is the reader).
         self.on_lead: Callable[[], None] | None = None
+        #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
+        self.spin = spin_limit(runtime.config.spin_us)
+        self._gauge = cpu_gauge()
+
+    def _spinner(self) -> SpinPolicy:
+        spinner: SpinPolicy | None = getattr(self._local, "spinner", None)
+        if spinner is None:
+            spinner = self._local.spinner = SpinPolicy()
+        return spinner
 
     def _bell(self) -> Bell:
         bell: Bell | None = getattr(self._local, "bell", None)
@@ -186,6 +198,12 @@ class Leader:
             if on_lead is not None:
                 on_lead()
             notebook = _future.notebook
+            spinner = self._spinner()
+            spin = spinner.budget(self.spin)
+            spin_until = 0.0
+            if spin and not self._gauge.crowded():
+                self.spun += 1
+                spin_until = time.perf_counter() + spin
             while not done():
                 if notebook is not None:
                     # A fault for the cell whose SIGUSR2 came while this thread was in a
@@ -199,7 +217,23 @@ class Leader:
                     if left <= 0:
                         raise TimeoutError(f"future not resolved within {timeout} s")
                     ms = math.ceil(left * 1000)
-                for fd, _ in poller.poll(ms):
+                if spin_until:
+                    # Poll without sleeping for a while (core/_spin.py), yielding the CPU
+                    # between polls; then sleep in poll as before.
+                    events = poller.poll(0)
+                    if events:
+                        spinner.caught()
+                        spin_until = 0.0
+                    elif time.perf_counter() < spin_until:
+                        os.sched_yield()
+                        continue
+                    else:
+                        spinner.missed()
+                        spin_until = 0.0
+                        events = poller.poll(ms)
+                else:
+                    events = poller.poll(ms)
+                for fd, _ in events:
                     if fd == bell.fd:
                         bell.drain()
                         continue

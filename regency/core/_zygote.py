@@ -107,6 +107,15 @@ def main() -> None:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            # Reap them before removing the job directory: a proc that was still on its way
+            # out (it saw its controller go) could otherwise create a file in the directory
+            # after the removal listed it, and the directory stayed (seen once in 14 runs of
+            # tests/notebooks/test_lifecycle.py).
+            for pid in children:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
             _remove_orphaned_jobdir(state["jobdir"], parent_fd)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from regency.actor import Actor, endpoint
 from regency.core._current import current_runtime_or_none
@@ -32,6 +33,18 @@ class Seq(Actor):
         rt = current_runtime_or_none()
         assert rt is not None and rt.leader is not None
         return rt.leader.led
+
+    @endpoint
+    def spun(self) -> int:
+        """How many waits of this proc's threads polled before sleeping (core/_spin.py)."""
+        rt = current_runtime_or_none()
+        assert rt is not None and rt.leader is not None
+        return rt.leader.spun
+
+    @endpoint
+    def take_slowly(self, i: int) -> int:
+        time.sleep(0.02)
+        return i
 
     @endpoint
     def pid(self) -> int:

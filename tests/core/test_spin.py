@@ -1,0 +1,150 @@
+"""A thread that reads its own messages polls a while before it sleeps (core/_spin.py):
+the policy alone, then real processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from regency.actor import ProcMesh
+from regency.core import _spin
+from regency.core._config import Config
+from regency.core._controller import current_runtime
+from regency.core._leader import Leader
+from regency.core._spin import MISSES_TO_STOP, PROBE_EVERY, CpuGauge, SpinPolicy, spin_limit
+
+from ..conftest import SpawnProcs
+from .leader_actors import Seq
+
+T = 30
+LIMIT = 200e-6
+
+
+def test_a_thread_spins_while_spinning_catches() -> None:
+    policy = SpinPolicy()
+    for _ in range(100):
+        assert policy.budget(LIMIT) == LIMIT
+        policy.caught()
+
+
+def test_a_thread_stops_spinning_after_misses_and_probes_now_and_then() -> None:
+    policy = SpinPolicy()
+    budgets = []
+    for _ in range(MISSES_TO_STOP + 3 * PROBE_EVERY):
+        budget = policy.budget(LIMIT)
+        budgets.append(budget)
+        if budget:
+            policy.missed()
+    assert budgets[:MISSES_TO_STOP] == [LIMIT] * MISSES_TO_STOP
+    probes = [i for i, b in enumerate(budgets) if b and i >= MISSES_TO_STOP]
+    assert probes == [MISSES_TO_STOP + k * PROBE_EVERY - 1 for k in (1, 2, 3)]
+
+
+def test_a_probe_that_catches_brings_spinning_back() -> None:
+    policy = SpinPolicy()
+    for _ in range(MISSES_TO_STOP):
+        policy.budget(LIMIT)
+        policy.missed()
+    while not policy.budget(LIMIT):
+        pass
+    policy.caught()
+    assert [policy.budget(LIMIT) for _ in range(3)] == [LIMIT] * 3
+
+
+def test_no_limit_no_spin() -> None:
+    policy = SpinPolicy()
+    assert policy.budget(0.0) == 0.0
+
+
+def test_one_usable_cpu_never_spins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_spin.os, "sched_getaffinity", lambda _pid: {0})
+    assert spin_limit(200.0) == 0.0
+    monkeypatch.setattr(_spin.os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert spin_limit(200.0) == pytest.approx(200e-6)
+    assert spin_limit(0.0) == 0.0
+
+
+def test_the_gauge_reads_the_runnable_count(tmp_path: Path) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("3.55 2.92 2.40 2/109 24334\n")
+    assert CpuGauge(str(loadavg), cpus=2).runnable() == 2
+    assert not CpuGauge(str(loadavg), cpus=2).crowded()
+    loadavg.write_text("3.55 2.92 2.40 3/109 24334\n")
+    gauge = CpuGauge(str(loadavg), cpus=2)
+    assert gauge.crowded()
+    gauge.close()
+
+
+def test_an_unreadable_gauge_is_never_crowded(tmp_path: Path) -> None:
+    assert CpuGauge(str(tmp_path / "missing"), cpus=2).runnable() is None
+    assert not CpuGauge(str(tmp_path / "missing"), cpus=2).crowded()
+    garbled = tmp_path / "garbled"
+    garbled.write_text("not a loadavg line")
+    assert not CpuGauge(str(garbled), cpus=2).crowded()
+
+
+def test_this_machine_has_a_gauge() -> None:
+    runnable = CpuGauge().runnable()
+    assert runnable is not None and runnable >= 1  # at least this test
+
+
+def test_spin_us_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match=r"spin_us must be zero or more \(got -1\)"):
+        Config(spin_us=-1)
+
+
+def test_spin_us_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from regency.core._config import _from_env
+
+    monkeypatch.setenv("REGENCY_SPIN_US", "50")
+    assert _from_env()["spin_us"] == 50.0
+
+
+@pytest.fixture
+def leader() -> Iterator[Leader]:
+    rt = current_runtime()
+    assert rt.leader is not None
+    spin = rt.leader.spin
+    yield rt.leader
+    rt.leader.spin = spin
+
+
+@pytest.fixture
+def pm(spawn_procs: SpawnProcs) -> ProcMesh:
+    return spawn_procs(per_host={"gpus": 1})
+
+
+@pytest.mark.slow
+def test_threads_that_wait_on_slow_work_stop_spinning(pm: ProcMesh, leader: Leader) -> None:
+    """A caller waiting on a 20 ms endpoint, and the actor thread waiting 20 ms for its next
+    call (the caller pauses between calls), spin a few times, then sleep at once (each probe,
+    and any heartbeat that happens to land while a thread spins, allows a few more)."""
+    leader.spin = LIMIT
+    seq = pm.spawn("spin_slow", Seq)
+    seq.take.call_one(0).get(T)
+    before, in_proc = leader.spun, seq.spun.call_one().get(T)
+    calls = 40
+    for i in range(calls):
+        assert seq.take_slowly.call_one(i).get(T) == i
+        time.sleep(0.02)
+    allowance = 3 * MISSES_TO_STOP + calls // PROBE_EVERY + 2
+    assert leader.spun - before <= allowance
+    assert seq.spun.call_one().get(T) - in_proc <= allowance + 2
+
+
+@pytest.mark.slow
+def test_with_spinning_off_no_thread_spins_and_calls_keep_their_order(
+    spawn_procs: SpawnProcs, configured: Callable[..., None], leader: Leader
+) -> None:
+    configured(spin_us=0)  # procs read it when they start
+    leader.spin = 0.0
+    seq = spawn_procs(per_host={"gpus": 1}).spawn("spin_off", Seq)
+    before = leader.spun
+    futures = [seq.take.call_one(i) for i in range(500)]
+    assert [f.get(T) for f in futures] == list(range(500))
+    assert seq.taken.call_one().get(T) == list(range(500))
+    assert leader.spun == before
+    assert seq.spun.call_one().get(T) == 0
