@@ -1,0 +1,51 @@
+"""The shared-memory lane between real processes: ``configure(shm_lane=...)`` on and off, big
+arguments and replies intact either way, values an actor keeps unchanged by later frames
+(they must not alias the ring)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from regency.transports import _shm
+from tests.conftest import SpawnProcs
+
+from .lane_actors import Holder, lane_frames
+
+T = 30
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _shm.available(), reason="no memfd seals on this platform"),
+]
+
+
+@pytest.mark.parametrize(
+    "on, thread_reads",
+    [(True, True), (True, False), (False, True)],
+    ids=["lane", "lane-loop-reads", "no-lane"],
+)
+def test_big_arguments_and_replies_with_the_lane_on_and_off(
+    on: bool, thread_reads: bool, spawn_procs: SpawnProcs, configured: Callable[..., None]
+) -> None:
+    # The proc gets both settings: it offers a lane only when on; without thread reads its
+    # loop reads every frame (with them, the idle actor thread reads its calls).
+    configured(shm_lane=on, thread_reads=thread_reads)
+    holder = spawn_procs({"gpus": 1}).spawn("holder", Holder).slice(gpus=0)
+    _, placed_before = lane_frames()
+    sizes = [1 << 20, 128 * 1024 - 200, 128 * 1024, 3 << 20, 10, 1 << 20]
+    for i, size in enumerate(sizes * 3):
+        payload = os.urandom(size)
+        assert holder.echo.call_one(payload).get(T) == payload
+        assert holder.keep.call_one(bytearray(payload)).get(T) == i + 1
+    kept = holder.kept_bytes.call_one().get(T)
+    assert [len(k) for k in kept] == sizes * 3
+    conns, placed = holder.lane_frames.call_one().get(T)
+    _, placed_after = lane_frames()
+    if on:  # requests from here, replies from there: big ones through the rings
+        assert conns >= 1 and placed >= 3 * 4  # the 4 replies of 128 KiB or more a round
+        assert placed_after - placed_before >= 3 * 2 * 4  # 4 echoes and 4 keeps a round
+    else:
+        assert (conns, placed) == (0, 0)
+        assert placed_after == placed_before
