@@ -1,5 +1,12 @@
 """Big arguments between procs of one host: the shared-memory lane on and off (issue #13).
 
+``python -m benchmarks.bench_bulk --frames [BLOCKS]`` measures the transport alone: a forked
+process echoes raw frames of a few sizes over one unix-socket connection, big frames going
+through the lane or the socket in alternating blocks (the client sets which; the echo
+follows, since its connection has both paths too), timing the round trip and the client's CPU
+time per round trip (one thread: it survives load better than wall time). That is where the
+threshold (``LANE_MIN``) was chosen.
+
 ``python -m benchmarks.bench_bulk [BLOCKS]`` spawns one proc and echoes ``bytes`` of a few
 sizes with ``call_one`` (the same size each way), in short blocks that alternate between
 big frames through the shared-memory lane (``transports/_shm.py``) and through the unix
@@ -14,10 +21,14 @@ nothing visible. Prints the median and quartiles of the blocks' means.
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from regency.actor import Actor, endpoint, this_host
 
@@ -94,5 +105,118 @@ def compare(blocks: int) -> None:
         print(f"{name:50s} {cells[0]:>22s} {cells[1]:>22s}")
 
 
+def _faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+FRAME_SIZES = [32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024, 1 << 20, 4 << 20]
+_SECRET = b"bench-bulk-secret-0123456789abcdef"
+
+
+class _Echo:
+    def __init__(self, forced: bool) -> None:
+        self.forced = forced
+
+    def __call__(self, conn: Any) -> _Echo:
+        if self.forced:  # the echo sends big frames back through the lane at any size
+            conn._lane_min = 1
+        return self
+
+    def frame_received(self, conn: Any, frame: memoryview) -> None:
+        conn.send_nowait(bytes(frame))
+
+    def connection_lost(self, conn: Any, exc: BaseException | None) -> None:
+        pass
+
+
+def _echo_server(path: str) -> None:
+    import trio
+
+    from regency.transports._sockets import SocketTransport
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for lane, where in ((True, path + ".lane"), (False, path + ".sock")):
+                transport = SocketTransport(nursery, _SECRET, 1 << 30, shm_lane=lane)
+                await transport.listen("unix://" + where, _Echo(lane))
+
+    trio.run(main)
+
+
+def frames(blocks: int) -> None:
+    import trio
+
+    from regency.transports._sockets import SocketTransport
+
+    directory = tempfile.mkdtemp(prefix="regency-bench-")
+    os.chmod(directory, 0o700)
+    path = os.path.join(directory, "echo")
+    server = multiprocessing.get_context("fork").Process(target=_echo_server, args=(path,), daemon=True)
+    server.start()
+
+    class Client:
+        def __init__(self) -> None:
+            self.arrived = trio.Event()
+
+        def frame_received(self, conn: Any, frame: memoryview) -> None:
+            bytes(frame)  # what a receiver does: one copy out
+            self.arrived.set()
+
+        def connection_lost(self, conn: Any, exc: BaseException | None) -> None:
+            pass
+
+    async def main() -> dict[tuple[int, bool], list[tuple[float, float, float]]]:
+        seen: dict[tuple[int, bool], list[tuple[float, float, float]]] = {}
+        async with trio.open_nursery() as nursery:
+            transport = SocketTransport(nursery, _SECRET, 1 << 30)
+            client = Client()
+            while not os.path.exists(path + ".sock"):
+                await trio.sleep(0.01)
+            conns = {
+                True: await transport.connect("unix://" + path + ".lane", client),
+                False: await transport.connect("unix://" + path + ".sock", client),
+            }
+            assert conns[True].lane and not conns[False].lane  # type: ignore[attr-defined]
+            conns[True]._lane_min = 1  # type: ignore[attr-defined]
+            for size in FRAME_SIZES:
+                data = os.urandom(size)
+                n = max(10, 8_000_000 // size)
+                for b in range(blocks + 1):
+                    for lane in (False, True) if b % 2 else (True, False):
+                        conn = conns[lane]
+                        t0, c0, f0 = time.perf_counter(), time.thread_time(), _faults()
+                        for _ in range(n):
+                            client.arrived = trio.Event()
+                            conn.send_nowait(data)
+                            await client.arrived.wait()
+                        if b:
+                            wall = (time.perf_counter() - t0) / n * 1e6
+                            cpu = (time.thread_time() - c0) / n * 1e6
+                            faults = (_faults() - f0) / n
+                            seen.setdefault((size, lane), []).append((wall, cpu, faults))
+            nursery.cancel_scope.cancel()
+        return seen
+
+    try:
+        seen = trio.run(main)
+    finally:
+        server.kill()
+    print("round trip: median (min) of the blocks; client CPU in us; client page faults")
+    print(f"{'frame echoed':>12s} {'socket: us':>16s} {'lane: us':>16s} {'socket: CPU':>14s} {'lane: CPU':>14s} {'socket: faults':>15s} {'lane: faults':>13s}")
+    for size in FRAME_SIZES:
+        cells = []
+        for k in (0, 1, 2):
+            for lane in (False, True):
+                values = [v[k] for v in seen[(size, lane)]]
+                cells.append(f"{statistics.median(values):,.0f} ({min(values):,.0f})" if k < 2 else f"{statistics.median(values):.1f}")
+        print(f"{size // 1024:>8d} KiB {cells[0]:>16s} {cells[1]:>16s} {cells[2]:>14s} {cells[3]:>14s} {cells[4]:>15s} {cells[5]:>13s}")
+
+
 if __name__ == "__main__":
-    compare(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+    if "--frames" in sys.argv:
+        tail = sys.argv[sys.argv.index("--frames") + 1 :]
+        frames(int(tail[0]) if tail else 10)
+    else:
+        compare(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
