@@ -114,7 +114,7 @@ class Config:
     #: starts; procs inherit the controller's setting.
     spin_us: float = attrs.field(default=200.0, validator=lambda _inst, a, v: _not_negative(a, v))
 
-    #: Big frames (128 KiB or more) between procs of one host travel through shared memory
+    #: Big frames (64 KiB or more) between procs of one host travel through shared memory
     #: instead of the unix socket: a ring per connection and direction, passed over the
     #: authenticated socket (docs/transports.md, "The shared-memory lane"). False: every
     #: frame goes through the socket. A connection uses the lane only when both ends offer

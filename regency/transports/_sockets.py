@@ -62,7 +62,7 @@ _KEEP_BIG = 1.0
 # LANE_MIN bytes travel through a ring of LANE_RING bytes per direction when both ends of a
 # unix-socket connection offered one in the handshake. Below LANE_MIN a frame goes over the
 # socket (a descriptor round trip through the ring costs more than copying a small frame).
-LANE_MIN = 128 * 1024
+LANE_MIN = 64 * 1024
 LANE_RING = 16 << 20
 _NEVER = 1 << 62  # the lane threshold of a connection without a lane
 
