@@ -955,15 +955,15 @@ class SocketTransport(Transport):
                 lane, offered = _lane_of(offered, fds or []), None
         except (ValueError, OSError, ConnectionBroken, trio.TooSlowError) as exc:
             self._refused(peer, str(exc) or "handshake timed out")
-            _lane_of(offered, fds or [])  # closes what was offered or passed
             sock.close()
             return
         finally:
             del self._handshakes[sock]
+            _lane_of(offered, fds or [])  # closes what was offered or passed (after success:
+            # nothing; the connection has them)
         if scope.cancelled_caught:
             log.debug("shed unauthenticated connection from %s", peer)
             _close_lane(lane)
-            _lane_of(offered, fds or [])
             sock.close()
             return
         protection = self._protection(scheme, "server", nonce_s, _auth.client_nonce_of(proof))
@@ -1056,6 +1056,9 @@ class SocketTransport(Transport):
             refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             kind = ConnectionRefused if refused else ConnectionBroken
             raise kind(f"cannot connect to {address}: {exc or 'timed out'}") from None
+        except BaseException:  # cancelled: no descriptor outlives the attempt
+            _lane_of(offered, fds)
+            raise
         protection = self._protection(scheme, "client", hello[len(_auth.MAGIC) :], nonce_c)
         conn = SocketConnection(
             sock, address, trio.lowlevel.current_trio_token(), self._max_frame, protection,

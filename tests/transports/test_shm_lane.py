@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from regency.transports import Connection, ConnectionBroken, _auth, _shm
+from regency.transports import AuthenticationError, Connection, ConnectionBroken, _auth, _shm
 from regency.transports._sockets import LANE_MIN, SocketConnection, SocketTransport
 
 SECRET = b"l" * 32
@@ -436,3 +436,28 @@ def test_ring_sizes_are_checked() -> None:
         _shm.OutRing(5000)
     with pytest.raises(ValueError, match=r"lane ring size must be .* \(got 4096\)"):
         SocketTransport(None, SECRET, 1 << 20, lane_ring=4096)  # type: ignore[arg-type]
+
+
+async def test_failed_and_cancelled_handshakes_leave_no_ring_behind(sockdir: str) -> None:
+    async with transport() as t, transport() as other:
+        before = _lane_fds()
+        server = Sink()
+        await t.listen(f"unix://{sockdir}/s.sock", server)
+        impostor = SocketTransport.__new__(SocketTransport)
+        impostor.__dict__.update(other.__dict__)
+        impostor._secret = b"w" * 32
+        with pytest.raises(AuthenticationError):
+            await impostor.connect(f"unix://{sockdir}/s.sock", Sink())
+        # A server that never answers: the dial is cancelled with its ring offered.
+        silent = socket.socket(socket.AF_UNIX)
+        silent.bind(f"{sockdir}/silent.sock")
+        silent.listen(1)
+        with silent, trio.move_on_after(30) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(t.connect, f"unix://{sockdir}/silent.sock", Sink())
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        await trio.testing.wait_all_tasks_blocked()
+        assert _lane_fds() == before
+        assert server.conns == []
