@@ -67,9 +67,9 @@ class Sink:
 
 
 @asynccontextmanager
-async def transport(**kwargs: Any) -> AsyncIterator[SocketTransport]:
+async def transport(secret: bytes = SECRET, **kwargs: Any) -> AsyncIterator[SocketTransport]:
     async with trio.open_nursery() as nursery:
-        yield SocketTransport(nursery, SECRET, 1 << 30, **kwargs)
+        yield SocketTransport(nursery, secret, 1 << 30, **kwargs)
         nursery.cancel_scope.cancel()
 
 
@@ -439,13 +439,10 @@ def test_ring_sizes_are_checked() -> None:
 
 
 async def test_failed_and_cancelled_handshakes_leave_no_ring_behind(sockdir: str) -> None:
-    async with transport() as t, transport() as other:
+    async with transport() as t, transport(b"w" * 32) as impostor:
         before = _lane_fds()
         server = Sink()
         await t.listen(f"unix://{sockdir}/s.sock", server)
-        impostor = SocketTransport.__new__(SocketTransport)
-        impostor.__dict__.update(other.__dict__)
-        impostor._secret = b"w" * 32
         with pytest.raises(AuthenticationError):
             await impostor.connect(f"unix://{sockdir}/s.sock", Sink())
         # A server that never answers: the dial is cancelled with its ring offered.
