@@ -205,6 +205,8 @@ class InRing:
         self.size = size
         self._freed = memoryview(self._map)[:8].cast("Q")
         self._data: memoryview | None = memoryview(self._map)[CONTROL:]
+        #: The largest frame accepted (the connection's ``max_frame_bytes``).
+        self.limit = MAX_RING
         self._next = 0  # where the next frame may start (all before it is freed)
         self._taken = 0  # the end of the frame last taken, freed by :meth:`free`
 
@@ -230,6 +232,8 @@ class InRing:
                 f"lane descriptor's length must be 1 to {ring - offset} bytes at offset "
                 f"{offset} of a {ring}-byte ring (got {length})"
             )
+        if length > self.limit:
+            raise LaneError(f"frame of {length} bytes exceeds max_frame_bytes={self.limit}")
         data = self._data
         try:
             if data is None:

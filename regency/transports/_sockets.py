@@ -220,6 +220,7 @@ class SocketConnection(Connection):
         self._lane_min = _NEVER  # frames of at least this many bytes go through the lane
         if lane is not None:
             self._lane_out, self._lane_in = lane
+            self._lane_in.limit = max_frame
             self._lane_min = lane_min
         self._lock = threading.Lock()
         # Bytes accepted by send_nowait but not yet taken by the kernel, oldest first. While it

@@ -220,6 +220,22 @@ async def test_a_bad_descriptor_closes_only_that_connection(
         assert server.conns[1].lane
 
 
+async def test_a_lane_frame_over_max_frame_bytes_closes_the_connection(sockdir: str) -> None:
+    async with trio.open_nursery() as nursery:
+        t = SocketTransport(nursery, SECRET, 100_000, lane_min=SMALL, lane_ring=RING)
+        conn, _client, server = await pair(t, t, sockdir)
+        ring = conn._lane_out
+        assert ring is not None
+        with conn._lock:  # as a sender that ignored the limit would
+            descriptor = ring.place([os.urandom(150_000)], 150_000)
+        assert descriptor is not None
+        conn._sock.send(_shm.MARK_BYTES + descriptor)
+        await server.wait_for(lambda: server.lost)
+        assert "frame of 150000 bytes exceeds max_frame_bytes=100000" in str(server.lost[0])
+        assert server.frames == []
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_descriptor_without_a_lane_closes_the_connection(sockdir: str) -> None:
     async with transport(shm_lane=False) as t:
         conn, _client, server = await pair(t, t, sockdir)
