@@ -98,6 +98,9 @@ class OutRing:
         self._tail = 0  # where the next frame may start
         #: Frames placed in the ring so far (tests check the path was taken).
         self.placed = 0
+        # How far into the ring frames have written since its memory was last given back:
+        # those pages are committed (shared memory stays committed while it is mapped).
+        self._touched = 0
         self._seen = 0  # the last ``freed`` read: it may only grow, up to ``_tail``
         # Where the ring last started again empty: nothing before it is in use, whatever
         # ``freed`` says (the receiver frees past it only after the frame there).
@@ -152,8 +155,30 @@ class OutRing:
         if at - offset != size:
             raise ValueError(f"frame parts must add up to {size} bytes (got {at - offset})")
         self._tail = tail + size
+        self._touched = max(self._touched, at)
         self.placed += 1
         return DESCRIPTOR.pack(tail, size)
+
+    @property
+    def holds_memory(self) -> bool:
+        """Whether frames have touched ring pages since :meth:`release` last gave them back."""
+        return self._touched > 0
+
+    def release(self) -> bool:
+        """Give the touched pages back to the system (``MADV_REMOVE``: the memfd's pages go,
+        for the peer's mapping too) if the receiver has freed every frame; False when frames
+        are still unread (try again later). A later frame commits pages again as it writes."""
+        if self._data is None or not self._touched:
+            return True
+        if self._freed[0] != self._tail:
+            return False
+        length = -(-self._touched // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            self._map.madvise(mmap.MADV_REMOVE, CONTROL, length)
+        except (OSError, AttributeError):
+            pass  # (a kernel without it: the pages stay, as without this call)
+        self._touched = 0
+        return True
 
     def in_use(self) -> int:
         """Bytes placed and not yet freed by the receiver (for tests and statistics)."""

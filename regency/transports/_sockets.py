@@ -313,11 +313,19 @@ class SocketConnection(Connection):
         assert self._lane_out is not None
         if size >= _shm.MARK:
             raise ValueError(f"frame of {size} bytes is too big for this connection")
+        ring = self._lane_out
+        idle = not ring.holds_memory
         try:
-            return self._lane_out.place(frame if isinstance(frame, list) else (frame,), size)
+            placed = ring.place(frame if isinstance(frame, list) else (frame,), size)
+            if idle and placed is not None:  # the writer starts its idle timer (see writer)
+                self._call_on_loop(self._wake_writer)
+            return placed
         except _shm.LaneError as exc:
             self._fail_locked(exc)
             raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
+
+    def _wake_writer(self) -> None:
+        self._writer_wakeup.set()
 
     def _send_sealed(self, frame: Frame) -> None:
         """``send_nowait`` on a protected connection: seal under the lock, so records reach
@@ -368,7 +376,18 @@ class SocketConnection(Connection):
         take goes back to the front of the queue.
         """
         while not self._closed:
-            await self._writer_wakeup.wait()
+            if self._lane_out is not None and self._lane_out.holds_memory:
+                # Frames went through the lane: give its pages back once it has been idle
+                # for _KEEP_BIG (emptied), as the reader does with its big buffer.
+                with trio.move_on_after(_KEEP_BIG) as idle:
+                    await self._writer_wakeup.wait()
+                if idle.cancelled_caught:
+                    with self._lock:
+                        if not self._closed:
+                            self._lane_out.release()
+                    continue
+            else:
+                await self._writer_wakeup.wait()
             self._writer_wakeup = trio.Event()
             while True:
                 with self._lock:

@@ -15,7 +15,14 @@ import pytest
 import trio
 import trio.testing
 
-from regency.transports import AuthenticationError, Connection, ConnectionBroken, _auth, _shm
+from regency.transports import (
+    AuthenticationError,
+    Connection,
+    ConnectionBroken,
+    _auth,
+    _shm,
+    _sockets,
+)
 from regency.transports._sockets import LANE_MIN, SocketConnection, SocketTransport
 
 SECRET = b"l" * 32
@@ -474,3 +481,57 @@ async def test_failed_and_cancelled_handshakes_leave_no_ring_behind(sockdir: str
         await trio.testing.wait_all_tasks_blocked()
         assert _lane_fds() == before
         assert server.conns == []
+
+
+def _lane_blocks() -> int:
+    """512-byte blocks of shared memory the lane rings of this process hold committed."""
+    rings: dict[int, int] = {}  # inode: blocks (a ring is mapped by both ends)
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "regency-lane" in os.readlink(f"/proc/self/fd/{name}"):
+                st = os.stat(f"/proc/self/fd/{name}")
+                rings[st.st_ino] = st.st_blocks
+        except OSError:
+            pass
+    return sum(rings.values())
+
+
+def test_a_ring_gives_its_pages_back_once_every_frame_is_read() -> None:
+    out = _shm.OutRing(RING)
+    assert out.fd is not None
+    ring_in = _shm.InRing(os.dup(out.fd))
+    out.fd_sent()
+    try:
+        base = _lane_blocks()
+        descriptor = out.place([os.urandom(200_000)], 200_000)
+        assert descriptor is not None and out.holds_memory
+        assert _lane_blocks() - base >= 200_000 // 512
+        assert not out.release()  # not read yet: the pages stay
+        frame = ring_in.take(descriptor)
+        frame.release()
+        ring_in.free()
+        assert out.release() and not out.holds_memory
+        assert _lane_blocks() - base <= 8  # the control page the receiver wrote, at most
+        again = out.place([b"z" * 100_000], 100_000)  # and the ring works on
+        assert again is not None and bytes(ring_in.take(again)) == b"z" * 100_000
+    finally:
+        out.close()
+        ring_in.close()
+
+
+async def test_the_writer_gives_an_idle_rings_pages_back(
+    sockdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sockets, "_KEEP_BIG", 0.0)  # idle at once: released at once
+    async with transport(lane_min=SMALL, lane_ring=RING) as t:
+        conn, client, server = await pair(t, t, sockdir, echo=True)
+        base = _lane_blocks()
+        big = os.urandom(200_000)
+        conn.send_nowait(big)
+        await client.wait_for(lambda: client.frames == [big])
+        await trio.testing.wait_all_tasks_blocked()
+        ring, back = conn._lane_out, server.conns[0]._lane_out
+        assert ring is not None and back is not None
+        assert ring.placed == back.placed == 1
+        assert not ring.holds_memory and not back.holds_memory
+        assert _lane_blocks() <= base + 16  # the control pages, at most
