@@ -114,8 +114,10 @@ class OutRing:
 
     def place(self, parts: Sequence[bytes | bytearray | memoryview], size: int) -> bytes | None:
         """Copy a frame of ``size`` bytes (its ``parts``, in order) into the ring; return the
-        descriptor to send in its place (after :data:`MARK_BYTES`), or None when it does not fit now (the ring is full,
-        or the frame is bigger than the ring: it goes over the socket instead)."""
+        descriptor to send in its place (after :data:`MARK_BYTES`), or None when it does not
+        fit now (the ring is full, or the frame is bigger than the ring: it goes over the
+        socket instead). Raises :class:`LaneError` when the receiver's ``freed`` word is
+        outside what was placed."""
         ring = self.size
         if size > ring or self._data is None:
             return None
