@@ -9,14 +9,20 @@ from regency.actor import Actor, endpoint
 from regency.transports._sockets import SocketConnection
 
 
-def lane_frames() -> tuple[int, int]:
-    """(open connections of this process with a shared-memory lane, frames they placed in
-    their rings so far). Found through the garbage collector: a test's view, not an API."""
-    conns = [
-        obj for obj in gc.get_objects()
-        if isinstance(obj, SocketConnection) and obj.lane and not obj.closed
-    ]
-    return len(conns), sum(c._lane_out.placed for c in conns if c._lane_out is not None)
+def lane_frames() -> dict[int, int]:
+    """Frames each open connection of this process with a shared-memory lane placed in its
+    ring so far, by the connection's id. Found through the garbage collector: a test's
+    view, not an API."""
+    return {
+        id(obj): obj._lane_out.placed
+        for obj in gc.get_objects()
+        if isinstance(obj, SocketConnection) and obj._lane_out is not None and not obj.closed
+    }
+
+
+def placed_since(before: dict[int, int], after: dict[int, int]) -> int:
+    """Frames placed between two :func:`lane_frames` (connections closed meanwhile aside)."""
+    return sum(n - before.get(conn, 0) for conn, n in after.items())
 
 
 class Holder(Actor):
@@ -37,5 +43,5 @@ class Holder(Actor):
         return [bytes(v) for v in self.kept]
 
     @endpoint
-    def lane_frames(self) -> tuple[int, int]:
+    def lane_frames(self) -> dict[int, int]:
         return lane_frames()
