@@ -16,7 +16,7 @@ def lane_frames() -> dict[int, int]:
     return {
         id(obj): obj._lane_out.placed
         for obj in gc.get_objects()
-        if isinstance(obj, SocketConnection) and obj._lane_out is not None and not obj.closed
+        if type(obj) is SocketConnection and obj._lane_out is not None and not obj.closed
     }
 
 
