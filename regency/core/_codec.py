@@ -695,6 +695,22 @@ def compact_reply_port(frame: memoryview) -> int | None:
     return int(_U64.unpack_from(frame, 4)[0])
 
 
+def bulk_reply_port(frame: memoryview) -> int | None:
+    """The port id of a reply in the envelope layout (one with out-of-band parts: a big
+    ``bytes``, an array, a tensor), read from its envelope alone; None for any other frame.
+    Raises ``ValueError`` for a malformed frame."""
+    try:
+        (head,) = _HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
+    if head in (_PORT_MARK, _SESSION_HEAD, _ACK_HEAD):
+        return None
+    env, _ = _unpack(frame, head)
+    if env[0] != _REPLY or len(env) != 5 or type(env[1]) is not int:
+        return None
+    return int(env[1])
+
+
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""

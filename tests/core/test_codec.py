@@ -353,3 +353,15 @@ def test_a_damaged_bulk_frame_is_refused_or_fails_its_payload_only(
     except ValueError:
         return  # refused: the transport closes this connection, saying why
     assert isinstance(msg, M.Reply)  # else the payload alone failed (an Undecodable)
+
+
+def test_bulk_reply_port_reads_the_envelope_of_a_reply_with_out_of_band_parts() -> None:
+    big = _codec.encode_reply(77, 3, 0, b"x" * (1 << 20))
+    assert isinstance(big, list)
+    assert _codec.bulk_reply_port(memoryview(b"".join(big))) == 77
+    compact = _codec.encode_reply(77, 3, 0, "small")
+    assert _codec.bulk_reply_port(memoryview(bytes(compact))) is None  # type: ignore[arg-type]
+    call = _codec.encode_call("a", "m", None, 0, (), (), _codec.dumps(b"y" * (1 << 20)))
+    assert _codec.bulk_reply_port(memoryview(b"".join(call))) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="too short for a header"):
+        _codec.bulk_reply_port(memoryview(b"ab"))
