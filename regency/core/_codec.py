@@ -506,6 +506,8 @@ _U64 = struct.Struct("<Q")
 #: ``u32 0xFFFFFFFC | u32 route length | u64 port_id | u32 rank | route | payload pickle``,
 #: the route a pickled ``(actor, method, reply address or None, labels, sizes)``.
 _CALL_MARK = 0xFFFFFFFC
+#: The first u32 of every fixed binary layout (no envelope is this long).
+_BINARY_HEADS = frozenset((_PORT_MARK, _SESSION_HEAD, _ACK_HEAD, _CALL_MARK))
 _CALL_HEAD = struct.Struct("<IIQI")
 _CALL_BODY = _CALL_HEAD.size
 #: Routes pickled (by their fields) and unpickled (by their bytes), each bounded: the same few
@@ -703,7 +705,7 @@ def bulk_reply_port(frame: memoryview) -> int | None:
         (head,) = _HEAD.unpack_from(frame)
     except struct.error:
         raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
-    if head in (_PORT_MARK, _SESSION_HEAD, _ACK_HEAD):
+    if head in _BINARY_HEADS:
         return None
     env, _ = _unpack(frame, head)
     if env[0] != _REPLY or len(env) != 5 or type(env[1]) is not int:
@@ -763,7 +765,7 @@ def decode_call_to(frame: memoryview, wanted: Callable[[str], bool]) -> Call | N
         raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
     if head == _CALL_MARK:
         return _compact_call(frame, wanted)
-    if head in (_PORT_MARK, _SESSION_HEAD, _ACK_HEAD):
+    if head in _BINARY_HEADS:
         return None
     env, parts = _unpack(frame, head)
     if env[0] != _CALL or len(env) != 8 or not wanted(env[1]):
