@@ -80,7 +80,8 @@ class Endpoint(Generic[P, R]):
     def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
         self._mesh = mesh
         self._name = name
-        #: ``mesh.endpoint``, as errors and reply handlers name it.
+        #: ``mesh.endpoint``, as errors and reply handlers name it (built once: every call
+        #: passes it on).
         self.qualname = f"{mesh._name}.{name}"
 
     def _send(

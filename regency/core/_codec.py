@@ -18,9 +18,11 @@ A runtime frame is::
 where the envelope is ``(kind, fields..., [payload part lengths])``. Keeping the payload
 outside the envelope lets one pickled argument tuple be shared by every destination of a mesh
 call, and turns an unpicklable argument at the receiver into an error for that one message.
-Three kinds have fixed binary layouts instead, marked by a first u32 no envelope length can
-take: replies (most of the traffic back to a caller), and the delivery session's SESSION and
-ACK.
+Four kinds have fixed binary layouts instead, marked by a first u32 no envelope length can
+take: calls and replies with a one-part payload (nearly all the traffic of a round trip), and
+the delivery session's SESSION and ACK. A compact call carries its route (actor, method, reply
+address, labels, sizes: the same for every call of an endpoint from one caller) as a small
+pickle of its own that both sides cache, so a call pickles and unpickles no envelope.
 """
 
 from __future__ import annotations
@@ -500,6 +502,19 @@ SESSION_MARK = _SESSION_HEAD.to_bytes(4, "little")
 _ACK_HEAD = 0xFFFFFFFD
 _ACK_MARK = _ACK_HEAD.to_bytes(4, "little")
 _U64 = struct.Struct("<Q")
+#: Calls with a one-part payload skip the pickled envelope:
+#: ``u32 0xFFFFFFFC | u32 route length | u64 port_id | u32 rank | route | payload pickle``,
+#: the route a pickled ``(actor, method, reply address or None, labels, sizes)``.
+_CALL_MARK = 0xFFFFFFFC
+#: The first u32 of every fixed binary layout (no envelope is this long).
+_BINARY_HEADS = frozenset((_PORT_MARK, _SESSION_HEAD, _ACK_HEAD, _CALL_MARK))
+_CALL_HEAD = struct.Struct("<IIQI")
+_CALL_BODY = _CALL_HEAD.size
+#: Routes pickled (by their fields) and unpickled (by their bytes), each bounded: the same few
+#: endpoints are called over and over, and caching both turns a pickle into a dict lookup.
+_routes_out: dict[tuple[Any, ...], bytes] = {}
+_routes_in: dict[bytes, tuple[Any, ...]] = {}
+_ROUTES_MAX = 1024
 
 
 def _parts(payload: Any) -> Sequence[bytes | memoryview]:
@@ -562,18 +577,46 @@ def encode_call(
     payload: Sequence[bytes | memoryview],
 ) -> Frame:
     """``encode(Call(...))`` without building the record, for the hottest path (a mesh call
-    sends one per rank); ``payload`` is already pickled (:func:`dumps`)."""
-    return _pack((_CALL, actor, method, port, rank, labels, sizes), payload)
+    sends one per rank); ``payload`` is already pickled (:func:`dumps`). The compact layout
+    unless the payload has out-of-band parts."""
+    if len(payload) != 1:
+        return _pack((_CALL, actor, method, port, rank, labels, sizes), payload)
+    if port is None:
+        address, port_id = None, 0
+    else:
+        address, port_id = port
+    key = (actor, method, address, labels, sizes)
+    try:
+        route = _routes_out.get(key)
+    except TypeError:  # labels or sizes in a list: not cached
+        route = pickle.dumps(key, protocol=5)
+    else:
+        if route is None:
+            route = pickle.dumps(key, protocol=5)
+            if len(_routes_out) >= _ROUTES_MAX:
+                _routes_out.clear()
+            _routes_out[key] = route
+    try:
+        head = _CALL_HEAD.pack(_CALL_MARK, len(route), port_id, rank) + route
+    except struct.error:  # a rank or port id beyond the fixed fields: the envelope holds any
+        return _pack((_CALL, actor, method, port, rank, labels, sizes), payload)
+    body = payload[0]
+    if len(body) >= _SCAN_LIMIT:
+        return [head, body]
+    return head + body
 
 
 def encode_reply(port_id: int, index: int, status: int, value: Any) -> Frame:
     """``encode(Reply(...))`` without building the record: the binary layout unless the
     payload has out-of-band parts. Raises what pickling ``value`` raises."""
-    parts = _parts(value)
-    if len(parts) != 1:
-        return _pack((_REPLY, port_id, index, status), parts)
+    if type(value) in _PLAIN:  # None, a number, a string (most replies): one part
+        body: bytes | memoryview = pickle.dumps(value, protocol=5)
+    else:
+        parts = _parts(value)
+        if len(parts) != 1:
+            return _pack((_REPLY, port_id, index, status), parts)
+        body = parts[0]
     head = _PORT_HEAD.pack(_PORT_MARK, port_id, index, status)
-    body = parts[0]
     if len(body) >= _SCAN_LIMIT:
         return [head, body]
     return head + body
@@ -654,6 +697,22 @@ def compact_reply_port(frame: memoryview) -> int | None:
     return int(_U64.unpack_from(frame, 4)[0])
 
 
+def bulk_reply_port(frame: memoryview) -> int | None:
+    """The port id of a reply in the envelope layout (one with out-of-band parts: a big
+    ``bytes``, an array, a tensor), read from its envelope alone; None for any other frame.
+    Raises ``ValueError`` for a malformed frame."""
+    try:
+        (head,) = _HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
+    if head in _BINARY_HEADS:
+        return None
+    env, _ = _unpack(frame, head)
+    if env[0] != _REPLY or len(env) != 5 or type(env[1]) is not int:
+        return None
+    return int(env[1])
+
+
 def decode(frame: memoryview) -> M.Wire:
     """The record a frame carries, its payload unpickled (an :class:`Undecodable` when that
     fails). Raises ``ValueError`` for a malformed frame (the connection is then closed)."""
@@ -661,6 +720,10 @@ def decode(frame: memoryview) -> M.Wire:
         (head,) = _HEAD.unpack_from(frame)
     except struct.error:
         raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
+    if head == _CALL_MARK:
+        call = _compact_call(frame, None)
+        assert call is not None  # None only where a ``wanted`` test declines the actor
+        return call
     if head == _PORT_MARK:
         try:
             _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
@@ -700,7 +763,9 @@ def decode_call_to(frame: memoryview, wanted: Callable[[str], bool]) -> Call | N
         (head,) = _HEAD.unpack_from(frame)
     except struct.error:
         raise ValueError(f"frame of {len(frame)} bytes is too short for a header") from None
-    if head in (_PORT_MARK, _SESSION_HEAD, _ACK_HEAD):
+    if head == _CALL_MARK:
+        return _compact_call(frame, wanted)
+    if head in _BINARY_HEADS:
         return None
     env, parts = _unpack(frame, head)
     if env[0] != _CALL or len(env) != 8 or not wanted(env[1]):
@@ -709,6 +774,60 @@ def decode_call_to(frame: memoryview, wanted: Callable[[str], bool]) -> Call | N
         return _call(env, parts)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed frame envelope {env[:1]!r}: {exc}") from exc
+
+
+def _compact_call(frame: memoryview, wanted: Callable[[str], bool] | None) -> Call | None:
+    """A call in the compact layout; None when ``wanted`` (if given) does not want its actor
+    (then its payload is not unpickled). Raises ``ValueError`` for a malformed frame."""
+    try:
+        _, route_len, port_id, rank = _CALL_HEAD.unpack_from(frame)
+    except struct.error:
+        raise ValueError(f"call frame of {len(frame)} bytes is too short") from None
+    end = _CALL_BODY + route_len
+    if end > len(frame):
+        raise ValueError(f"call route length {route_len} exceeds the frame ({len(frame)} bytes)")
+    raw = bytes(frame[_CALL_BODY:end])
+    route = _routes_in.get(raw)
+    if route is None:
+        route = _load_route(raw)
+    actor, method, address, labels, sizes = route
+    if wanted is not None and not wanted(actor):
+        return None
+    try:
+        args = pickle.loads(frame[end:])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        args = undecodable(exc)
+    return Call(
+        actor, method, None if address is None else (address, port_id), rank, labels, sizes, args
+    )
+
+
+def _load_route(raw: bytes) -> tuple[Any, ...]:
+    """A compact call's route from its bytes, checked, and cached when immutable."""
+    try:
+        route = pickle.loads(raw)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise ValueError(f"call route does not unpickle: {exc!r}") from exc
+    if (
+        type(route) is not tuple
+        or len(route) != 5
+        or type(route[0]) is not str
+        or type(route[1]) is not str
+        or not (route[2] is None or type(route[2]) is str)
+    ):
+        raise ValueError(
+            "call route is not (actor, method, address, labels, sizes) "
+            f"(got {type(route).__name__} {route!r:.80})"
+        )
+    if type(route[3]) is tuple and type(route[4]) is tuple:  # lists could be changed: not kept
+        if len(_routes_in) >= _ROUTES_MAX:
+            _routes_in.clear()
+        _routes_in[raw] = route
+    return route
 
 
 def _call(env: tuple[Any, ...], parts: list[memoryview]) -> Call:

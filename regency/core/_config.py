@@ -114,6 +114,13 @@ class Config:
     #: starts; procs inherit the controller's setting.
     spin_us: float = attrs.field(default=200.0, validator=lambda _inst, a, v: _not_negative(a, v))
 
+    #: Big frames (64 KiB or more) between procs of one host travel through shared memory
+    #: instead of the unix socket: a ring per connection and direction, passed over the
+    #: authenticated socket (docs/transports.md, "The shared-memory lane"). False: every
+    #: frame goes through the socket. A connection uses the lane only when both ends offer
+    #: it. Read when a runtime starts; procs inherit the controller's setting.
+    shm_lane: bool = True
+
     #: A cast (``call``, ``broadcast``, ``stream``, ``send``) to at least this many procs
     #: travels down a tree of the procs themselves instead of one frame per proc from the
     #: sender, and a ``call``'s replies come back up it in few frames (docs/concepts.md).

@@ -41,6 +41,7 @@ def open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.T
         rt.secret,
         max_frame_bytes=rt.config.max_frame_bytes,
         protect_tcp=rt.config.tcp_protection != "off",
+        shm_lane=rt.config.shm_lane,
     )
 
 

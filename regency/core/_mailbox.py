@@ -32,6 +32,7 @@ import inspect
 import logging
 import math
 import queue
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
@@ -57,6 +58,7 @@ _ABANDON = M.Abandon()
 
 #: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
 _NEXT = object()  # the next mailbox item
+_Coroutine = types.CoroutineType  # cannot be subclassed: a type test is iscoroutine
 
 
 class _Await(NamedTuple):
@@ -368,11 +370,12 @@ class ActorCell:
         if spec is not None and spec.concurrent:
             yield _OnLoop(lambda: self._start_concurrent(item))
             return True  # the mailbox moves on; the call runs as its own task
-        token = current.set(self._context(item))
+        token = current.set(Context(self.instance, spec=(item.rank, item.labels, item.sizes)))
         explicit = False
         try:
             fn, args, kwargs, explicit = self._prepare(item, spec)
-            if inspect.iscoroutinefunction(fn):
+            # An endpoint's kind is known from its spec (one test per class, not per call).
+            if spec.is_async if spec is not None else inspect.iscoroutinefunction(fn):
                 obj = self.obj
 
                 async def run_and_reply() -> None:
@@ -393,7 +396,7 @@ class ActorCell:
                 yield _Await(run_and_reply)
             else:
                 result = fn(self.obj, *args, **kwargs)
-                if inspect.iscoroutine(result):  # an async plain method via as_endpoint
+                if type(result) is _Coroutine:  # an async plain method via as_endpoint
                     coro = result
                     result = yield _Await(lambda: self.rt.run_coroutine(coro))
                 if _dbg.open_sessions:  # the endpoint returned: its debug session ends

@@ -135,12 +135,17 @@ async def open_transport(
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     tls: TlsSettings | None = None,
     protect_tcp: bool = True,
+    shm_lane: bool = True,
 ) -> AsyncIterator[MultiTransport]:
     """Open every backend; closing the context cancels all their connections.
 
     ``protect_tcp``: seal every frame on ``tcp://`` and ``nng+tcp://`` links with keys from
     the handshake (:mod:`._protect`); both ends of a link must agree. Off only to measure
     its cost.
+
+    ``shm_lane``: offer a shared-memory lane on ``unix://`` connections, through which big
+    frames travel instead of the socket (:mod:`._shm`); a connection has it when both ends
+    offered it. Off only to measure the difference, or where shared memory is unwelcome.
 
     ``tls`` holds the certificates for ``nng+tls+tcp``; without it they are read from
     ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and ``REGENCY_TLS_CA``.
@@ -149,7 +154,9 @@ async def open_transport(
         raise ValueError(f"job secret must be at least 16 bytes (got {len(secret)})")
     async with trio.open_nursery() as nursery:
         backends: list[Transport] = [
-            SocketTransport(nursery, secret, max_frame_bytes, protect_tcp=protect_tcp),
+            SocketTransport(
+                nursery, secret, max_frame_bytes, protect_tcp=protect_tcp, shm_lane=shm_lane
+            ),
             InprocTransport(nursery),
         ]
         backends.append(_LazyNng(nursery, secret, max_frame_bytes, tls, protect_tcp))

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from . import _auth, _protect
+from . import _auth, _protect, _shm
 from ._base import (
     AuthenticationError,
     Connection,
@@ -57,6 +57,14 @@ _KERNEL_BUFFER = 4 << 20
 # costs a page fault per 4 KiB (64 MiB: 250-350 ms here, against 25 ms to refill a warm
 # buffer), and released once no frame needed it for this many seconds.
 _KEEP_BIG = 1.0
+
+# The shared-memory lane (see _shm.py) between procs of one host: frames at or above
+# LANE_MIN bytes travel through a ring of LANE_RING bytes per direction when both ends of a
+# unix-socket connection offered one in the handshake. Below LANE_MIN a frame goes over the
+# socket (a descriptor round trip through the ring costs more than copying a small frame).
+LANE_MIN = 64 * 1024
+LANE_RING = 16 << 20
+_NEVER = 1 << 62  # the lane threshold of a connection without a lane
 
 # Who reads an unprotected connection (see SocketConnection.lead): the loop's reader task
 # (reading, or about to), the reader task waiting in wait_readable (a thread may take over),
@@ -98,11 +106,19 @@ def parse_address(address: str) -> tuple[str, Any]:
     raise ValueError(f"address scheme must be one of ('tcp', 'unix') (got {address!r})")
 
 
-async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+async def _recv_exactly(sock: socket.socket, n: int, fds: list[int] | None = None) -> bytes:
+    """Read ``n`` handshake bytes. With ``fds``, also collect the descriptors passed with
+    them (``SCM_RIGHTS``: a peer's lane ring); without, the kernel drops any."""
     chunks = bytearray()
     while len(chunks) < n:
         try:
-            data = sock.recv(n - len(chunks))
+            if fds is None:
+                data = sock.recv(n - len(chunks))
+            else:
+                data, ancillary, _, _ = sock.recvmsg(
+                    n - len(chunks), socket.CMSG_SPACE(4 * 4), _CMSG_CLOEXEC
+                )
+                fds.extend(_fds_in(ancillary))
         except BlockingIOError:
             await trio.lowlevel.wait_readable(sock)
             continue
@@ -112,15 +128,62 @@ async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(chunks)
 
 
-async def _send_all(sock: socket.socket, data: bytes) -> None:
+_CMSG_CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+
+
+def _fds_in(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(int.from_bytes(data[i : i + 4], "little", signed=True) for i in range(0, usable, 4))
+    return fds
+
+
+async def _send_all(sock: socket.socket, data: bytes, fd: int | None = None) -> None:
+    """Write handshake bytes; ``fd`` (a lane ring) travels with the first of them."""
     view = memoryview(data)
     while view:
         try:
-            sent = sock.send(view)
+            if fd is not None:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, "little"))]
+                sent = sock.sendmsg([view], rights)
+                fd = None
+            else:
+                sent = sock.send(view)
         except BlockingIOError:
             await trio.lowlevel.wait_writable(sock)
             continue
         view = view[sent:]
+
+
+def _lane_of(offered: _shm.OutRing | None, fds: list[int]) -> _Lane | None:
+    """After the handshake: the connection's lane, when this side offered a ring and the
+    peer passed one (both sides then agree it is on); else None, and what was offered or
+    passed is closed. A ring the peer passed that is not fit for use raises ValueError
+    (as a bad handshake does): the peer would otherwise send descriptors we refuse."""
+    passed = fds[:]
+    fds.clear()  # taken: a second call (an error path) closes nothing twice
+    fds = passed
+    if offered is not None:
+        offered.fd_sent()
+    if offered is None or len(fds) != 1:
+        if offered is not None:
+            offered.close()
+        for fd in fds:
+            os.close(fd)
+        if offered is not None and len(fds) > 1:
+            raise ValueError(f"peer passed {len(fds)} descriptors in the handshake (expected 1)")
+        return None
+    try:
+        incoming = _shm.InRing(fds[0])
+    except BaseException:
+        offered.close()
+        raise
+    return offered, incoming
+
+
+_Lane = tuple[_shm.OutRing, _shm.InRing]
 
 
 class SocketConnection(Connection):
@@ -133,6 +196,8 @@ class SocketConnection(Connection):
         token: trio.lowlevel.TrioToken,
         max_frame: int,
         protection: tuple[_protect.Sealer, _protect.Opener] | None = None,
+        lane: _Lane | None = None,
+        lane_min: int = LANE_MIN,
     ) -> None:
         self.peer = peer
         #: Records sealed with per-connection keys (TCP); None: frames go as they are (unix
@@ -145,6 +210,18 @@ class SocketConnection(Connection):
         self._token = token
         self._trio_thread = threading.get_ident()
         self._max_frame = max_frame
+        # A length above this is a lane descriptor (its MARK) or a bad frame: one check on
+        # the read path covers both.
+        self._size_limit = min(max_frame, _shm.MARK - 1)
+        # The shared-memory lane (_shm.py), or None. The outgoing ring is used under _lock;
+        # the incoming one by whoever holds the baton (the reader task or a leading thread).
+        self._lane_out: _shm.OutRing | None = None
+        self._lane_in: _shm.InRing | None = None
+        self._lane_min = _NEVER  # frames of at least this many bytes go through the lane
+        if lane is not None:
+            self._lane_out, self._lane_in = lane
+            self._lane_in.limit = max_frame
+            self._lane_min = lane_min
         self._lock = threading.Lock()
         # Bytes accepted by send_nowait but not yet taken by the kernel, oldest first. While it
         # is non-empty, new frames queue behind it (order) and the writer task owns flushing.
@@ -192,6 +269,10 @@ class SocketConnection(Connection):
                 if self._error is not None:
                     raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
+            if size >= self._lane_min:
+                descriptor = self._place_locked(frame, size)
+                if descriptor is not None:  # the frame is in the ring: send its descriptor
+                    frame, size, header = descriptor, len(descriptor), _shm.MARK_BYTES
             burst = now - self._last_send < _BURST_WINDOW
             self._last_send = now
             if self._pending or self._writing or burst:
@@ -224,6 +305,27 @@ class SocketConnection(Connection):
                 self._pending.extend(_unsent([memoryview(p) for p in parts], sent))
                 self._kicked = True
         self._kick_writer()
+
+    def _place_locked(self, frame: Frame, size: int) -> bytes | None:
+        """Copy a big frame into the lane's ring (``_lock`` held, so ring order is stream
+        order); the descriptor to send in its place (after ``_shm.MARK_BYTES``), or None:
+        it goes over the socket."""
+        assert self._lane_out is not None
+        if size >= _shm.MARK:
+            raise ValueError(f"frame of {size} bytes is too big for this connection")
+        ring = self._lane_out
+        idle = not ring.holds_memory
+        try:
+            placed = ring.place(frame if isinstance(frame, list) else (frame,), size)
+            if idle and placed is not None:  # the writer starts its idle timer (see writer)
+                self._call_on_loop(self._wake_writer)
+            return placed
+        except _shm.LaneError as exc:
+            self._fail_locked(exc)
+            raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
+
+    def _wake_writer(self) -> None:
+        self._writer_wakeup.set()
 
     def _send_sealed(self, frame: Frame) -> None:
         """``send_nowait`` on a protected connection: seal under the lock, so records reach
@@ -274,7 +376,18 @@ class SocketConnection(Connection):
         take goes back to the front of the queue.
         """
         while not self._closed:
-            await self._writer_wakeup.wait()
+            if self._lane_out is not None and self._lane_out.holds_memory:
+                # Frames went through the lane: give its pages back once it has been idle
+                # for _KEEP_BIG (emptied), as the reader does with its big buffer.
+                with trio.move_on_after(_KEEP_BIG) as idle:
+                    await self._writer_wakeup.wait()
+                if idle.cancelled_caught:
+                    with self._lock:
+                        if not self._closed:
+                            self._lane_out.release()
+                    continue
+            else:
+                await self._writer_wakeup.wait()
             self._writer_wakeup = trio.Event()
             while True:
                 with self._lock:
@@ -364,10 +477,18 @@ class SocketConnection(Connection):
                 end += n
             while end - start >= _HEADER:
                 size = int.from_bytes(view[start : start + _HEADER], "little")
-                if size > self._max_frame:
-                    raise ConnectionBroken(
-                        f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}"
-                    )
+                if size > self._size_limit:
+                    lane = self._lane_of_descriptor(size)
+                    if end - start < _shm.WIRE_BYTES:
+                        break
+                    frame = lane.take(view[start + _HEADER : start + _shm.WIRE_BYTES])
+                    self.sink.frame_received(self, frame)
+                    frame.release()
+                    lane.free()
+                    start += _shm.WIRE_BYTES
+                    if self._closed:
+                        return
+                    continue
                 if end - start - _HEADER < size:
                     if _HEADER + size > len(buf):
                         # A frame bigger than the buffer: receive it into a buffer of its
@@ -391,6 +512,15 @@ class SocketConnection(Connection):
                     return
             self._rstart, self._rend = _compact(view, start, end)
             await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _lane_of_descriptor(self, size: int) -> _shm.InRing:
+        """A frame length above the limit: the lane when it is a descriptor on a connection
+        with a lane, else the error that closes the connection."""
+        if size == _shm.MARK and self._lane_in is not None:
+            return self._lane_in
+        if size == _shm.MARK:
+            raise ConnectionBroken("lane descriptor on a connection without a shared-memory lane")
+        raise ConnectionBroken(f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}")
 
     async def _await_readable(self, until: float | None) -> None:
         """Wait until the socket is readable (or ``until``, trio time), letting a thread
@@ -474,6 +604,16 @@ class SocketConnection(Connection):
         try:
             while end - start >= _HEADER:
                 size = int.from_bytes(view[start : start + _HEADER], "little")
+                if size > self._size_limit:
+                    if not self._take_led(view, start, end):
+                        handled = (  # only a descriptor not yet whole: read on
+                            size == _shm.MARK
+                            and self._lane_in is not None
+                            and end - start < _shm.WIRE_BYTES
+                        )
+                        break  # (a bad descriptor or frame: the loop meets it and closes)
+                    start += _shm.WIRE_BYTES
+                    continue
                 if end - start - _HEADER < size:
                     handled = _HEADER + size <= len(view)  # else: too big for the buffer
                     break
@@ -495,6 +635,27 @@ class SocketConnection(Connection):
                     self._give_back_locked(True)
                     handled = False
         return handled
+
+    def _take_led(self, view: memoryview, start: int, end: int) -> bool:
+        """On the leading thread: hand the lane frame a whole descriptor at ``start`` names
+        to the sink's ``frame_on_thread`` and free it; False when there is none, the sink
+        left it to the loop or it is bad (left in the buffer, the loop reads it again)."""
+        lane = self._lane_in
+        if lane is None or end - start < _shm.WIRE_BYTES:
+            return False
+        if int.from_bytes(view[start : start + _HEADER], "little") != _shm.MARK:
+            return False
+        try:
+            frame = lane.take(view[start + _HEADER : start + _shm.WIRE_BYTES])
+        except _shm.LaneError:
+            return False
+        try:
+            taken = self.sink.frame_on_thread(self, frame)  # type: ignore[union-attr]
+        finally:
+            frame.release()
+        if taken:
+            lane.free()
+        return bool(taken)
 
     def give_back(self) -> None:
         """The leading thread is done: the reader task reads again."""
@@ -605,6 +766,8 @@ class SocketConnection(Connection):
         # Without its traceback: that would keep the reader's frame and buffers alive.
         self._error = exc.with_traceback(None) if exc is not None else None
         self._pending.clear()
+        if self._lane_out is not None:  # (placing happens under _lock too)
+            self._lane_out.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -619,6 +782,7 @@ class SocketConnection(Connection):
         trio.lowlevel.notify_closing(self._sock)
         with self._read_lock:
             self._sock.close()
+            self._close_lane_in()
         if self.sink is not None:
             self.sink.connection_lost(self, self._error)
 
@@ -632,6 +796,18 @@ class SocketConnection(Connection):
         trio.lowlevel.notify_closing(self._sock)
         with self._read_lock:
             self._sock.close()
+            self._close_lane_in()
+
+    def _close_lane_in(self) -> None:
+        """Unmap the incoming ring (``_read_lock`` held). A thread may be handing a frame
+        in it to its sink: the mapping then goes when that frame's view is released."""
+        if self._lane_in is not None:
+            self._lane_in.close()
+
+    @property
+    def lane(self) -> bool:
+        """Whether big frames travel through the shared-memory lane (see ``_shm.py``)."""
+        return self._lane_out is not None
 
     def close(self) -> None:
         with self._lock:
@@ -658,7 +834,15 @@ class SocketTransport(Transport):
     max_handshakes = 64
 
     def __init__(
-        self, nursery: trio.Nursery, secret: bytes, max_frame: int, *, protect_tcp: bool = True
+        self,
+        nursery: trio.Nursery,
+        secret: bytes,
+        max_frame: int,
+        *,
+        protect_tcp: bool = True,
+        shm_lane: bool = True,
+        lane_min: int = LANE_MIN,
+        lane_ring: int = LANE_RING,
     ) -> None:
         self._nursery = nursery
         self._secret = secret
@@ -672,6 +856,26 @@ class SocketTransport(Transport):
         self._refusals_since = 0.0
         self._refusals_logged = 0
         self._refusals_quiet = 0
+        #: Offer a shared-memory lane on unix-socket connections (``_shm.py``): frames of
+        #: ``lane_min`` bytes or more then travel through a ring of ``lane_ring`` bytes per
+        #: direction, when the peer offers one too.
+        self._shm_lane = shm_lane and _shm.available()
+        if shm_lane and lane_min < 1:
+            raise ValueError(f"lane_min must be at least 1 byte (got {lane_min})")
+        self._lane_min = lane_min
+        self._lane_ring = lane_ring
+        if self._shm_lane:
+            _shm.check_ring_size(lane_ring)
+
+    def _offer_lane(self, scheme: str) -> _shm.OutRing | None:
+        """A ring to offer the peer of a new connection, or None (no lane on this one)."""
+        if scheme != "unix" or not self._shm_lane:
+            return None
+        try:
+            return _shm.OutRing(self._lane_ring)
+        except OSError as exc:  # out of descriptors or memory: this connection goes without
+            log.warning("no shared-memory lane for a new connection: %s", exc)
+            return None
 
     def _protection(
         self, scheme: str, role: str, nonce_s: bytes, nonce_c: bytes
@@ -754,32 +958,44 @@ class SocketTransport(Transport):
         _tune(sock)
         scope = trio.CancelScope()
         self._handshakes[sock] = scope  # insertion order: oldest first
+        # The lane (unix sockets): the client passes its ring with its proof, an
+        # authenticated server its own with the answer; the lane is on when both did.
+        fds: list[int] | None = [] if scheme == "unix" else None
+        offered: _shm.OutRing | None = None
+        lane: _Lane | None = None
         try:
             with scope, trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
                 hello, nonce_s = _auth.server_hello()
                 await _send_all(sock, hello)
-                proof = await _recv_exactly(sock, _auth.CLIENT_PROOF_BYTES)
+                proof = await _recv_exactly(sock, _auth.CLIENT_PROOF_BYTES, fds)
                 answer = _auth.check_client_proof(self._secret, nonce_s, proof)
-                await _send_all(sock, answer)
+                if fds:
+                    offered = self._offer_lane(scheme)
+                await _send_all(sock, answer, None if offered is None else offered.fd)
+                lane, offered = _lane_of(offered, fds or []), None
         except (ValueError, OSError, ConnectionBroken, trio.TooSlowError) as exc:
             self._refused(peer, str(exc) or "handshake timed out")
             sock.close()
             return
         finally:
             del self._handshakes[sock]
+            _lane_of(offered, fds or [])  # closes what was offered or passed (after success:
+            # nothing; the connection has them)
         if scope.cancelled_caught:
             log.debug("shed unauthenticated connection from %s", peer)
+            _close_lane(lane)
             sock.close()
             return
         protection = self._protection(scheme, "server", nonce_s, _auth.client_nonce_of(proof))
         conn = SocketConnection(
-            sock, peer, trio.lowlevel.current_trio_token(), self._max_frame, protection
+            sock, peer, trio.lowlevel.current_trio_token(), self._max_frame, protection,
+            lane, self._lane_min,
         )
         try:
             conn.sink = sinks(conn)
         except Exception:
             log.exception("no handler for connection from %s", peer)
-            sock.close()
+            conn.abort()
             return
         await self._run(conn)
 
@@ -814,6 +1030,8 @@ class SocketTransport(Transport):
 
     async def connect(self, address: str, sink: FrameSink) -> Connection:
         scheme, where = parse_address(address)
+        offered: _shm.OutRing | None = None
+        fds: list[int] = []
         try:
             if scheme == "tcp":
                 infos = await trio.socket.getaddrinfo(
@@ -832,31 +1050,49 @@ class SocketTransport(Transport):
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise OSError(err, os.strerror(err)) from None
+            # The lane (unix sockets): our ring goes with the proof, the server's comes
+            # with its answer; the lane is on when both did (see _serve_one).
+            offered = self._offer_lane(scheme)
             with trio.fail_after(_auth.HANDSHAKE_TIMEOUT):
                 hello = await _recv_exactly(sock, _auth.SERVER_HELLO_BYTES)
                 proof, nonce_c = _auth.client_proof(self._secret, hello)
-                await _send_all(sock, proof)
+                await _send_all(sock, proof, None if offered is None else offered.fd)
                 try:
-                    answer = await _recv_exactly(sock, _auth.SERVER_PROOF_BYTES)
+                    answer = await _recv_exactly(
+                        sock, _auth.SERVER_PROOF_BYTES, None if offered is None else fds
+                    )
                 except ConnectionBroken:
                     raise ValueError(
                         "server refused our proof: this side does not have the job secret"
                     ) from None
             _auth.check_server_proof(self._secret, nonce_c, hello[len(_auth.MAGIC) :], answer)
+            lane, offered = _lane_of(offered, fds), None
         except ValueError as exc:
+            _lane_of(offered, fds)
             sock.close()
             raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
         except (OSError, ConnectionBroken, trio.TooSlowError) as exc:
+            _lane_of(offered, fds)
             refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             kind = ConnectionRefused if refused else ConnectionBroken
             raise kind(f"cannot connect to {address}: {exc or 'timed out'}") from None
+        except BaseException:  # cancelled: no descriptor outlives the attempt
+            _lane_of(offered, fds)
+            raise
         protection = self._protection(scheme, "client", hello[len(_auth.MAGIC) :], nonce_c)
         conn = SocketConnection(
-            sock, address, trio.lowlevel.current_trio_token(), self._max_frame, protection
+            sock, address, trio.lowlevel.current_trio_token(), self._max_frame, protection,
+            lane, self._lane_min,
         )
         conn.sink = sink
         self._nursery.start_soon(self._run, conn)
         return conn
+
+
+def _close_lane(lane: _Lane | None) -> None:
+    if lane is not None:
+        lane[0].close()
+        lane[1].close()
 
 
 def _fresh_memory(size: int) -> mmap.mmap:
@@ -910,7 +1146,11 @@ def _frame_ready(view: memoryview, start: int, end: int) -> bool:
     if end - start < _HEADER:
         return False
     size = int.from_bytes(view[start : start + _HEADER], "little")
-    return end - start - _HEADER >= size or _HEADER + size > len(view)
+    if end - start - _HEADER >= size:
+        return True
+    if size == _shm.MARK:  # a lane descriptor (or, without a lane, a bad frame)
+        return end - start >= _shm.WIRE_BYTES
+    return _HEADER + size > len(view)
 
 
 def _compact(view: memoryview, start: int, end: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ Undecodable), and malformed frames are refused with a clear ValueError."""
 from __future__ import annotations
 
 import pickle
+import struct
 import types
 from typing import Any
 
@@ -82,6 +83,69 @@ def test_the_hot_path_encoders_match_encode() -> None:
     reply = _codec.encode_reply(9, 1, M.OK, {"x": 1})
     assert reply == _codec.encode(M.Reply(9, 1, M.OK, {"x": 1}))
     assert isinstance(reply, bytes) and reply[:4] == b"\xff\xff\xff\xff"  # the binary layout
+
+
+def test_a_call_with_one_payload_part_has_the_compact_layout() -> None:
+    payload = _codec.dumps(((1,), {}))
+    port = ("unix:///x.sock", (1 << 63) | 2)  # reserved port ids use the top bit
+    frame = _codec.encode_call("c1.p.0", "ping", port, 3, ("gpus",), (4,), payload)
+    assert isinstance(frame, bytes) and frame[:4] == b"\xfc\xff\xff\xff"
+    for _ in range(2):  # the second decode finds the route cached: the same record
+        got = _codec.decode(_wire(frame))
+        assert got == M.Call("c1.p.0", "ping", port, 3, ("gpus",), (4,), ((1,), {}))
+    # No reply port, and labels in lists (not cached, still lists on arrival).
+    got = _codec.decode(_wire(_codec.encode_call("k", "m", None, 0, ["a", "b"], [1, 2], payload)))
+    assert got == M.Call("k", "m", None, 0, ["a", "b"], [1, 2], ((1,), {}))
+    # A rank beyond the fixed field, and out-of-band parts, go in an envelope instead.
+    big = _codec.encode_call("k", "m", None, 1 << 40, ("a",), (1,), payload)
+    assert isinstance(big, bytes) and big[:4] != b"\xfc\xff\xff\xff"
+    assert _codec.decode(_wire(big)).rank == 1 << 40
+    parts = _codec.dumps(((_codec.out_of_band(bytes(1 << 17)),), {}))
+    assert len(parts) == 2
+    frame_parts = _codec.encode_call("k", "m", None, 0, ("a",), (1,), parts)
+    assert isinstance(frame_parts, list) and bytes(frame_parts[0][:4]) != b"\xfc\xff\xff\xff"
+    assert _codec.decode(_wire(frame_parts)).payload == ((bytes(1 << 17),), {})
+
+
+def test_the_route_tables_stay_bounded_and_every_call_decodes() -> None:
+    payload = _codec.dumps(((), {}))
+    frames = [
+        _codec.encode_call(f"k{i}", "m", ("unix:///x.sock", i), 0, ("a",), (1,), payload)
+        for i in range(_codec._ROUTES_MAX + 100)
+    ]
+    assert len(_codec._routes_out) <= _codec._ROUTES_MAX
+    for i, frame in enumerate(frames):
+        got = _codec.decode(_wire(frame))
+        assert isinstance(got, M.Call) and got.actor == f"k{i}" and got.port == ("unix:///x.sock", i)
+    assert len(_codec._routes_in) <= _codec._ROUTES_MAX
+
+
+def test_a_big_compact_call_is_sent_as_parts() -> None:
+    payload = _codec.dumps(((list(range(40000)),), {}))  # one part, over 64 KiB
+    frame = _codec.encode_call("k", "m", None, 0, ("a",), (1,), payload)
+    assert isinstance(frame, list) and frame[1] is payload[0]  # not joined
+    assert _codec.decode(_wire(frame)).payload == ((list(range(40000)),), {})
+
+
+def _compact(route: bytes, rest: bytes = b"", length: int | None = None) -> bytes:
+    head = struct.pack("<IIQI", 0xFFFFFFFC, len(route) if length is None else length, 0, 0)
+    return head + route + rest
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (b"\xfc\xff\xff\xff\x01", "call frame of 5 bytes is too short"),
+        (_compact(b"xyz", length=99), "call route length 99 exceeds the frame (23 bytes)"),
+        (_compact(b"junk"), "call route does not unpickle"),
+        (_compact(pickle.dumps(("k", "m"))), "call route is not (actor, method, address, labels"),
+        (_compact(pickle.dumps((1, "m", None, (), ()))), "call route is not"),
+    ],
+)
+def test_malformed_compact_calls_are_refused(frame: bytes, message: str) -> None:
+    for decode in (_codec.decode, lambda f: _codec.decode_call_to(f, lambda actor: True)):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            decode(memoryview(frame))
 
 
 _LOADS: list[int] = []
@@ -289,3 +353,15 @@ def test_a_damaged_bulk_frame_is_refused_or_fails_its_payload_only(
     except ValueError:
         return  # refused: the transport closes this connection, saying why
     assert isinstance(msg, M.Reply)  # else the payload alone failed (an Undecodable)
+
+
+def test_bulk_reply_port_reads_the_envelope_of_a_reply_with_out_of_band_parts() -> None:
+    big = _codec.encode_reply(77, 3, 0, b"x" * (1 << 20))
+    assert isinstance(big, list)
+    assert _codec.bulk_reply_port(memoryview(b"".join(big))) == 77
+    compact = _codec.encode_reply(77, 3, 0, "small")
+    assert _codec.bulk_reply_port(memoryview(bytes(compact))) is None  # type: ignore[arg-type]
+    call = _codec.encode_call("a", "m", None, 0, (), (), _codec.dumps(b"y" * (1 << 20)))
+    assert _codec.bulk_reply_port(memoryview(b"".join(call))) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="too short for a header"):
+        _codec.bulk_reply_port(memoryview(b"ab"))

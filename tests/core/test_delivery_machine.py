@@ -225,7 +225,11 @@ class DeliveryMachine(RuleBasedStateMachine):
                 assert sender.link is None
 
 
-DeliveryMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+# No deadline: pure code, but on a loaded 2-core machine one example's steps can take longer
+# than Hypothesis's default 200 ms (seen once: a failure that was only the clock).
+DeliveryMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 test_delivery_sessions = DeliveryMachine.TestCase
 
 

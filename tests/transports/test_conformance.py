@@ -20,6 +20,7 @@ from regency.transports import (
     MultiTransport,
     open_transport,
 )
+from regency.transports._sockets import LANE_MIN
 
 SECRET = b"s" * 32
 BACKENDS = ["tcp", "unix", "inproc", "nng+tcp", "nng+ipc", "nng+tls+tcp", "sim"]
@@ -114,6 +115,28 @@ async def test_frames_arrive_whole_and_in_order(
     await client.wait_for(lambda: len(client.frames) == len(sent))
     assert client.frames == sent
     listener.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_big_and_small_frames_in_flight_keep_order(
+    kind: str, transport: MultiTransport, sockdir: str
+) -> None:
+    """Big frames around the unix sockets' shared-memory lane threshold (and, on unix, more
+    than its ring holds at once: the rest go over the socket), interleaved with small ones,
+    all sent before any arrives."""
+    server = Server()
+    listener = await transport.listen(address_for(kind, sockdir), server)
+    client = Recorder()
+    conn = await transport.connect(listener.address, client)
+    big = [LANE_MIN - 1, LANE_MIN, LANE_MIN + 1, 1 << 20, 3 << 20]
+    sent = [
+        i.to_bytes(4, "little") + os.urandom(big[i % 5] if i % 2 else i)
+        for i in range(40)
+    ]
+    for frame in sent:
+        conn.send_nowait(frame)
+    await client.wait_for(lambda: len(client.frames) == len(sent))
+    assert client.frames == sent
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
