@@ -169,17 +169,10 @@ class Casting:
         if current_config().cast_tree_min <= 1:  # every cast goes down a tree
             self.send(route, (local,), actor, method, port, payload)
             return
-        address = route.addresses[local]
         frame = _codec.encode_call(
             actor, method, port, local, route.labels, route.sizes, payload
         )
-        if self._fenced or self._held:  # a tree cast of ours in flight: check its fence
-            self.post_actor(address, actor, frame)
-            return
-        rt = self._rt
-        box = rt._outboxes.get(address) or rt.outbox(address)
-        box.send(frame)
-        self._direct[address] = box._machine.queued_count
+        self.post_actor(route.addresses[local], actor, frame)
 
     def _send_direct(
         self,
@@ -206,14 +199,10 @@ class Casting:
             for local, frame in zip(local_ranks, frames, strict=True):
                 post(addresses[local], actor, frame)
             return
-        # No fence (a cast this thread sent earlier would have left one): post_actor's
-        # _direct_now, for each rank, without its calls.
-        outboxes, outbox, direct = self._rt._outboxes, self._rt.outbox, self._direct
+        # No fence (a cast this thread sent earlier would have left one): what post_actor
+        # would do for each rank.
         for local, frame in zip(local_ranks, frames, strict=True):
-            address = addresses[local]
-            box = outboxes.get(address) or outbox(address)
-            box.send(frame)
-            direct[address] = box._machine.queued_count
+            self._direct_now(addresses[local], frame)
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached

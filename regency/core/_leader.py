@@ -197,27 +197,47 @@ class Leader:
         loop would wake up to read them (at about twice a waiting thread's cost), where the
         caller, about to wait, reads them here. Nothing is held past ``send()`` and one
         poll that does not wait."""
-        conns = list(self._rt.leadable.values()) if self._may_lead() else ()
-        if not conns or len(conns) > MAX_LED:
-            send()
-            return
-        taken = [conn for conn in conns if conn.lead()]
+        taken = self._take() if self._may_lead() else []
         try:
             send()
             if taken:
-                poller, by_fd = self._poll_set(taken, self._bell())
-                for fd, _ in poller.poll(0):
-                    conn = by_fd.get(fd)  # (the bell: nobody armed it for this)
-                    if conn is not None and not conn.read_led():  # handed back to the loop
-                        self._unpoll(poller, by_fd, fd)
-                        taken.remove(conn)
-                    error = getattr(deferred, "error", None)
-                    if error is not None:  # raised handling a frame it took (see _inbound)
-                        deferred.error = None
-                        raise error
+                bell = self._bell()
+                poller, by_fd = self._poll_set(taken, bell)
+                self._read(poller.poll(0), poller, by_fd, taken, bell)
         finally:
             for conn in taken:
                 conn.give_back()
+
+    def _take(self) -> list[Any]:
+        """Lead this runtime's inbound connections whose reader is idle: those taken ([]
+        when there are none, or more than ``MAX_LED``)."""
+        conns = list(self._rt.leadable.values())
+        if not conns or len(conns) > MAX_LED:
+            return []
+        return [conn for conn in conns if conn.lead()]
+
+    def _read(
+        self,
+        events: list[tuple[int, int]],
+        poller: Any,
+        by_fd: dict[int, Any],
+        taken: list[Any],
+        bell: Bell,
+    ) -> None:
+        """Read what ``poll`` found on the led connections; a connection whose frame this
+        thread declines is handed back to the loop and dropped from ``taken``."""
+        for fd, _ in events:
+            if fd == bell.fd:
+                bell.drain()
+                continue
+            conn = by_fd.get(fd)
+            if conn is not None and not conn.read_led():  # handed back to the loop
+                self._unpoll(poller, by_fd, fd)
+                taken.remove(conn)
+            error = getattr(deferred, "error", None)
+            if error is not None:  # raised handling a frame it took (see _inbound)
+                deferred.error = None
+                raise error
 
     def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
         """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
@@ -239,11 +259,7 @@ class Leader:
         read here. False when no connection could be led (nothing was waited for)."""
         if not self._may_lead():
             return False
-        conns = list(self._rt.leadable.values())
-        if not conns or len(conns) > MAX_LED:
-            self.declined += 1
-            return False
-        taken = [conn for conn in conns if conn.lead()]
+        taken = self._take()
         if not taken:
             self.declined += 1
             return False
@@ -297,18 +313,7 @@ class Leader:
                         events = poller.poll(ms)
                 else:
                     events = poller.poll(ms)
-                for fd, _ in events:
-                    if fd == bell.fd:
-                        bell.drain()
-                        continue
-                    conn = by_fd.get(fd)
-                    if conn is not None and not conn.read_led():  # handed back to the loop
-                        self._unpoll(poller, by_fd, fd)
-                        taken.remove(conn)
-                    error = getattr(deferred, "error", None)
-                    if error is not None:  # raised handling a frame it took (see _inbound)
-                        deferred.error = None
-                        raise error
+                self._read(events, poller, by_fd, taken, bell)
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
                     rest(None if deadline is None else deadline - time.monotonic())

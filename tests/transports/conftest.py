@@ -1,4 +1,5 @@
-"""TLS material for the ``nng+tls+tcp`` tests.
+"""Fixtures of the transport tests: a private socket directory, and TLS material for the
+``nng+tls+tcp`` tests.
 
 The nng backend reads its certificates from ``REGENCY_TLS_CERT``, ``REGENCY_TLS_KEY`` and
 ``REGENCY_TLS_CA`` when ``open_transport`` gets no ``tls=``; this publishes a throwaway CA and a
@@ -16,6 +17,14 @@ import trustme
 
 from regency.testing import nng_tls_unavailable
 from regency.transports._nng import ENV_CA, ENV_CERT, ENV_KEY
+
+
+@pytest.fixture
+def sockdir() -> Iterator[str]:
+    """A private (0700) directory for unix-socket and ipc addresses, as a job's is."""
+    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
+        os.chmod(d, 0o700)
+        yield d
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -6,7 +6,7 @@ import os
 import random
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,13 +28,6 @@ AUTHENTICATED = ["tcp", "unix", "nng+tcp", "nng+ipc", "nng+tls+tcp"]
 STREAM = ["tcp", "unix"]
 
 
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
-        os.chmod(d, 0o700)
-        yield d
-
-
 def address_for(kind: str, sockdir: str) -> str:
     return {
         "tcp": "tcp://127.0.0.1:0",
@@ -49,6 +42,9 @@ def address_for(kind: str, sockdir: str) -> str:
 
 class Recorder:
     """A sink that records frames and losses and can echo."""
+
+    #: Seconds :meth:`wait_for` waits.
+    timeout = 10.0
 
     def __init__(self, echo: bool = False, explode_on: bytes | None = None) -> None:
         self.frames: list[bytes] = []
@@ -75,7 +71,7 @@ class Recorder:
         self.changed = trio.Event()
 
     async def wait_for(self, pred: Any) -> None:
-        with trio.fail_after(10):
+        with trio.fail_after(self.timeout):
             while not pred():
                 await self.changed.wait()
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
-import tempfile
 import termios
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,13 +19,6 @@ from regency.transports import Connection, open_transport
 from .test_conformance import SECRET, address_for
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
-        os.chmod(d, 0o700)
-        yield d
 
 
 def _rss() -> int:

@@ -10,7 +10,6 @@ import socket
 import struct
 import tempfile
 import threading
-from collections.abc import Iterator
 
 import pynng
 import pytest
@@ -29,13 +28,6 @@ from regency.transports._nng import TlsSettings
 from .test_conformance import SECRET, Recorder, Server
 
 NNG = ["nng+tcp", "nng+ipc", "nng+tls+tcp"]
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
-        os.chmod(d, 0o700)
-        yield d
 
 
 def address_for(kind: str, sockdir: str) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,6 +24,8 @@ from regency.transports import (
 )
 from regency.transports._sockets import LANE_MIN, SocketConnection, SocketTransport
 
+from .test_conformance import Recorder
+
 SECRET = b"l" * 32
 RING = 256 * 1024
 SMALL = 4 * 1024  # lane_min of the small-ring transports below
@@ -32,45 +33,20 @@ SMALL = 4 * 1024  # lane_min of the small-ring transports below
 pytestmark = pytest.mark.skipif(not _shm.available(), reason="no memfd seals on this platform")
 
 
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
-        os.chmod(d, 0o700)
-        yield d
+class Sink(Recorder):
+    """The conformance suite's recorder, also a sink factory that keeps the connections it
+    was made for (a listener's side of each)."""
 
+    timeout = 20.0
 
-class Sink:
     def __init__(self, echo: bool = False) -> None:
-        self.frames: list[bytes] = []
-        self.lost: list[BaseException | None] = []
+        super().__init__(echo=echo)
         self.conns: list[SocketConnection] = []
-        self.echo = echo
-        self.changed = trio.Event()
 
     def __call__(self, conn: Connection) -> Sink:
         assert isinstance(conn, SocketConnection)
         self.conns.append(conn)
         return self
-
-    def frame_received(self, conn: Connection, frame: memoryview) -> None:
-        data = bytes(frame)
-        self.frames.append(data)
-        if self.echo:
-            conn.send_nowait(data)
-        self._poke()
-
-    def connection_lost(self, conn: Connection, exc: BaseException | None) -> None:
-        self.lost.append(exc)
-        self._poke()
-
-    def _poke(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, pred: Any) -> None:
-        with trio.fail_after(20):
-            while not pred():
-                await self.changed.wait()
 
 
 @asynccontextmanager

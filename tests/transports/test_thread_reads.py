@@ -3,14 +3,10 @@
 
 from __future__ import annotations
 
-import os
 import select
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 
@@ -18,13 +14,6 @@ from regency.transports import Connection, open_transport
 from regency.transports._sockets import SocketConnection, _loop_epoll
 
 SECRET = b"t" * 32
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="regency-test-") as d:
-        os.chmod(d, 0o700)
-        yield d
 
 
 class Sink:
