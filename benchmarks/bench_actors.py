@@ -39,8 +39,8 @@ class Echo(Actor):
         return len(data)
 
     @endpoint
-    def thread_reads(self, on: bool, switch: str = "thread_reads") -> None:
-        _set_thread_reads(on, switch)
+    def switch(self, on: bool, switch: str = "thread_reads") -> None:
+        _switch(on, switch)
 
 
 class AsyncEcho(Actor):
@@ -115,9 +115,12 @@ def run() -> list[tuple[str, str, float, str]]:
     return rows
 
 
-def _set_thread_reads(on: bool, switch: str = "thread_reads") -> None:
-    """In this process's runtime (a proc's, through :meth:`Echo.thread_reads`); with
-    ``switch="spin"`` (``--compare-spin``), the waiting threads' spin (``spin_us``)."""
+def _switch(on: bool, switch: str = "thread_reads") -> None:
+    """Turn ``switch`` on or off in this process's runtime (a proc's, through
+    :meth:`Echo.switch`): ``"thread_reads"`` (``--compare``), threads reading their own
+    messages; ``"spin"`` (``--compare-spin``), their spinning before they sleep, at the
+    default ``spin_us``."""
+    from regency.core._config import Config
     from regency.core._controller import current_runtime
     from regency.core._spin import spin_limit
 
@@ -125,7 +128,7 @@ def _set_thread_reads(on: bool, switch: str = "thread_reads") -> None:
     if leader is None:
         raise RuntimeError("this runtime has no leader: thread_reads was off at its start")
     if switch == "spin":
-        leader.spin = spin_limit(200.0) if on else 0.0
+        leader.spin = spin_limit(Config().spin_us) if on else 0.0
     else:
         leader.enabled = on
 
@@ -168,13 +171,13 @@ def compare(blocks: int, switch: str = "thread_reads") -> None:
     seen: dict[tuple[str, bool], list[float]] = {}
     for b in range(blocks + 1):
         for on in (False, True) if b % 2 else (True, False):
-            _set_thread_reads(on, switch)
-            echo.thread_reads.call(on, switch).get(30)
+            _switch(on, switch)
+            echo.switch.call(on, switch).get(30)
             for name, _unit, block in figures:
                 value = block()
                 if b:  # the first round warms up
                     seen.setdefault((name, on), []).append(value)
-    _set_thread_reads(True, switch)
+    _switch(True, switch)
     procs.stop().get(30)
     print(f"{'figure (median, quartiles of ' + str(blocks) + ' blocks)':58s} {switch + ' off':>24s} {switch + ' on':>24s}")
     for name, unit, _ in figures:
