@@ -34,7 +34,7 @@ import trio
 
 from . import _cuda
 from ._backend import Backend, BufferRef, FallBack, Transfer, call_manager
-from ._errors import RDMAError, RDMAOwnerLostError, owner_lost
+from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
 from ._host import host_identity, same_host_supported
 from ._link import link_to
 from ._memory import Region
@@ -122,7 +122,16 @@ class SameHostBackend(Backend):
         pidfd = self._pidfd(transfer, key)
         self._check_alive(transfer, key, pidfd)
         link = await link_to(ref)
-        lease_id = await link.lease(ref, nbytes, transfer.write, transfer.ttl)
+        try:
+            lease_id = await link.lease(ref, nbytes, transfer.write, transfer.ttl)
+        except RDMABufferDroppedError:
+            # A GPU buffer mapped here must not stay mapped: the mapping keeps the owner's
+            # allocation from being freed (torch's IPC reference count).
+            self.forget_mapping(ref)
+            raise
+        except RDMAOwnerLostError:
+            self.forget_owner(ref)
+            raise
         try:
             self._check_alive(transfer, key, pidfd)
             if ref.device != "cpu":
@@ -172,7 +181,17 @@ class SameHostBackend(Backend):
             await trio.to_thread.run_sync(_cuda.put, transfer.local, 0, staging)
 
     def forget_mapping(self, ref: BufferRef) -> None:
+        """Unmap ``ref``'s GPU memory if this process mapped it (the buffer was dropped)."""
         self._mapped.pop((ref.pid, ref.proc_id, ref.buf_id), None)
+
+    def forget_owner(self, ref: BufferRef) -> None:
+        """Unmap every GPU buffer of ``ref``'s owner (it is gone)."""
+        for key in [k for k in self._mapped if k[:2] == (ref.pid, ref.proc_id)]:
+            del self._mapped[key]
+
+    def mapped(self) -> int:
+        """How many GPU buffers of other processes this process maps (for tests)."""
+        return len(self._mapped)
 
     def _pidfd(self, transfer: Transfer, key: tuple[int, str]) -> int | None:
         fd = self._pidfds.get(key)
@@ -194,6 +213,7 @@ class SameHostBackend(Backend):
         if readable:  # the owner exited
             del self._pidfds[key]
             os.close(pidfd)
+            self.forget_owner(transfer.ref)
             raise self._gone(transfer)
 
     @staticmethod

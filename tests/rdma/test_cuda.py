@@ -85,3 +85,139 @@ def test_cpu_buffer_into_gpu_memory(
     assert bytes(dst.cpu().tolist()) == pattern(n)
     buf.write_from(torch.flip(dst, (0,))).get(T)
     assert peers.slice(procs=1).contents.call_one("host").get(T) == pattern(n)[::-1]
+
+
+# -- sizes, offsets, several readers, drops, ordering (session 6: these ran on an H100) ------
+
+GiB = 1 << 30
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [1, 4097, (5 << 20) + 3])
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+def test_gpu_buffer_sizes_and_offsets(
+    peers: ActorMesh[Peer], backend: str, where: str, n: int
+) -> None:  # pragma: no cover - needs a GPU
+    """An owner's buffer that starts 3 bytes into a CUDA tensor, read into and written from
+    local memory that starts 5 bytes into a tensor: every byte lands, none around it moves."""
+    from .actors import gpu_pattern
+
+    owner = peers.slice(procs=0)
+    buf = owner.make_gpu.call_one("sized", n, 7, 3).get(T)
+    assert buf.size() == n
+    local = torch.full((n + 11,), 0xAB, dtype=torch.uint8, device=where)
+    buf.read_into(local[5 : 5 + n]).get(T)
+    assert torch.equal(local[5 : 5 + n].cuda(), gpu_pattern(n, 7))
+    assert bool((local[:5] == 0xAB).all()) and bool((local[5 + n :] == 0xAB).all())
+    local[5 : 5 + n] = torch.flip(local[5 : 5 + n], (0,))
+    buf.write_from(local[5 : 5 + n]).get(T)
+    assert owner.gpu_matches.call_one("sized", n, 7, 3, True).get(T)
+    owner.drop.call_one("sized").get(T)
+
+
+@needs_gpu
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+def test_one_gib_each_way(
+    peers: ActorMesh[Peer], backend: str, where: str
+) -> None:  # pragma: no cover - needs a GPU
+    from .actors import gpu_pattern
+
+    owner = peers.slice(procs=0)
+    buf = owner.make_gpu.call_one("gib", GiB, 11).get(60)
+    local = torch.empty(GiB, dtype=torch.uint8, device=where)
+    buf.read_into(local).get(120)
+    assert torch.equal(local.cuda(), gpu_pattern(GiB, 11))
+    local.copy_(torch.flip(local, (0,)))
+    buf.write_from(local).get(120)
+    assert owner.gpu_matches.call_one("gib", GiB, 11, 0, True).get(60)
+    buf.drop().get(T)  # from the reader: it unmaps the buffer too
+    assert owner.forget.call_one("gib").get(60) < GiB  # so the gigabyte was freed
+    del local
+    torch.cuda.empty_cache()
+
+
+@needs_gpu
+def test_several_readers_map_one_gpu_buffer(
+    peers: ActorMesh[Peer], backend: str
+) -> None:  # pragma: no cover - needs a GPU
+    """Two procs and the controller read one GPU buffer at once, each into its own memory."""
+    n = (3 << 20) + 5
+    buf = peers.slice(procs=0).make_gpu.call_one("shared", n, 3).get(T)
+    readers = peers.slice(procs=slice(1, 3))
+    futures = [readers.read_gpu.call(buf, 3, where) for where in ("cuda", "cpu")]
+    from .actors import gpu_pattern
+
+    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    buf.read_into(dst).get(T)
+    assert torch.equal(dst, gpu_pattern(n, 3))
+    for fut in futures:
+        assert all(v for _, v in fut.get(T).items())
+    peers.slice(procs=0).drop.call_one("shared").get(T)
+
+
+@needs_gpu
+def test_dropped_while_mapped_fails_and_frees(
+    peers: ActorMesh[Peer],
+) -> None:  # pragma: no cover - needs a GPU
+    """A reader maps a GPU buffer through CUDA IPC; the owner drops it and lets its memory
+    go. The reader's next read fails with RDMABufferDroppedError, its mapping is closed, and
+    the owner's allocator gets the memory back (torch keeps an IPC-shared block until every
+    mapping of it is closed)."""
+    from regency.actor import ActorError
+
+    owner, reader = peers.slice(procs=0), peers.slice(procs=1)
+    reader.use_backend.call_one("same_host").get(T)
+    try:
+        before = owner.gpu_allocated.call_one().get(T)
+        n = 64 << 20
+        buf = owner.make_gpu.call_one("mapped", n, 5).get(T)
+        assert reader.read_gpu.call_one(buf, 5).get(T)
+        assert reader.mapped.call_one().get(T) >= 1
+        mapped = reader.mapped.call_one().get(T)
+        owner.forget.call_one("mapped").get(T)
+        with pytest.raises(ActorError, match=r"RDMABufferDroppedError: RDMABuffer #\d+ .* was dropped"):
+            reader.read_gpu.call_one(buf, 5).get(T)
+        assert reader.mapped.call_one().get(T) == mapped - 1
+        assert owner.gpu_allocated.call_one().get(T) <= before
+    finally:
+        reader.use_backend.call_one(None).get(T)
+
+
+@needs_gpu
+def test_a_process_that_never_used_cuda_maps_gpu_memory(
+    peers: ActorMesh[Peer],
+) -> None:  # pragma: no cover - needs a GPU
+    """A fresh proc whose first CUDA call is the mapping (it reads into CPU memory)."""
+    from regency.actor import this_host
+
+    n = 1 << 20
+    buf = peers.slice(procs=0).make_gpu.call_one("fresh", n, 9).get(T)
+    pm = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        fresh = pm.spawn("fresh", Peer)
+        assert not fresh.cuda_used.call_one().get(T)
+        got = fresh.read.call_one(buf, n).get(T)
+        from .actors import gpu_pattern
+
+        assert got == bytes(gpu_pattern(n, 9).cpu().tolist())
+        assert fresh.mapped.call_one().get(T) == 1  # it went through CUDA IPC
+    finally:
+        pm.stop().get(T)
+    peers.slice(procs=0).drop.call_one("fresh").get(T)
+
+
+@needs_gpu
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+def test_work_queued_on_another_stream_comes_first(
+    peers: ActorMesh[Peer], backend: str, where: str
+) -> None:  # pragma: no cover - needs a GPU
+    """The owner queues, on a side stream, work that ends by writing the buffer, and
+    returns at once; a read asked for after that sees the written bytes."""
+    owner = peers.slice(procs=0)
+    n = 1 << 20
+    buf = owner.make_gpu.call_one("late", n, 1).get(T)
+    owner.fill_late.call_one("late", 42).get(T)
+    dst = torch.zeros(n, dtype=torch.uint8, device=where)
+    buf.read_into(dst).get(T)
+    assert bool((dst == 42).all())
+    owner.drop.call_one("late").get(T)

@@ -1,0 +1,51 @@
+"""Functions and actors the GPU tests run in procs (importable there by path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regency.actor import Actor, endpoint
+
+
+def device_of(t: Any) -> str:
+    """Where a worker holds ``t`` (a remote function: returns a plain string)."""
+    return str(t.device)
+
+
+def as_cuda(t: Any) -> Any:
+    """A remote function returning a CUDA tensor (fetched, it arrives on the CPU)."""
+    return t.cuda() * 2
+
+
+def nccl_allreduce(t: Any, port: int) -> Any:
+    """NCCL in a worker, world size 1 (NCCL refuses two ranks on one GPU): all-reduce ``t``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True,
+                          timeout=datetime.timedelta(seconds=30))
+    pg = dist.ProcessGroupNCCL(store, 0, 1)
+    out = t.clone()
+    pg.allreduce([out]).wait()
+    pg.shutdown()
+    return out
+
+
+class Echo(Actor):
+    """Takes and returns values as endpoint arguments and replies."""
+
+    @endpoint
+    def describe(self, value: Any) -> tuple[str, float, bool]:
+        """The device, sum and requires_grad of a tensor argument."""
+        return str(value.device), float(value.double().sum()), bool(value.requires_grad)
+
+    @endpoint
+    def twice(self, value: Any) -> Any:
+        return value * 2
+
+    @endpoint
+    def make(self, n: int, device: str) -> Any:
+        import torch
+
+        return torch.arange(n, dtype=torch.float32, device=device)

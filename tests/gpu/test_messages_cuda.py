@@ -1,0 +1,51 @@
+"""CUDA tensors as plain endpoint arguments and replies (pickled as torch pickles them: they
+arrive on the same CUDA device, which the receiving proc must see). Skips without a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from regency.actor import this_host  # noqa: E402
+
+from .helpers import Echo  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (this machine has none; torch.cuda.is_available() is False)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def echo() -> Any:
+    procs = this_host().spawn_procs({"procs": 1})
+    mesh = procs.spawn("echo", Echo)
+    yield mesh
+    procs.stop().get(30)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 16 << 20])
+def test_cuda_tensors_as_arguments_and_replies(echo: Any, n: int) -> None:  # pragma: no cover
+    t = torch.arange(n, dtype=torch.float32, device="cuda")
+    device, total, grad = echo.describe.call_one(t).get(60)
+    assert (device, grad) == ("cuda:0", False)
+    assert total == float(t.double().sum())
+    back = echo.twice.call_one(t).get(60)
+    assert back.device.type == "cuda" and torch.equal(back, t * 2)
+    made = echo.make.call_one(n, "cuda").get(60)
+    assert made.device.type == "cuda" and torch.equal(made, t)
+
+
+def test_cuda_views_and_grad(echo: Any) -> None:  # pragma: no cover - needs a GPU
+    base = torch.arange(12.0, device="cuda").reshape(3, 4)
+    view = base.t()[1]  # non-contiguous view into a larger storage
+    device, total, _ = echo.describe.call_one(view).get(60)
+    assert device == "cuda:0" and total == float(view.sum())
+    leaf = torch.ones(3, device="cuda", requires_grad=True)
+    assert echo.describe.call_one(leaf).get(60) == ("cuda:0", 3.0, True)
