@@ -17,9 +17,10 @@ FIFO; a worker runs them one after another. Op kinds (plain tuples):
     ``from`` and defines ``out`` where it is ``to``.
 ``("alias", new, old)``, ``("del", refs)``, ``("peers", ports)`` (simulator).
 
-GPU tensors: ops, factories and remote functions run wherever their tensors are; collectives
-and moves stage CUDA tensors through host memory (gloo on CPU tensors; see
-docs/porting.md), and values fetched to the controller are CPU tensors, as in Monarch.
+GPU tensors: ops, factories and remote functions run wherever their tensors are; reductions
+of CUDA tensors use NCCL where every member of the group has a GPU of its own, otherwise
+collectives and moves stage them through host memory (gloo; see :mod:`._comm` and
+docs/porting.md); values fetched to the controller are CPU tensors, as in Monarch.
 
 A failed op stores a :class:`Failure` under each of its outputs; any op that reads a failure
 stores that same failure under its own outputs (dependents fail too), and nothing else stops.
@@ -340,12 +341,14 @@ class TensorWorker(Actor):
                 if isinstance(value, Failure)
                 else Failure(seq, self.rank, "LookupError", f"tensor ref {src} is not here", "")
             )
-            value = torch.zeros(meta[0], dtype=meta[1])  # take part so the others go on
+            # Take part (on the same device as the others) so that they go on.
+            value = torch.zeros(meta[0], dtype=meta[1], device=_device_of(meta))
         n = len(group)
-        # GPU tensors go through host memory (the collectives run on CPU tensors).
-        device, on_gpu = value.device, value.device.type != "cpu"
+        # GPU tensors: NCCL where each member has a GPU of its own, else through host memory.
+        device = value.device
+        staged = device.type != "cpu" and not self.comm.on_device(value, group, reduction, scatter)
         original = value
-        if on_gpu:
+        if staged:
             value = value.cpu()
         try:
             if reduction == "stack":
@@ -365,7 +368,7 @@ class TensorWorker(Actor):
                 work = value if inplace and not scatter else value.clone()
                 self.comm.allreduce(work, group, reduction, seq)
                 result = work.chunk(n)[group.index(self.rank)].clone() if scatter else work
-            if on_gpu:
+            if staged:
                 result = result.to(device)
             if inplace and result is not original:
                 original.copy_(result.reshape(original.shape))

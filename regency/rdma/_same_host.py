@@ -156,7 +156,13 @@ class SameHostBackend(Backend):
         key = (ref.pid, ref.proc_id, ref.buf_id)
         remote = self._mapped.get(key)
         if remote is None:
-            handle = await call_manager(ref, "cuda_export", ref.buf_id, ref.size, False)
+            owner = (ref.pid, ref.proc_id)
+            mine = tuple(k[2] for k in list(self._mapped) if k[:2] == owner)
+            handle, gone = await call_manager(
+                ref, "cuda_export", ref.buf_id, ref.size, False, mine
+            )
+            for buf_id in gone:  # dropped since we mapped them: let the owner free them
+                self._mapped.pop((*owner, buf_id), None)
             remote = _cuda.open_export(handle, ref.size)
             self._mapped[key] = remote
         local = _cuda.as_tensor(transfer.local, nbytes)

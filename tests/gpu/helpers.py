@@ -49,3 +49,13 @@ class Echo(Actor):
         import torch
 
         return torch.arange(n, dtype=torch.float32, device=device)
+
+
+def comm_paths(t: Any) -> dict[str, str]:
+    """For each group this worker reduced CUDA tensors over: "nccl" or "gloo" (staged)."""
+    from regency._tensor_engine import _worker
+
+    worker = _worker._running
+    assert worker is not None
+    nccl = getattr(worker.comm, "nccl", {})
+    return {".".join(map(str, g)): "gloo" if pg is None else "nccl" for g, pg in nccl.items()}

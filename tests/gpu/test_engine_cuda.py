@@ -74,6 +74,11 @@ def test_gloo_collectives_of_cuda_tensors(mesh: Any) -> None:  # pragma: no cove
     assert at(scattered, gpus=1).tolist() == (rows[0] + rows[1])[2:].tolist()
     assert at(alltoall, gpus=0).tolist() == [0.0, 1.0, 10.0, 11.0]
     assert at(inplace, gpus=0).tolist() == rows[1].tolist()
+    paths = regency.remote("tests.gpu.helpers.comm_paths", propagate="inspect")
+    with mesh.activate():
+        used = paths.call(x).get(60)
+    # Two procs on one GPU: NCCL would refuse them, so the reductions went through gloo.
+    assert list(used.values()) == [{"0.1": "gloo"}] * 2
 
 
 def test_to_mesh_keeps_cuda_tensors_on_the_gpu(mesh: Any) -> None:  # pragma: no cover
@@ -87,6 +92,32 @@ def test_to_mesh_keeps_cuda_tensors_on_the_gpu(mesh: Any) -> None:  # pragma: no
         where = device_of.call(doubled).get(60)
     assert list(where.values()) == ["cuda:0"]
     assert regency.inspect(doubled).tolist() == [[14.0] * 3] * 2
+
+
+def test_reductions_on_a_gpu_of_its_own_use_nccl() -> None:  # pragma: no cover - needs a GPU
+    """A group whose members each have a GPU of their own reduces on the GPU with NCCL, as
+    Monarch does; with one GPU here that is a one-proc mesh (world size 1)."""
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    procs = this_host().spawn_procs({"gpus": 1})
+    try:
+        paths = regency.remote("tests.gpu.helpers.comm_paths", propagate="inspect")
+        with procs.activate():
+            x = torch.arange(6.0, device="cuda")
+            total = x.reduce("gpus", "sum")
+            mean = x.reduce("gpus", "avg")
+            stacked = x.reduce("gpus", "stack")
+            bits = torch.arange(4, device="cuda").reduce("gpus", "bxor")  # gloo: NCCL has none
+            x.reduce_("gpus", "max")
+            used = paths.call(x).get(60)
+        assert list(used.values()) == [{"0": "nccl"}]
+        assert regency.inspect(total).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert regency.inspect(mean).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert regency.inspect(stacked).tolist() == [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
+        assert regency.inspect(bits).tolist() == [0, 1, 2, 3]
+        assert regency.inspect(x).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    finally:
+        procs.stop().get(30)
 
 
 def test_nccl_in_a_worker_with_world_size_one() -> None:  # pragma: no cover - needs a GPU

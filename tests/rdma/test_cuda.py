@@ -221,3 +221,31 @@ def test_work_queued_on_another_stream_comes_first(
     buf.read_into(dst).get(T)
     assert bool((dst == 42).all())
     owner.drop.call_one("late").get(T)
+
+
+@needs_gpu
+def test_mapping_a_new_buffer_unmaps_dropped_ones(
+    peers: ActorMesh[Peer],
+) -> None:  # pragma: no cover - needs a GPU
+    """A parameter server that registers a fresh GPU buffer each step and drops the last:
+    a reader that maps the new one closes its mappings of the dropped ones, so the owner's
+    memory does not grow with the steps."""
+    owner, reader = peers.slice(procs=0), peers.slice(procs=2)
+    reader.use_backend.call_one("same_host").get(T)
+    try:
+        n = 32 << 20
+        before = owner.gpu_allocated.call_one().get(T)
+        first = 0
+        for step in range(4):
+            buf = owner.make_gpu.call_one(f"step{step}", n, step).get(T)
+            if step:
+                owner.forget.call_one(f"step{step - 1}").get(T)  # still mapped by the reader
+            assert reader.read_gpu.call_one(buf, step).get(T)
+            mapped = reader.mapped.call_one().get(T)
+            first = first or mapped
+            assert mapped == first  # the dropped one was unmapped as the new one was mapped
+        # One live buffer (and the dropped one of the last step, if torch still holds it).
+        assert owner.gpu_allocated.call_one().get(T) <= before + 2 * (n + 4096)
+        owner.forget.call_one("step3").get(T)
+    finally:
+        reader.use_backend.call_one(None).get(T)
