@@ -326,9 +326,12 @@ def _rebuild_cuda_storage(buffer: Any, index: int) -> Any:
         )
     with _disable_current_modes():
         # One host-to-device copy straight out of the transport's buffer (synchronous, so
-        # the buffer may be reused afterwards).
-        host = torch.frombuffer(buffer, dtype=torch.uint8)
-        return host.to(f"cuda:{index}").untyped_storage()
+        # the buffer may be reused afterwards); a read-only buffer is copied first (torch
+        # wraps only writable memory without a warning).
+        if memoryview(buffer).readonly:
+            host = torch.UntypedStorage.from_buffer(buffer, byte_order="native", dtype=torch.uint8)
+            return host.cuda(index)
+        return torch.frombuffer(buffer, dtype=torch.uint8).to(f"cuda:{index}").untyped_storage()
 
 
 def _reduce_tensor(tensor: Any) -> Any:
