@@ -69,6 +69,10 @@ class Holder(Actor):
         return self.buffers[(nbytes, device)]
 
     @endpoint
+    def ping(self) -> None:
+        """Nothing: an actor round trip, the reference for a transfer's fixed cost."""
+
+    @endpoint
     def release(self, nbytes: int, device: str) -> None:
         import torch
 
@@ -186,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     holder = procs.spawn("holder", Holder)
     try:
+        ping = _median_s(lambda: holder.ping.call_one().get(60), 200, 20)
+        cpu_small = holder.register.call_one(4 * KiB, "cpu").get(60)
+        sink = torch.empty(4 * KiB, dtype=torch.uint8)
+        small = _median_s(lambda: cpu_small.read_into(sink).get(60), 200, 20)
+        holder.release.call_one(4 * KiB, "cpu").get(60)
+        print(f"reference: actor call_one round trip {ping * 1e6:.0f} us; read_into of a 4 KiB "
+              f"CPU buffer (data connection) {small * 1e6:.0f} us")
         rows = measure(holder, sizes, args.runs)
     finally:
         holder.stop().get(60)
