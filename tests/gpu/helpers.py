@@ -59,3 +59,12 @@ def comm_paths(t: Any) -> dict[str, str]:
     assert worker is not None
     nccl = getattr(worker.comm, "nccl", {})
     return {".".join(map(str, g)): "gloo" if pg is None else "nccl" for g, pg in nccl.items()}
+
+
+def fail_on_rank_one(t: Any) -> Any:
+    """A CUDA tensor on every rank but 1, where it raises."""
+    from regency._tensor_engine import current_worker_rank
+
+    if current_worker_rank() == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return t.cuda() + 1

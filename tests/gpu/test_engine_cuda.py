@@ -81,6 +81,22 @@ def test_gloo_collectives_of_cuda_tensors(mesh: Any) -> None:  # pragma: no cove
     assert list(used.values()) == [{"0.1": "gloo"}] * 2
 
 
+def test_a_failed_member_of_a_cuda_reduction_does_not_hang_the_others(
+    mesh: Any,
+) -> None:  # pragma: no cover - needs a GPU
+    from regency.mesh_controller import RemoteException
+
+    fail = regency.remote("tests.gpu.helpers.fail_on_rank_one", propagate=lambda t: t.cuda())
+    with mesh.activate():
+        x = fail(torch.zeros(4))
+        total = x.reduce("gpus", "sum")
+        after = torch.ones(2, device="cuda") * 3  # the workers go on
+    with pytest.raises(RemoteException, match="rank 1 fails on purpose"):
+        regency.inspect(total, gpus=1)
+    assert regency.inspect(after, gpus=1).tolist() == [3.0, 3.0]
+    assert regency.inspect(after, gpus=0).tolist() == [3.0, 3.0]
+
+
 def test_to_mesh_keeps_cuda_tensors_on_the_gpu(mesh: Any) -> None:  # pragma: no cover
     device_of = regency.remote("tests.gpu.helpers.device_of", propagate="inspect")
     first, second = mesh.slice(gpus=0), mesh.slice(gpus=1)

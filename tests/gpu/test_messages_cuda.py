@@ -51,7 +51,7 @@ def test_cuda_views_and_grad(echo: Any) -> None:  # pragma: no cover - needs a G
     assert echo.describe.call_one(leaf).get(60) == ("cuda:0", 3.0, True)
 
 
-@pytest.mark.filterwarnings("error")  # torch warns on wrapping read-only memory
+@pytest.mark.filterwarnings("error::UserWarning")  # torch warns on wrapping read-only memory
 @pytest.mark.parametrize("received", [bytes, bytearray])  # read-only or writable buffers
 def test_cuda_storage_travels_out_of_band_once(received: type) -> None:  # pragma: no cover
     """A CUDA tensor's bytes go after the pickle (one host copy), once per storage however

@@ -249,3 +249,43 @@ def test_mapping_a_new_buffer_unmaps_dropped_ones(
         owner.forget.call_one("step3").get(T)
     finally:
         reader.use_backend.call_one(None).get(T)
+
+
+@needs_gpu
+@pytest.mark.parametrize("where", ["cuda", "cpu"])
+def test_gpu_buffer_of_this_process(where: str) -> None:  # pragma: no cover - needs a GPU
+    """A buffer registered in the process that reads it: one device copy, no IPC."""
+    from regency.rdma import RDMABuffer
+
+    src = torch.arange(1000, dtype=torch.int32, device="cuda")
+    buf = RDMABuffer(src)
+    dst = torch.zeros(1000, dtype=torch.int32, device=where)
+    buf.read_into(dst).get(T)
+    assert dst.tolist() == list(range(1000))
+    buf.write_from(dst * 2).get(T)
+    assert src.tolist() == [2 * i for i in range(1000)]
+    buf.drop().get(T)
+
+
+@needs_gpu
+def test_dmabuf_export_of_gpu_memory() -> None:  # pragma: no cover - needs a GPU
+    """The verbs backend's GPU registration starts from a dma-buf of the allocation; the
+    driver call and its ctypes signature, without a NIC."""
+    import os
+
+    from regency.rdma import _cuda
+
+    t = torch.zeros(3 << 20, dtype=torch.uint8, device="cuda")
+    region = region_of(t[12345:], "gpu", writable=True)
+    try:
+        fd, offset = _cuda.dmabuf(region)
+    except RDMAError as exc:
+        if "NOT_SUPPORTED" in str(exc) or "no dma-buf export" in str(exc):
+            pytest.skip(f"this driver exports no dma-buf: {exc}")
+        raise
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        assert 0 <= offset < page and (region.addr - offset) % page == 0
+        assert os.fstat(fd).st_size >= region.nbytes + offset or os.fstat(fd).st_size == 0
+    finally:
+        os.close(fd)
