@@ -173,7 +173,7 @@ class SameHostBackend(Backend):
         """CPU buffer, local GPU memory: through a pinned host buffer."""
         ref = transfer.ref
         if transfer.write:
-            staging = _cuda.host_copy(transfer.local, 0, nbytes)
+            staging = await trio.to_thread.run_sync(_cuda.host_copy, transfer.local, 0, nbytes)
         else:
             staging = _cuda.host_staging(nbytes, pinned=True)[0]
         move = functools.partial(

@@ -150,6 +150,19 @@ class Peer(Actor):
             t.add_((m.sum() * 0).to(torch.uint8))  # depends on the computation
 
     @endpoint
+    def busy_then_fill(self, name: str, value: int, cycles: int) -> None:
+        """Queue, on a side stream, ``cycles`` GPU clock cycles of spinning and then a fill
+        of GPU buffer ``name`` with ``value``; return without waiting."""
+        import torch
+
+        t = self.memory[name]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            t.fill_(value)
+
+    @endpoint
     def contents(self, name: str) -> bytes:
         mem = self.memory[name]
         return bytes(mem.tolist()) if hasattr(mem, "tolist") else bytes(mem)

@@ -289,3 +289,23 @@ def test_dmabuf_export_of_gpu_memory() -> None:  # pragma: no cover - needs a GP
         assert os.fstat(fd).st_size >= region.nbytes + offset or os.fstat(fd).st_size == 0
     finally:
         os.close(fd)
+
+
+@needs_gpu
+def test_owner_answers_on_its_event_loop_while_its_gpu_is_busy(
+    peers: ActorMesh[Peer], backend: str
+) -> None:  # pragma: no cover - needs a GPU
+    """The owner synchronises its device before serving a transfer, off its event loop: while
+    a read waits for seconds of queued GPU work, the proc's event loop (its heartbeats, its RDMA
+    manager) keeps answering; the read then sees what that work wrote."""
+    owner = peers.slice(procs=0)
+    n = 1 << 20
+    buf = owner.make_gpu.call_one("busy", n, 1).get(T)
+    owner.busy_then_fill.call_one("busy", 42, 6_000_000_000).get(T)  # seconds of spinning
+    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    reading = buf.read_into(dst, timeout=T)
+    buf._ref.manager.data_address.call_one().get(T)  # an async endpoint: the proc's loop
+    assert not reading.done()  # the loop answered while the read still waits for the GPU
+    reading.get(T)
+    assert bool((dst == 42).all())
+    owner.drop.call_one("busy").get(T)
