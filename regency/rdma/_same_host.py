@@ -15,7 +15,10 @@ copy.
 GPU memory on either side: a buffer in GPU memory is mapped once per reader process through
 CUDA IPC (:mod:`~regency.rdma._cuda`) and copied with one device copy, to or from local CPU
 or GPU memory; a CPU buffer read into (or written from) local GPU memory goes through a host
-staging buffer. Neither could be run where this was written (no GPU).
+staging buffer. A mapping is closed when the buffer turns out dropped or its owner gone, when
+this process drops the handle, or when it maps another buffer of the same owner and learns
+which of its mapped ones were dropped (torch frees an exported block only once every mapping
+of it is closed). ``tests/rdma/test_cuda.py`` runs all of it where a GPU is present.
 
 Bulk copies run on worker threads (ctypes releases the GIL), in 4 MiB pieces that up to one
 thread per core take in turn: one thread moves about 5-7 GB/s here, two about 9-12 GB/s.
