@@ -48,9 +48,9 @@ def sync(device: str) -> None:
 
 
 def _sync_all(*tensors: Any) -> None:
-    for t in tensors:
-        if t.device.type == "cuda":
-            sync(str(t.device))
+    """Synchronise each device that holds one of ``tensors``, once."""
+    for device in {str(t.device) for t in tensors if t.device.type == "cuda"}:
+        sync(device)
 
 
 def host_copy(region: Region, offset: int, length: int) -> memoryview:
