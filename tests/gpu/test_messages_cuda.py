@@ -67,3 +67,17 @@ def test_cuda_storage_travels_out_of_band_once(received: type) -> None:  # pragm
     assert torch.equal(whole, base) and torch.equal(a, base[:10]) and torch.equal(b, base[5:])
     whole[7] = -1.0  # the three arrived as views of one storage, as they were sent
     assert a[7].item() == -1.0 and b[2].item() == -1.0
+
+
+def test_a_cuda_tensor_sent_to_a_proc_without_cuda_says_why() -> None:  # pragma: no cover
+    """A proc that sees no CUDA device (``CUDA_VISIBLE_DEVICES=""``) cannot hold a CUDA
+    tensor: the call fails naming the device and the fix, and the proc goes on."""
+    procs = this_host().spawn_procs({"procs": 1}, env={"CUDA_VISIBLE_DEVICES": ""})
+    try:
+        blind = procs.spawn("blind", Echo)
+        with pytest.raises(Exception, match=r"a CUDA tensor \(of cuda:0\) arrived in a process "
+                           r"that sees no CUDA device; send t.cpu\(\) instead"):
+            blind.describe.call_one(torch.ones(4, device="cuda")).get(60)
+        assert blind.describe.call_one(torch.ones(4)).get(60) == ("cpu", 4.0, False)
+    finally:
+        procs.stop().get(30)
