@@ -309,3 +309,30 @@ def test_owner_answers_on_its_event_loop_while_its_gpu_is_busy(
     reading.get(T)
     assert bool((dst == 42).all())
     owner.drop.call_one("busy").get(T)
+
+
+@needs_gpu
+def test_a_batch_mixing_gpu_and_cpu_memory(
+    peers: ActorMesh[Peer], backend: str
+) -> None:  # pragma: no cover - needs a GPU
+    """One RDMAAction: a GPU buffer read into GPU memory, a CPU buffer read into GPU memory,
+    and GPU memory written into another proc's GPU buffer, concurrently."""
+    from regency.rdma import RDMAAction
+
+    from .actors import gpu_pattern
+
+    n = (2 << 20) + 9
+    gpu_buf = peers.slice(procs=0).make_gpu.call_one("batch_gpu", n, 21).get(T)
+    cpu_buf = peers.slice(procs=1).make.call_one("batch_cpu", pattern(n)).get(T)
+    target = peers.slice(procs=2).make_gpu.call_one("batch_target", n, 0).get(T)
+    a = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    b = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    src = torch.flip(gpu_pattern(n, 22), (0,))
+    RDMAAction().read_remote(a, gpu_buf).read_remote(b, cpu_buf).write_remote(
+        target, src
+    ).submit(timeout=T).get(T)
+    assert torch.equal(a, gpu_pattern(n, 21))
+    assert bytes(b.cpu().tolist()) == pattern(n)
+    assert peers.slice(procs=2).gpu_matches.call_one("batch_target", n, 22, 0, True).get(T)
+    for proc, name in ((0, "batch_gpu"), (1, "batch_cpu"), (2, "batch_target")):
+        peers.slice(procs=proc).drop.call_one(name).get(T)
