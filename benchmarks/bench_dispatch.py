@@ -33,7 +33,6 @@ from regency.actor import Actor, endpoint
 from regency.core import _codec
 from regency.core._config import Config
 from regency.core._delivery import CONNECTED
-from regency.core._future import Future
 from regency.core._inbound import InboundSink
 from regency.core._messages import Session
 from regency.core._outbox import Outbox
@@ -72,8 +71,7 @@ def run() -> list[tuple[str, str, float, str]]:
     call_view = memoryview(call if isinstance(call, bytes) else b"".join(call))
 
     def receive_reply() -> None:
-        fut: Future[Any] = Future()
-        rt.ports[5] = OneReply(fut, "Echo.ping", (0,), ("a",), frozenset(("a",)))
+        rt.ports[5] = OneReply("Echo.ping", (0,), ("a",), frozenset(("a",)))
         rt.on_frame(reply)
 
     rt.nursery = _Nursery()  # type: ignore[assignment]

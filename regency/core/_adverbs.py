@@ -179,22 +179,22 @@ class Endpoint(Generic[P, R]):
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         """``_issue`` to one rank, flattened (the pipelined and round-trip hot path): the
-        same port, liveness check and errors, and ``Casting.send_one`` for the send."""
-        fut: Future[R] = Future()
+        same port, liveness check and errors, and ``Casting.send_one`` for the send. The
+        future is its own reply handler (:class:`OneReply`)."""
         mesh = self._mesh
         route = mesh._route()
-        handler = OneReply(
-            fut, self.qualname, route.one_rank[local], route.one_address[local],
+        fut = OneReply(
+            self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
         )
-        port = rt.open_port(handler)
+        port = rt.open_port(fut)
         try:
             if rt.oversight.machine.failed(mesh._key, route.ranks[local]):
                 self._check_alive(rt, (local,))  # raises, saying why
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
         except SupervisionError as exc:
             rt.close_port(port[1])
-            handler.fail(exc)
+            fut.fail(exc)
         except ValueError:
             rt.close_port(port[1])
             raise
