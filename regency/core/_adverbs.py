@@ -83,6 +83,8 @@ class Endpoint(Generic[P, R]):
         #: ``mesh.endpoint``, as errors and reply handlers name it (built once: every call
         #: passes it on).
         self.qualname = f"{mesh._name}.{name}"
+        #: The mesh's rank count (a mesh's shape never changes: a slice is a new mesh).
+        self._ranks = len(mesh._shape)
 
     def _send(
         self,
@@ -182,7 +184,7 @@ class Endpoint(Generic[P, R]):
         same port, liveness check and errors, and ``Casting.send_one`` for the send. The
         future is its own reply handler (:class:`OneReply`)."""
         mesh = self._mesh
-        route = mesh._route()
+        route = mesh._cached_route or mesh._route()
         fut = OneReply(
             self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
@@ -202,14 +204,15 @@ class Endpoint(Generic[P, R]):
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only rank of a one-rank mesh."""
-        n = len(self._mesh._shape)
-        if n != 1:
+        if self._ranks != 1:
             raise ValueError(
-                f"call_one needs a mesh of exactly 1 rank (got {n} ranks: "
+                f"call_one needs a mesh of exactly 1 rank (got {self._ranks} ranks: "
                 f"{self._mesh._shape.dim_sizes()}); slice it first or use call()"
             )
-        rt = current_runtime()
-        return self._call_rank(rt, 0, _pickle_args(self.qualname, args, kwargs))
+        payload = (
+            _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
+        )
+        return self._call_rank(current_runtime(), 0, payload)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank chosen uniformly at random."""
