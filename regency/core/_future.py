@@ -72,7 +72,7 @@ class Future(Generic[R]):
 
     def _resolve(self, value: Any, exc: BaseException | None) -> None:
         with self._lock:
-            if self.done():
+            if self._value is not _PENDING or self._exception is not None:  # done()
                 return
             self._exception = exc
             self._value = value
