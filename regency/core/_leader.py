@@ -205,8 +205,8 @@ class Leader:
 
     def _may_lead(self) -> bool:
         """Whether this thread may read the runtime's sockets itself at all."""
-        if not self.enabled or _here.declined or self._rt.on_runtime_thread():
-            return False
+        if not self.enabled or _here.declined or threading.get_ident() == self._rt.thread_id:
+            return False  # (the last: the runtime's own thread, Runtime.on_runtime_thread)
         # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
         # that may unwind it anywhere, also while it hands sockets back to the loop: there
         # it waits on its lock and the loop reads, as with thread_reads=False.
@@ -331,7 +331,8 @@ class Leader:
         if not taken:
             self.declined += 1
             return False
-        bell = self._bell()
+        local = self._local
+        bell = local.bell or self._bell()
         mine = arm(bell)
         try:
             if not mine:
@@ -350,7 +351,7 @@ class Leader:
                 on_lead()
             notebook = _future.notebook
             ms: int | None = None
-            spinner = self._spinner()
+            spinner = local.spinner or self._spinner()
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin and not self._gauge.crowded():
