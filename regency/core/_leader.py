@@ -197,9 +197,14 @@ class Leader:
             by_fd[conn.fileno()] = conn
             poller.register(conn.fileno(), select.POLLIN)
         poller.register(bell.fd, select.POLLIN)
-        if len(local.sets) >= _POLL_SETS:
-            local.sets.clear()  # (they hold their connections: closed ones must go too)
-        local.sets[polled] = (poller, by_fd)
+        sets = local.sets
+        # A kept set holds its connections (and their receive buffers): those with a
+        # closed one go, and all go beyond _POLL_SETS.
+        for stale in [k for k in sets if any(conn.closed for conn in k)]:
+            del sets[stale]
+        if len(sets) >= _POLL_SETS:
+            sets.clear()
+        sets[polled] = (poller, by_fd)
         local.poller = poller
         return poller, by_fd
 
@@ -246,11 +251,11 @@ class Leader:
         if known is None:
             return None
         key, conn = known
-        if self._rt.leadable.get(key) is not conn:  # closed, or replaced by a reconnect
+        leadable = self._rt.leadable
+        if key not in leadable or leadable[key] is not conn:  # closed, or replaced
             self._from.pop(address, None)
             return None
-        led: bool = known[1].lead()
-        return [conn] if led else []
+        return [conn] if conn.lead() else []
 
     def _learn(self, address: str, conn: Any) -> None:
         """A reply from the proc at ``address`` came on ``conn``: the next wait for one
