@@ -6,13 +6,15 @@ CPU time of this thread (``time.thread_time``), best of several rounds: on a loa
 wall-clock figures swing by tens of percent, these by a few. Run through ``make bench`` or
 ``python -m benchmarks.bench_dispatch``.
 
-``python -m benchmarks.bench_dispatch --callgrind [N]`` counts the instructions of a whole
-``call_one`` round trip to a sync endpoint of another process, per thread, with valgrind's
-callgrind (exact and independent of load; run it twice, the paths taken vary a little with
-timing): the controller's side (this script re-run under callgrind: the user thread's
+``python -m benchmarks.bench_dispatch --callgrind [N [PROCS [ctl|proc]]]`` counts the
+instructions of a whole ``call_one`` round trip to a sync endpoint of another process, per
+thread, with valgrind's callgrind (exact and independent of load; run it twice, the paths
+taken vary a little with timing): the controller's side (this script re-run under callgrind: the user thread's
 ``call_one()`` and ``get()``, and the runtime's loop thread) and the proc's (the proc started
 under callgrind: its actor thread, which reads the call, runs it and writes the reply, and its
-loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips.
+loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips. With
+``PROCS`` > 1 the controller has that many procs (the calls go to the first), as in
+``side_by_side``'s tiny round trip; ``ctl`` or ``proc`` measures one side only.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from regency.actor import Actor, endpoint
 from regency.core import _codec
 from regency.core._config import Config
 from regency.core._delivery import CONNECTED
-from regency.core._future import Future
 from regency.core._inbound import InboundSink
 from regency.core._messages import Session
 from regency.core._outbox import Outbox
@@ -72,8 +73,7 @@ def run() -> list[tuple[str, str, float, str]]:
     call_view = memoryview(call if isinstance(call, bytes) else b"".join(call))
 
     def receive_reply() -> None:
-        fut: Future[Any] = Future()
-        rt.ports[5] = OneReply(fut, "Echo.ping", (0,), ("a",), frozenset(("a",)))
+        rt.ports[5] = OneReply("Echo.ping", (0,), ("a",), frozenset(("a",)))
         rt.on_frame(reply)
 
     rt.nursery = _Nursery()  # type: ignore[assignment]
@@ -176,9 +176,10 @@ def _callgrind_control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-def _round_trips(side: str, n: int, out: str) -> None:
+def _round_trips(side: str, n: int, out: str, procs_n: int = 1) -> None:
     """One side of :func:`callgrind`: spawn the proc (under callgrind for ``side ==
-    "proc"``), warm up, zero the counters, make ``n`` round trips, dump."""
+    "proc"``; with ``procs_n`` > 1, that many procs, the calls going to the first), warm
+    up, zero the counters, make ``n`` round trips, dump."""
     import regency
     from regency.actor import this_host
     from regency.core._bootstrap_command import BOOTSTRAP_ARGS, BootstrapCommand
@@ -191,8 +192,10 @@ def _round_trips(side: str, n: int, out: str) -> None:
             "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
             "--separate-threads=yes", sys.executable, *BOOTSTRAP_ARGS,
         ])
-    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=command)
+    procs = this_host().spawn_procs(per_host={"gpus": procs_n}, bootstrap_command=command)
     echo = procs.spawn("echo", _Echo)
+    echo.ping.call().get()
+    echo = echo.slice(gpus=0)
     for _ in range(300):
         echo.ping.call_one().get()
     target = echo.pid.call_one().get() if side == "proc" else os.getpid()
@@ -216,30 +219,46 @@ def _per_thread(pattern: str, n: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def callgrind(n: int = 2000) -> None:
-    """Print the instructions per round trip of each busy thread on both sides."""
+def callgrind(n: int = 2000, procs_n: int = 1, sides: tuple[str, ...] = ("proc", "ctl")) -> None:
+    """Print the instructions per round trip of each busy thread on both sides (``sides``;
+    ``procs_n`` procs, the calls going to the first: the controller's thread then has that
+    many connections it could read)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     me = [sys.executable, "-m", "benchmarks.bench_dispatch"]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "REGENCY_ZYGOTE": "0"}  # the proc's own command, not a fork
-        subprocess.run([*me, "--side", "proc", str(n), f"{tmp}/proc.out"], check=True, env=env)
-        subprocess.run([
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
-            "--dump-instr=no", "--separate-threads=yes", "-q",
-            *me, "--side", "ctl", str(n), f"{tmp}/none",
-        ], check=True)
+        if "proc" in sides:
+            subprocess.run(
+                [*me, "--side", "proc", str(n), f"{tmp}/proc.out", str(procs_n)],
+                check=True, env=env,
+            )
+        if "ctl" in sides:
+            subprocess.run([
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
+                "--dump-instr=no", "--separate-threads=yes", "-q",
+                *me, "--side", "ctl", str(n), f"{tmp}/none", str(procs_n),
+            ], check=True)
         ctl, proc = _per_thread(f"{tmp}/ctl.out.1-*", n), _per_thread(f"{tmp}/proc.out.1-*", n)
-    print(f"instructions per call_one round trip ({n} trips), by thread, busiest first")
-    print(f"  controller (user thread, then the runtime's loop): {ctl}, in all {sum(ctl)}")
-    print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
+    print(f"instructions per call_one round trip ({n} trips, {procs_n} procs), by thread, "
+          "busiest first")
+    if "ctl" in sides:
+        print(f"  controller (user thread, then the runtime's loop): {ctl}, in all {sum(ctl)}")
+    if "proc" in sides:
+        print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--side"]:
-        _round_trips(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        _round_trips(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
     elif sys.argv[1:2] == ["--callgrind"]:
-        callgrind(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+        # --callgrind [N [PROCS [ctl|proc]]]
+        rest = sys.argv[2:]
+        callgrind(
+            int(rest[0]) if rest else 2000,
+            int(rest[1]) if len(rest) > 1 else 1,
+            (rest[2],) if len(rest) > 2 else ("proc", "ctl"),
+        )
     else:
         for figure, _target, value, unit in run():
             print(f"{figure}: {value:.2f} {unit}")

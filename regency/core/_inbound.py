@@ -18,6 +18,7 @@ from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
 
 _reply_port = _codec.compact_reply_port
+_decode_reply = _codec.decode_reply
 #: Replies in the envelope layout at least this big are taken by a thread that reads, like
 #: compact ones (smaller ones, rare, go to the loop: not worth a second envelope unpickle).
 _BULK_REPLY = 64 * 1024
@@ -72,6 +73,7 @@ class InboundSink:
         rt = self._rt
         call: Call | None = None
         port_id = _reply_port(frame)
+        compact = port_id is not None
         if port_id is None and len(frame) >= _BULK_REPLY:
             # A big reply with out-of-band parts (shm lane): taken here too, not left to the
             # loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us of CPU
@@ -106,6 +108,8 @@ class InboundSink:
                         self._count(index)
                     if call is not None:
                         rt._to_actor(call.actor, call)
+                    elif compact:  # its fields to its port, no record (as Runtime._on_frame)
+                        rt._reply(*_decode_reply(frame))
                     else:
                         try:
                             rt.on_frame(frame)
@@ -224,6 +228,9 @@ class InboundSessions:
         raise NotImplementedError
 
     ports: dict[int, Any]
+
+    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:  # by PortTable
+        raise NotImplementedError
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime
         raise NotImplementedError

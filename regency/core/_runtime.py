@@ -53,6 +53,8 @@ from ._ports import PortHandler, PortTable
 from ._probe import Probe
 from ._ticker import Ticker
 
+_REPLY_MARK = _codec.REPLY_MARK
+
 log = logging.getLogger("regency.runtime")
 
 
@@ -429,6 +431,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             raise ValueError(f"handling a frame raised {type(exc).__name__}: {exc}") from exc
 
     def _on_frame(self, frame: memoryview) -> None:
+        if frame[:4] == _REPLY_MARK:  # a compact reply (most of a controller's traffic)
+            self._reply(*_codec.decode_reply(frame))
+            return
         msg = _codec.decode(frame)
         # The two kinds that are nearly all the traffic skip the match (same outcome).
         if type(msg) is M.Reply:
