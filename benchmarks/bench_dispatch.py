@@ -176,9 +176,10 @@ def _callgrind_control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-def _round_trips(side: str, n: int, out: str) -> None:
+def _round_trips(side: str, n: int, out: str, pipelined: bool = False) -> None:
     """One side of :func:`callgrind`: spawn the proc (under callgrind for ``side ==
-    "proc"``), warm up, zero the counters, make ``n`` round trips, dump."""
+    "proc"``), warm up, zero the counters, make ``n`` round trips (``pipelined``: issued
+    1,000 at a time, then awaited), dump."""
     import regency
     from regency.actor import this_host
     from regency.core._bootstrap_command import BOOTSTRAP_ARGS, BootstrapCommand
@@ -196,9 +197,18 @@ def _round_trips(side: str, n: int, out: str) -> None:
     for _ in range(300):
         echo.ping.call_one().get()
     target = echo.pid.call_one().get() if side == "proc" else os.getpid()
+    ping = echo.ping
+    if pipelined:
+        for f in [ping.call_one() for _ in range(1000)]:
+            f.get()
     _callgrind_control("-z", str(target))
-    for _ in range(n):
-        echo.ping.call_one().get()
+    if pipelined:
+        for _ in range(0, n, 1000):
+            for f in [ping.call_one() for _ in range(1000)]:
+                f.get()
+    else:
+        for _ in range(n):
+            ping.call_one().get()
     _callgrind_control("-d", str(target))
 
 
@@ -216,14 +226,24 @@ def _per_thread(pattern: str, n: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def callgrind(n: int = 2000) -> None:
-    """Print the instructions per round trip of each busy thread on both sides."""
+def callgrind(n: int = 2000, pipelined: bool = False) -> None:
+    """Print the instructions per round trip of each busy thread on both sides; with
+    ``pipelined``, per call of the proc alone while calls are issued 1,000 at a time, then
+    awaited (the proc's loop reads calls in bursts while its actor thread runs them)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     me = [sys.executable, "-m", "benchmarks.bench_dispatch"]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "REGENCY_ZYGOTE": "0"}  # the proc's own command, not a fork
-        subprocess.run([*me, "--side", "proc", str(n), f"{tmp}/proc.out"], check=True, env=env)
+        mode = ["--pipelined"] if pipelined else []
+        subprocess.run(
+            [*me, "--side", "proc", str(n), f"{tmp}/proc.out", *mode], check=True, env=env
+        )
+        if pipelined:
+            proc = _per_thread(f"{tmp}/proc.out.1-*", n)
+            print(f"instructions per pipelined call_one in the proc ({n} calls), by thread")
+            print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
+            return
         subprocess.run([
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
             "--dump-instr=no", "--separate-threads=yes", "-q",
@@ -236,10 +256,12 @@ def callgrind(n: int = 2000) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--side"]:
-        _round_trips(sys.argv[2], int(sys.argv[3]), sys.argv[4])
-    elif sys.argv[1:2] == ["--callgrind"]:
-        callgrind(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+    flags = [a for a in sys.argv[1:] if a == "--pipelined"]
+    argv = [a for a in sys.argv if a != "--pipelined"]
+    if argv[1:2] == ["--side"]:
+        _round_trips(argv[2], int(argv[3]), argv[4], pipelined=bool(flags))
+    elif argv[1:2] == ["--callgrind"]:
+        callgrind(int(argv[2]) if len(argv) > 2 else 2000, pipelined=bool(flags))
     else:
         for figure, _target, value, unit in run():
             print(f"{figure}: {value:.2f} {unit}")

@@ -56,8 +56,19 @@ class InboundSink:
         self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
+        receiver = self._receiver
         with self._rt.dispatch_lock:  # a thread may be handling frames of another connection
-            self._frame_received(conn, frame)
+            if receiver.state is None or frame[:4] == _SESSION_MARK:
+                self._session_frame(conn, frame)
+                return
+            index = receiver.frame()
+            if index is None:
+                return  # handled before the reconnect: a resend
+            if self._probe is not None:
+                self._count(index)
+            self._rt.on_frame(frame)
+            if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
+                self._acknowledge(frame, on_loop=True)  # (else one is on its way)
 
     def frame_on_thread(self, conn: transports.Connection, frame: memoryview) -> bool:
         """A frame read by a thread (``core/_leader.py``), not by the loop: a thread blocked
@@ -130,30 +141,21 @@ class InboundSink:
             raise exc
         deferred.error = exc
 
-    def _frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        receiver = self._receiver
-        if receiver.state is None or frame[:4] == _SESSION_MARK:
-            msg = _codec.decode(frame)
-            if type(msg) is Session:
-                # raises for a forgotten session
-                state = self._rt.session_opened(msg.session, msg.first)
-                previous = receiver.started(msg.session, msg.first, state)
-                if previous is not None:
-                    self._rt.session_closed(previous)
-                self._conn = conn
-                if hasattr(conn, "lead"):  # threads waiting for replies may read it
-                    self._rt.leadable[id(self)] = conn
-            else:
-                self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
-            return
-        index = receiver.frame()
-        if index is None:
-            return  # handled before the reconnect: a resend
-        if self._probe is not None:
-            self._count(index)
-        self._rt.on_frame(frame)
-        if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
-            self._acknowledge(frame, on_loop=True)  # (else one is on its way)
+    def _session_frame(self, conn: transports.Connection, frame: memoryview) -> None:
+        """The first frame of a connection (its SESSION; any frame of a peer without
+        sessions), or a SESSION later on (dispatch lock held)."""
+        msg = _codec.decode(frame)
+        if type(msg) is Session:
+            # raises for a forgotten session
+            state = self._rt.session_opened(msg.session, msg.first)
+            previous = self._receiver.started(msg.session, msg.first, state)
+            if previous is not None:
+                self._rt.session_closed(previous)
+            self._conn = conn
+            if hasattr(conn, "lead"):  # threads waiting for replies may read it
+                self._rt.leadable[id(self)] = conn
+        else:
+            self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
 
     # The bookkeeping both readers (the loop, a thread) do for a numbered frame.
 

@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import stat
+import struct
 import threading
 import time
 from collections import deque
@@ -43,6 +44,8 @@ from ._base import (
 log = logging.getLogger("regency.transports")
 
 _HEADER = 4
+#: A frame's length, read in place (no slice of the receive buffer per frame).
+_size_at = struct.Struct("<I").unpack_from
 _RECV_BUFFER = 256 * 1024
 # Frames at or above this size are sent with sendmsg([header, frame]) to avoid a copy.
 _GATHER_THRESHOLD = 16 * 1024
@@ -476,7 +479,7 @@ class SocketConnection(Connection):
                     raise ConnectionBroken("peer closed the connection")
                 end += n
             while end - start >= _HEADER:
-                size = int.from_bytes(view[start : start + _HEADER], "little")
+                (size,) = _size_at(view, start)
                 if size > self._size_limit:
                     lane = self._lane_of_descriptor(size)
                     if end - start < _shm.WIRE_BYTES:
@@ -603,7 +606,7 @@ class SocketConnection(Connection):
         sink = self.sink
         try:
             while end - start >= _HEADER:
-                size = int.from_bytes(view[start : start + _HEADER], "little")
+                (size,) = _size_at(view, start)
                 if size > self._size_limit:
                     if not self._take_led(view, start, end):
                         handled = (  # only a descriptor not yet whole: read on
