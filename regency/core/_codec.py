@@ -507,6 +507,7 @@ _U64 = struct.Struct("<Q")
 #: ``u32 0xFFFFFFFC | u32 route length | u64 port_id | u32 rank | route | payload pickle``,
 #: the route a pickled ``(actor, method, reply address or None, labels, sizes)``.
 _CALL_MARK = 0xFFFFFFFC
+CALL_MARK_BYTES = _CALL_MARK.to_bytes(4, "little")
 #: The first u32 of every fixed binary layout (no envelope is this long).
 _BINARY_HEADS = frozenset((_PORT_MARK, _SESSION_HEAD, _ACK_HEAD, _CALL_MARK))
 _CALL_HEAD = struct.Struct("<IIQI")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.transports")
 
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
+_CALL_HEAD = _codec.CALL_MARK_BYTES
 
 #: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
 _ACK_EVERY = 64
@@ -78,34 +79,48 @@ class InboundSink:
         with the frame unread, so the loop handles it in order). The simulator offers every
         frame here first, on its loop, so simulations run this code."""
         receiver = self._receiver
-        if receiver.state is None or frame[:4] == _SESSION_MARK:
+        if receiver.state is None:
             return False
         rt = self._rt
         call: Call | None = None
-        port_id = _reply_port(frame)
-        if port_id is None and len(frame) >= _BULK_REPLY:
-            # A big reply with out-of-band parts (shm lane): taken here too, not left to the
-            # loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us of CPU
-            # per 1 MiB echo here). Its small envelope is unpickled twice.
-            try:
-                port_id = _codec.bulk_reply_port(frame)
-            except ValueError:
-                return False  # malformed: the loop meets it and closes the connection
-        if port_id is not None:
-            # Only port handlers that say so run off the loop (an endpoint call's replies,
-            # acknowledgements); the others (log sink, channels, ...) expect the trio thread.
-            handler = rt.ports.get(port_id)
-            if handler is None or not getattr(handler, "on_any_thread", False):
-                return False
-        else:
-            # Only a call to an actor with a thread; any other frame is left to the loop
-            # unread past its envelope (its payload is decoded once, there).
+        port_id: int | None = None
+        head = frame[:4]  # the kind, told once: a call (a proc's actor thread), a reply
+        if head == _CALL_HEAD:
+            # Only a call to an actor with a thread; any other is left to the loop unread
+            # past its route (its payload is decoded once, there).
             try:
                 call = _codec.decode_call_to(frame, rt.threaded_actor)
             except ValueError:
                 return False  # malformed: the loop meets it and closes the connection
             if call is None:
                 return False
+        elif head == _SESSION_MARK:
+            return False
+        else:
+            port_id = _reply_port(frame)
+            if port_id is None and len(frame) >= _BULK_REPLY:
+                # A big reply with out-of-band parts (shm lane): taken here too, not left to
+                # the loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us
+                # of CPU per 1 MiB echo here). Its small envelope is unpickled twice.
+                try:
+                    port_id = _codec.bulk_reply_port(frame)
+                except ValueError:
+                    return False  # malformed: the loop meets it and closes the connection
+            if port_id is not None:
+                # Only port handlers that say so run off the loop (an endpoint call's
+                # replies, acknowledgements); the others (log sink, channels, ...) expect
+                # the trio thread.
+                handler = rt.ports.get(port_id)
+                if handler is None or not getattr(handler, "on_any_thread", False):
+                    return False
+            else:
+                # A call in the envelope layout (out-of-band arguments): as above.
+                try:
+                    call = _codec.decode_call_to(frame, rt.threaded_actor)
+                except ValueError:
+                    return False
+                if call is None:
+                    return False
         with rt.dispatch_lock:
             index = receiver.frame()
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).

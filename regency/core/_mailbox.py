@@ -398,9 +398,14 @@ class ActorCell:
         token = current.set(ctx)
         explicit = False
         try:
-            fn, args, kwargs, explicit = self._prepare(item, spec)
-            if spec is None and inspect.iscoroutinefunction(fn):  # a plain method, async
-                return self._call_async(item, spec)
+            payload = item.payload
+            if spec is not None and not spec.explicit_response_port and type(payload) is tuple:
+                fn = spec.fn  # the common case, without _prepare's tuple
+                args, kwargs = payload
+            else:
+                fn, args, kwargs, explicit = self._prepare(item, spec)
+                if spec is None and inspect.iscoroutinefunction(fn):  # a plain method, async
+                    return self._call_async(item, spec)
             result = fn(self.obj, *args, **kwargs)
             if type(result) is _Coroutine:  # an async plain method via as_endpoint
                 return self._await_result(item, ctx, result, explicit)
@@ -596,8 +601,8 @@ class ActorCell:
         if port is None:
             return
         try:
-            address, port_id = port  # (Runtime.send_port, one call less per reply)
-            self.rt.send(address, _codec.encode_reply(port_id, index, M.OK, result))
+            address, port_id = port  # (Runtime.send_port, two calls less per reply)
+            self.rt.outbox(address).send(_codec.encode_reply(port_id, index, M.OK, result))
         except transports.TransportError as exc:
             log.info("could not reply to %s: %s", port, exc)
         except SupervisionError as exc:
