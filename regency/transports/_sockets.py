@@ -459,6 +459,7 @@ class SocketConnection(Connection):
         while instead (:meth:`lead`); the buffer and position are shared with it."""
         assert self.sink is not None
         sock = self._sock
+        received, limit = self.sink.frame_received, self._size_limit  # (per frame: no lookups)
         buf = bytearray(_RECV_BUFFER)
         view = self._rview = memoryview(buf)
         big: mmap.mmap | None = None
@@ -480,12 +481,12 @@ class SocketConnection(Connection):
                 end += n
             while end - start >= _HEADER:
                 (size,) = _size_at(view, start)
-                if size > self._size_limit:
+                if size > limit:
                     lane = self._lane_of_descriptor(size)
                     if end - start < _shm.WIRE_BYTES:
                         break
                     frame = lane.take(view[start + _HEADER : start + _shm.WIRE_BYTES])
-                    self.sink.frame_received(self, frame)
+                    received(self, frame)
                     frame.release()
                     lane.free()
                     start += _shm.WIRE_BYTES
@@ -505,11 +506,11 @@ class SocketConnection(Connection):
                         self._rstart = self._rend = 0
                         await self._recv_into_exactly(frame[have:])
                         start = end = 0
-                        self.sink.frame_received(self, frame)
+                        received(self, frame)
                         frame.release()
                         big_used = trio.current_time()
                     break
-                self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
+                received(self, view[start + _HEADER : start + _HEADER + size])
                 start += _HEADER + size
                 if self._closed:
                     return
