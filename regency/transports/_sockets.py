@@ -228,7 +228,7 @@ class SocketConnection(Connection):
         self._lock = threading.Lock()
         # Bytes accepted by send_nowait but not yet taken by the kernel, oldest first. While it
         # is non-empty, new frames queue behind it (order) and the writer task owns flushing.
-        self._pending: deque[memoryview] = deque()
+        self._pending: deque[bytes | memoryview] = deque()
         self._writer_wakeup = trio.Event()
         # True while the writer task has been asked to flush and has not started yet.
         self._kicked = False
@@ -284,7 +284,7 @@ class SocketConnection(Connection):
                     self._pending.append(memoryview(header))
                     self._pending.extend(memoryview(part) for part in frame)
                 elif size < _GATHER_THRESHOLD:
-                    self._pending.append(memoryview(header + frame))
+                    self._pending.append(header + frame)  # (bytes: no view to make per frame)
                 else:
                     self._pending.append(memoryview(header))
                     self._pending.append(memoryview(frame))
@@ -408,7 +408,7 @@ class SocketConnection(Connection):
                         self._writing = False
                         self._fail_locked(exc)
                     break
-                blocked = sent < sum(len(b) for b in batch)
+                blocked = sent < sum(map(len, batch))
                 with self._lock:
                     self._writing = False
                     if blocked:
@@ -1112,7 +1112,7 @@ def _fresh_memory(size: int) -> mmap.mmap:
     return memory
 
 
-def _unsent(batch: list[memoryview], sent: int) -> list[memoryview]:
+def _unsent(batch: list[bytes | memoryview], sent: int) -> list[bytes | memoryview]:
     """What is left of ``batch`` after the kernel took ``sent`` bytes."""
     for i, buf in enumerate(batch):
         if sent < len(buf):
