@@ -45,6 +45,9 @@ class _Cell:
     def enqueue(self, item: Any) -> None:
         pass
 
+    def accept(self, item: Any) -> None:
+        pass
+
 
 class _Connection:
     closed = False
@@ -104,8 +107,117 @@ def run() -> list[tuple[str, str, float, str]]:
         ("decode a call read by the actor's thread", "", _best_us(
             lambda: _codec.decode_call_to(call_view, wanted)), "us cpu"),
         ("encode a reply of None", "", _best_us(lambda: _codec.encode_reply(5, 0, 0, None)), "us cpu"),
+        *[(name, "", _best_us(step), "us cpu") for name, step in proc_steps()],
         *round_trip_cpu(),
     ]
+
+
+class _Ping(Actor):
+    @endpoint
+    def ping(self) -> None:
+        return None
+
+
+class _NoToken:
+    def run_sync_soon(self, fn: Any) -> None:
+        pass  # the writer task's wake-up: not measured here
+
+
+def proc_steps() -> list[tuple[str, Callable[[], object]]]:
+    """The proc's side of a call, step by step, in this process with no loop: a real
+    actor cell (its mailbox, its mailbox loop driven as its thread drives it), a real
+    inbound session, a connected outbox whose connection drops what it is given, and a
+    real socket connection over a socketpair for the write (its burst path: queued for the
+    writer task). Each returns the name and one step to repeat."""
+    import socket
+
+    from regency.core._mailbox import ActorCell
+    from regency.transports._sockets import SocketConnection
+
+    rt = Runtime("p1", secret=b"b" * 32, jobdir="/nowhere", config=Config(), address="inproc://p1")
+    rt.nursery = _Nursery()  # type: ignore[assignment]
+    rt.thread_id = -1  # no loop thread: the ACK timer is scheduled, never run
+    rt.call_soon = lambda fn: None  # type: ignore[method-assign]
+    key, caller = "c.echo.0", "unix:///tmp/c.sock"
+    cell = ActorCell(rt, key, "echo", (0, ("gpus",), (1,)), (_Ping, (), {}), None, (caller, "client", "client"))
+    rt.actors[key] = cell
+    mailbox_loop = cell._main()
+    mailbox_loop.send(None)  # __init__; now it waits for its first message
+    box = rt.outbox(caller)
+    box._machine.state, box._machine.link = CONNECTED, _Connection()
+    call = _codec.encode_call(key, "ping", (caller, 5), 0, ("gpus",), (1,), _codec.dumps(((), {})))
+    view = memoryview(call if isinstance(call, bytes) else b"".join(call))
+    sink, conn = InboundSink(rt), _Connection()
+    sink.frame_received(conn, memoryview(_codec.encode(Session("s#1#1", 0))))  # type: ignore[arg-type]
+    sink._ack_pending = True  # one ACK on its way: none scheduled per frame
+    queue = cell._queue
+    item = _codec.decode(view)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    link = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
+    reply = _codec.encode_reply(5, 0, 0, None)
+
+    def loop_reads() -> None:
+        sink.frame_received(conn, view)  # type: ignore[arg-type]
+        queue.get_nowait()  # (the actor's: not counted above)
+
+    def thread_reads() -> None:
+        sink.frame_on_thread(conn, view)  # type: ignore[arg-type]
+        queue.get_nowait()
+
+    def handle() -> None:
+        mailbox_loop.send(item)
+        if len(box._unacked) > 1000:
+            box._unacked.clear()
+
+    def write_burst(_peer: socket.socket = theirs) -> None:  # (the peer stays open)
+        link.send_nowait(reply)
+        if len(link._pending) > 500:
+            link._pending.clear()
+            link._kicked = False
+
+    return [
+        ("proc: a call read by the loop, through the session to the mailbox", loop_reads),
+        ("proc: a call read by the actor's thread, to its mailbox", thread_reads),
+        ("proc: decode a call", lambda: _codec.decode(view)),
+        ("proc: the mailbox's put and get", lambda: (queue.put(item), queue.get())),
+        ("proc: the actor thread runs a call (context, endpoint, reply to the outbox)", handle),
+        ("proc: encode a reply of None", lambda: _codec.encode_reply(5, 0, 0, None)),
+        ("proc: write a reply in a burst (queued for the writer task)", write_burst),
+    ]
+
+
+def steps_callgrind(n: int = 3000) -> None:
+    """Instructions per step of :func:`proc_steps`, this process counting itself under
+    callgrind (re-run under valgrind; exact, independent of load)."""
+    if os.environ.get("_BENCH_UNDER_CALLGRIND") != "1":
+        if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+            raise SystemExit("--steps needs valgrind (apt-get install valgrind)")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "_BENCH_UNDER_CALLGRIND": "1", "_BENCH_OUT": f"{tmp}/steps.out",
+                   "PYTHONHASHSEED": "0"}
+            subprocess.run([
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/steps.out",
+                "--dump-instr=no", "-q", sys.executable, "-m", "benchmarks.bench_dispatch",
+                "--steps", str(n),
+            ], check=True, env=env)
+        return
+    out, me = os.environ["_BENCH_OUT"], str(os.getpid())
+    print(f"instructions per step ({n} of each, after 500 to warm up)")
+    for name, step in proc_steps():
+        for _ in range(500):
+            step()
+        _callgrind_control("-z", me)
+        for _ in range(n):
+            step()
+        before = set(glob.glob(out + "*"))
+        _callgrind_control("-d", me)
+        dump = max(set(glob.glob(out + "*")) - before, key=os.path.getmtime)
+        with open(dump) as f:
+            text = f.read()
+        found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+        assert found is not None
+        print(f"  {name}: {int(found.group(1)) // n}")
 
 
 def _wanted(actor: str) -> bool:
@@ -260,6 +372,8 @@ if __name__ == "__main__":
     argv = [a for a in sys.argv if a != "--pipelined"]
     if argv[1:2] == ["--side"]:
         _round_trips(argv[2], int(argv[3]), argv[4], pipelined=bool(flags))
+    elif argv[1:2] == ["--steps"]:
+        steps_callgrind(int(argv[2]) if len(argv) > 2 else 3000)
     elif argv[1:2] == ["--callgrind"]:
         callgrind(int(argv[2]) if len(argv) > 2 else 2000, pipelined=bool(flags))
     else:
