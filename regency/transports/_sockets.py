@@ -397,7 +397,12 @@ class SocketConnection(Connection):
                     self._kicked = False
                     if self._closed or not self._pending:
                         break
-                    batch = [self._pending.popleft() for _ in range(min(len(self._pending), _MAX_IOV))]
+                    pending = self._pending
+                    if len(pending) <= _MAX_IOV:  # the whole queue (a copy in C, no loop)
+                        batch = list(pending)
+                        pending.clear()
+                    else:
+                        batch = [pending.popleft() for _ in range(_MAX_IOV)]
                     self._writing = True
                 try:
                     sent = self._sock.sendmsg(batch)
