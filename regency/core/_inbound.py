@@ -131,7 +131,11 @@ class InboundSink:
                     if self._probe is not None:
                         self._count(index)
                     if call is not None:
-                        rt._to_actor(call.actor, call)
+                        cell = rt.actors.get(call.actor)  # (else: gone meanwhile, or limbo)
+                        if cell is not None:
+                            cell.accept(call)
+                        else:
+                            rt._to_actor(call.actor, call)
                     else:
                         try:
                             rt.on_frame(frame)
@@ -241,6 +245,7 @@ class InboundSessions:
         raise NotImplementedError
 
     ports: dict[int, Any]
+    actors: dict[str, Any]
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime
         raise NotImplementedError
