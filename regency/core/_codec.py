@@ -425,6 +425,7 @@ class _BulkPickler(pickle.Pickler):
 
 #: Values whose pickle cannot hold a buffer or a reference to ``__main__``.
 _PLAIN = frozenset({type(None), bool, int, float, str})
+_NONE_PICKLE = pickle.dumps(None, protocol=5)
 
 
 def dumps(obj: Any) -> list[bytes | memoryview]:
@@ -548,6 +549,7 @@ _U64 = struct.Struct("<Q")
 #: ``u32 0xFFFFFFFC | u32 route length | u64 port_id | u32 rank | route | payload pickle``,
 #: the route a pickled ``(actor, method, reply address or None, labels, sizes)``.
 _CALL_MARK = 0xFFFFFFFC
+CALL_MARK_BYTES = _CALL_MARK.to_bytes(4, "little")
 #: The first u32 of every fixed binary layout (no envelope is this long).
 _BINARY_HEADS = frozenset((_PORT_MARK, _SESSION_HEAD, _ACK_HEAD, _CALL_MARK))
 _CALL_HEAD = struct.Struct("<IIQI")
@@ -651,7 +653,9 @@ def encode_call(
 def encode_reply(port_id: int, index: int, status: int, value: Any) -> Frame:
     """``encode(Reply(...))`` without building the record: the binary layout unless the
     payload has out-of-band parts. Raises what pickling ``value`` raises."""
-    if type(value) in _PLAIN:  # None, a number, a string (most replies): one part
+    if value is None:  # the commonest reply: its pickle is a constant
+        return _PORT_HEAD.pack(_PORT_MARK, port_id, index, status) + _NONE_PICKLE
+    if type(value) in _PLAIN:  # a number, a string (most other replies): one part
         body: bytes | memoryview = pickle.dumps(value, protocol=5)
     else:
         parts = _parts(value)
