@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
@@ -46,6 +48,12 @@ if TYPE_CHECKING:
 #: A thread leads at most this many connections (one poll over them); beyond that it waits
 #: on its lock, as every thread did before.
 MAX_LED = 16
+#: Seconds connections a thread set aside (``SocketConnection.hold``) may stay away from
+#: the loop once threads stop setting them aside: the loop takes them back between one and
+#: two of these later (while threads go on, it costs one loop wake-up per ``HOLD``). Frames
+#: for the loop on those connections wait that long at most, and only while no thread
+#: waits on its lock for the loop (such a thread takes them back at once).
+HOLD = 0.01
 
 
 class _Here(threading.local):
@@ -125,6 +133,18 @@ class Leader:
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
         self.spin = spin_limit(runtime.config.spin_us)
         self._gauge = cpu_gauge()
+        #: A thread done reading sets its connections aside for its next wait or fan-out
+        #: instead of giving them back (``_hold``). False: it gives them back at once
+        #: (benchmarks/bench_fanout.py compares both in one run).
+        self.holding = True
+        #: Times threads set connections aside so far, and whether a loop task is watching
+        #: to take them back (:meth:`_reclaim`).
+        self.holds = 0
+        self._reclaiming = False
+        #: Threads waiting for the loop to read for them (on a lock, or an empty mailbox):
+        #: while there are any, nothing is set aside.
+        self._loop_waiters = 0
+        self._waiters_lock = threading.Lock()
 
     def _spinner(self) -> SpinPolicy:
         spinner = self._local.spinner
@@ -139,8 +159,9 @@ class Leader:
         return bell
 
     def wait(self, fut: Future[Any], timeout: float | None) -> bool:
-        """Wait for ``fut`` reading this runtime's inbound connections on this thread;
-        False (having waited for nothing) when no connection could be led."""
+        """Wait for ``fut``, reading this runtime's inbound connections on this thread
+        where it can, else on the future's lock while the loop reads (always True: it
+        waited)."""
 
         def arm(bell: Bell | None) -> bool:
             with fut._lock:
@@ -159,7 +180,11 @@ class Leader:
             except TimeoutError:
                 raise TimeoutError(f"future not resolved within {timeout} s") from None
 
-        return self._lead(fut.done, arm, timeout, rest)
+        if self._lead(fut.done, arm, timeout, rest, hold=True):
+            return True
+        with self._loop_reads_for_me():
+            rest(timeout)
+        return True
 
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
@@ -192,11 +217,11 @@ class Leader:
 
     def sending(self, send: Callable[[], None]) -> None:
         """Run ``send()`` (a call's fan-out to several ranks) leading this runtime's
-        inbound connections, then read on this thread what came meanwhile, and give them
-        back. The first ranks' replies can come before the last rank's frame is sent: the
-        loop would wake up to read them (at about twice a waiting thread's cost), where the
-        caller, about to wait, reads them here. Nothing is held past ``send()`` and one
-        poll that does not wait."""
+        inbound connections, read on this thread what came meanwhile, and set them aside
+        for the ``get()`` that usually follows (:meth:`_hold`). The first ranks' replies
+        can come before the last rank's frame is sent, and the rest while the caller is on
+        its way to ``get()``: the loop would wake up to read them (at about twice a waiting
+        thread's cost), where the caller reads them itself."""
         taken = self._take() if self._may_lead() else []
         try:
             send()
@@ -204,9 +229,75 @@ class Leader:
                 bell = self._bell()
                 poller, by_fd = self._poll_set(taken, bell)
                 self._read(poller.poll(0), poller, by_fd, taken, bell)
+                self._hold(taken)
+                taken = []
         finally:
             for conn in taken:
                 conn.give_back()
+
+    def _hold(self, taken: list[Any]) -> None:
+        """Done reading ``taken`` for now: set them aside (``SocketConnection.hold``) for
+        this thread's next wait or fan-out, which leads them again without a syscall
+        (giving them back re-arms the loop's interest in each, an ``epoll_ctl``, and leading
+        them silences it again, another), and the loop is not woken by frames that come
+        in between: the next wait reads them. Any thread may lead them meanwhile. A thread
+        that does not come back soon loses them to the loop (:meth:`_reclaim`); while a
+        thread waits for the loop to read for it they go back at once."""
+        if not self.holding:
+            for conn in taken:
+                conn.give_back()
+            return
+        for conn in taken:
+            conn.hold()
+        # After the holds: a thread that starts waiting for the loop counts itself, then
+        # takes back what is held (_loop_reads_for_me); one of the two sees the other.
+        if self._loop_waiters:
+            for conn in taken:
+                conn.reclaim()
+            return
+        self.holds += 1
+        if not self._reclaiming:  # (read after the count: see _reclaim)
+            self._reclaiming = True
+            try:
+                self._rt.start_soon(self._reclaim)
+            except trio.RunFinishedError:  # the runtime is gone, and its connections
+                pass
+
+    async def _reclaim(self) -> None:
+        """On the loop: once no thread has set connections aside for ``HOLD`` seconds,
+        take back those still set aside (one a thread leads is left to it). Ends when
+        nothing was set aside meanwhile."""
+        rt = self._rt
+        seen = self.holds
+        while True:
+            await trio.sleep(HOLD)
+            if self.holds != seen:  # threads still hold: look again later
+                seen = self.holds
+                continue
+            for conn in list(rt.leadable.values()):
+                conn.reclaim()
+            # Cleared before the last look at the count, which a holder bumps before it
+            # reads the flag: a hold after that look starts a new task (never none).
+            self._reclaiming = False
+            if self.holds == seen:
+                return
+            self._reclaiming = True
+            seen = self.holds
+
+    @contextlib.contextmanager
+    def _loop_reads_for_me(self) -> Iterator[None]:
+        """Around a wait in which the loop must read for this thread (it could lead no
+        connection, or the ones it led went back): connections set aside go back to the
+        loop now, and none is set aside until the wait ends."""
+        with self._waiters_lock:
+            self._loop_waiters += 1
+        try:
+            for conn in list(self._rt.leadable.values()):
+                conn.reclaim()
+            yield
+        finally:
+            with self._waiters_lock:
+                self._loop_waiters -= 1
 
     def _take(self) -> list[Any]:
         """Lead this runtime's inbound connections whose reader is idle: those taken ([]
@@ -252,11 +343,14 @@ class Leader:
         arm: Callable[[Bell | None], bool],
         timeout: float | None,
         rest: Callable[[float | None], None],
+        *,
+        hold: bool = False,
     ) -> bool:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
-        read here. False when no connection could be led (nothing was waited for)."""
+        read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
+        else given back. False when no connection could be led (nothing was waited for)."""
         if not self._may_lead():
             return False
         taken = self._take()
@@ -316,8 +410,12 @@ class Leader:
                 self._read(events, poller, by_fd, taken, bell)
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
-                    rest(None if deadline is None else deadline - time.monotonic())
+                    with self._loop_reads_for_me():
+                        rest(None if deadline is None else deadline - time.monotonic())
                     break
+            if hold and taken:
+                self._hold(taken)
+                taken = []
             return True
         finally:
             if mine:
@@ -359,6 +457,9 @@ class LeadingMailbox:
                 return not q.empty()
 
             self._leader._lead(nonempty, arm, None, lambda _left: None)
+            if q.empty():  # the loop delivers it: no connection is set aside meanwhile
+                with self._leader._loop_reads_for_me():
+                    return self._get()
         return self._get()
 
 
