@@ -14,7 +14,7 @@ import pytest
 
 from regency.actor import ProcMesh, SupervisionError
 from regency.core._controller import current_runtime
-from regency.core._leader import Leader
+from regency.core._leader import Leader, loop_reads
 
 from ..conftest import SpawnProcs
 from .leader_actors import Gate, Opener, Seq
@@ -173,3 +173,97 @@ def test_a_fan_out_that_raises_gives_the_connections_back(
     # a waiting thread cannot lead them): these would time out.
     for i in range(20):
         assert seq.take.call_one(i).get(T) == i
+
+
+def _held(rt_leadable: dict[int, object]) -> list[bool]:
+    return [bool(getattr(conn, "held", False)) for conn in rt_leadable.values()]
+
+
+def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_seq", Seq)
+    assert list(seq.take.call(-1).get(T).values()) == [-1, -1]
+    leadable = current_runtime().leadable
+    for attempt in range(20):  # (the loop may be reading one just then; load may delay us)
+        before = leader.holds
+        fut = seq.take.call(attempt)
+        held_after_call = _held(leadable)
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        if all(held_after_call) and leader.holds == before + 2:  # the fan-out, then get()
+            break
+    else:
+        pytest.fail("a mesh call never set its connections aside for its get()")
+    # Later calls, from this thread and with the loop reading, go on as before.
+    for i in range(50):
+        assert list(seq.take.call(i).get(T).values()) == [i, i]
+        assert seq.slice(gpus=i % 2).take.call_one(i).get(T) == i
+    expected = [j for i in range(50) for j in ((i, i) if i % 2 == 0 else (i,))]
+    assert seq.slice(gpus=0).taken.call_one().get(T)[-len(expected) :] == expected
+
+
+def test_connections_set_aside_go_back_to_the_loop_when_no_thread_comes_back(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_back", Seq).slice(gpus=0)
+    leadable = current_runtime().leadable
+    for attempt in range(20):
+        assert seq.take.call_one(attempt).get(T) == attempt
+        if all(_held(leadable)):
+            break
+    else:
+        pytest.fail("a get() never set its connections aside")
+    # Its reply comes on a connection set aside, and no thread waits for it: the loop
+    # takes the connections back and reads it (the callback runs there).
+    replied = threading.Event()
+    fut = seq.take.call_one(-1)
+    fut.add_done_callback(replied.set)
+    assert replied.wait(T)
+    assert fut.get(T) == -1
+
+
+def test_a_thread_waiting_on_the_loop_takes_back_what_threads_set_aside(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_lock", Seq).slice(gpus=1)
+    leadable = current_runtime().leadable
+    for attempt in range(20):
+        assert seq.take.call_one(attempt).get(T) == attempt
+        if any(_held(leadable)):
+            break
+    else:
+        pytest.fail("a get() never set its connections aside")
+    with leader._loop_reads_for_me():  # as a thread that waits on its lock does
+        assert not any(_held(leadable))
+        assert seq.take.call_one(1).get(T) == 1  # and this get() sets nothing aside
+        assert not any(_held(leadable))
+    with loop_reads():  # a thread that may not read waits on its lock: the loop reads
+        assert seq.take.call_one(2).get(T) == 2
+
+
+def test_threads_calling_meshes_at_once_all_get_their_replies(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_many", Seq)
+    errors: list[BaseException] = []
+
+    def caller(k: int) -> None:
+        try:
+            for i in range(150):
+                if k == 2 and i % 10 == 0:
+                    with loop_reads():  # now and then a thread that waits on its lock
+                        assert seq.slice(gpus=i % 2).take.call_one(i).get(T) == i
+                if i % 3:
+                    assert list(seq.take.call(i).get(T).values()) == [i, i]
+                else:
+                    assert seq.slice(gpus=(i + k) % 2).take.call_one(i).get(T) == i
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
