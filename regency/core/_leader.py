@@ -182,7 +182,7 @@ class Leader:
 
         if self._lead(fut.done, arm, timeout, rest, hold=True):
             return True
-        with self._loop_reads_for_me():
+        with self.loop_waiting():
             rest(timeout)
         return True
 
@@ -250,7 +250,7 @@ class Leader:
         for conn in taken:
             conn.hold()
         # After the holds: a thread that starts waiting for the loop counts itself, then
-        # takes back what is held (_loop_reads_for_me); one of the two sees the other.
+        # takes back what is held (loop_waiting); one of the two sees the other.
         if self._loop_waiters:
             for conn in taken:
                 conn.reclaim()
@@ -285,10 +285,11 @@ class Leader:
             seen = self.holds
 
     @contextlib.contextmanager
-    def _loop_reads_for_me(self) -> Iterator[None]:
+    def loop_waiting(self) -> Iterator[None]:
         """Around a wait in which the loop must read for this thread (it could lead no
-        connection, or the ones it led went back): connections set aside go back to the
-        loop now, and none is set aside until the wait ends."""
+        connection, the ones it led went back, or it awaits the future on an event loop:
+        ``_future.loop_waiting``): connections set aside go back to the loop now, and none
+        is set aside until the wait ends."""
         with self._waiters_lock:
             self._loop_waiters += 1
         try:
@@ -410,7 +411,7 @@ class Leader:
                 self._read(events, poller, by_fd, taken, bell)
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
-                    with self._loop_reads_for_me():
+                    with self.loop_waiting():
                         rest(None if deadline is None else deadline - time.monotonic())
                     break
             if hold and taken:
@@ -458,7 +459,7 @@ class LeadingMailbox:
 
             self._leader._lead(nonempty, arm, None, lambda _left: None)
             if q.empty():  # the loop delivers it: no connection is set aside meanwhile
-                with self._leader._loop_reads_for_me():
+                with self._leader.loop_waiting():
                     return self._get()
         return self._get()
 
