@@ -11,7 +11,10 @@ runtime's dispatch lock. Only replies are handled on the thread; any other frame
 big for the buffer, end of stream or an error hands that connection back to the loop at
 once, unconsumed, so the loop handles it in order. When the future resolves (by a frame this
 thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread
-gives every connection back; the loop is woken only where bytes are left for it.
+sets its connections aside for its next wait (``Leader._hold``: still silenced, any thread
+may lead them again without a syscall) and the loop takes them back once threads stop
+coming back for them, or at once when a thread waits for the loop to read for it; the
+loop is woken only where bytes are left for it.
 
 Guarantees kept: frames of one connection are handled in order by exactly one reader at a
 time (the connection's baton); the delivery session's numbering and acknowledgements run in
