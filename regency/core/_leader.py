@@ -262,9 +262,15 @@ class Leader:
         if not self._reclaiming:  # (read after the count: see _reclaim)
             self._reclaiming = True
             try:
-                self._rt.start_soon(self._reclaim)
+                self._rt.call_soon(self._start_reclaiming)
             except trio.RunFinishedError:  # the runtime is gone, and its connections
                 pass
+
+    def _start_reclaiming(self) -> None:
+        try:
+            self._rt.nursery.start_soon(self._reclaim)
+        except RuntimeError:  # the runtime is closing: its connections close with it
+            self._reclaiming = False
 
     async def _reclaim(self) -> None:
         """On the loop: once no thread has set connections aside for ``HOLD`` seconds,
