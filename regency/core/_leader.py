@@ -11,10 +11,11 @@ runtime's dispatch lock. Only replies are handled on the thread; any other frame
 big for the buffer, end of stream or an error hands that connection back to the loop at
 once, unconsumed, so the loop handles it in order. When the future resolves (by a frame this
 thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread
-sets its connections aside for its next wait (``Leader._hold``: still silenced, any thread
-may lead them again without a syscall) and the loop takes them back once threads stop
-coming back for them, or at once when a thread waits for the loop to read for it; the
-loop is woken only where bytes are left for it.
+gives every connection back; the loop is woken only where bytes are left for it. A thread
+that sent a call to several ranks (``Leader.sending``) sets them aside for the ``get()``
+that follows instead (``Leader._hold``: still silenced, any thread may lead them again
+without a syscall); the loop takes them back if no thread comes for them, and at once when
+a thread waits for the loop to read for it.
 
 Guarantees kept: frames of one connection are handled in order by exactly one reader at a
 time (the connection's baton); the delivery session's numbering and acknowledgements run in
@@ -136,9 +137,9 @@ class Leader:
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
         self.spin = spin_limit(runtime.config.spin_us)
         self._gauge = cpu_gauge()
-        #: A thread done reading sets its connections aside for its next wait or fan-out
-        #: instead of giving them back (``_hold``). False: it gives them back at once
-        #: (benchmarks/bench_fanout.py compares both in one run).
+        #: A fan-out's sender sets its connections aside for its ``get()`` instead of
+        #: giving them back (``_hold``). False: it gives them back at once (benchmarks
+        #: compare both in one run: bench_actors --compare-hold, bench_fanout).
         self.holding = True
         #: Times threads set connections aside so far, and whether a loop task is watching
         #: to take them back (:meth:`_reclaim`).
@@ -183,7 +184,7 @@ class Leader:
             except TimeoutError:
                 raise TimeoutError(f"future not resolved within {timeout} s") from None
 
-        if self._lead(fut.done, arm, timeout, rest, hold=True):
+        if self._lead(fut.done, arm, timeout, rest):
             return True
         with self.loop_waiting():
             rest(timeout)
@@ -240,7 +241,7 @@ class Leader:
 
     def _hold(self, taken: list[Any]) -> None:
         """Done reading ``taken`` for now: set them aside (``SocketConnection.hold``) for
-        this thread's next wait or fan-out, which leads them again without a syscall
+        this thread's next wait, which leads them again without a syscall
         (giving them back re-arms the loop's interest in each, an ``epoll_ctl``, and leading
         them silences it again, another), and the loop is not woken by frames that come
         in between: the next wait reads them. Any thread may lead them meanwhile. A thread
@@ -353,14 +354,11 @@ class Leader:
         arm: Callable[[Bell | None], bool],
         timeout: float | None,
         rest: Callable[[float | None], None],
-        *,
-        hold: bool = False,
     ) -> bool:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
-        read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
-        else given back. False when no connection could be led (nothing was waited for)."""
+        read here. False when no connection could be led (nothing was waited for)."""
         if not self._may_lead():
             return False
         taken = self._take()
@@ -423,9 +421,6 @@ class Leader:
                     with self.loop_waiting():
                         rest(None if deadline is None else deadline - time.monotonic())
                     break
-            if hold and taken:
-                self._hold(taken)
-                taken = []
             return True
         finally:
             if mine:

@@ -195,7 +195,8 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
         fut = seq.take.call(attempt)
         held_after_call = _held(leadable)
         assert list(fut.get(T).values()) == [attempt, attempt]
-        if all(held_after_call) and leader.holds == before + 2:  # the fan-out, then get()
+        # Set aside by the fan-out; get() led them again and gave them back.
+        if all(held_after_call) and leader.holds == before + 1 and not any(_held(leadable)):
             break
     else:
         pytest.fail("a mesh call never set its connections aside for its get()")
@@ -210,40 +211,44 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
 def test_connections_set_aside_go_back_to_the_loop_when_no_thread_comes_back(
     pm: ProcMesh, leader: Leader
 ) -> None:
-    seq = pm.spawn("hold_back", Seq).slice(gpus=0)
+    seq = pm.spawn("hold_back", Seq)
     leadable = current_runtime().leadable
     for attempt in range(20):
-        assert seq.take.call_one(attempt).get(T) == attempt
-        if any(_held(leadable)):
+        replied = threading.Event()
+        fut = seq.take_slowly.call(attempt)  # the replies come after the fan-out
+        fut.add_done_callback(replied.set)
+        held = any(_held(leadable))
+        # Its replies come on connections set aside, and no thread waits for them: the
+        # loop takes the connections back and reads them (the callback runs there).
+        assert replied.wait(T)
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        if held:
             break
     else:
-        pytest.fail("a get() never set its connections aside")
-    # Its reply comes on a connection set aside, and no thread waits for it: the loop
-    # takes the connections back and reads it (the callback runs there).
-    replied = threading.Event()
-    fut = seq.take_slowly.call_one(-1)
-    fut.add_done_callback(replied.set)
-    assert replied.wait(T)
-    assert fut.get(T) == -1
+        pytest.fail("a fan-out never set its connections aside")
 
 
 def test_a_thread_waiting_on_the_loop_takes_back_what_threads_set_aside(
     pm: ProcMesh, leader: Leader
 ) -> None:
-    seq = pm.spawn("hold_lock", Seq).slice(gpus=1)
+    seq = pm.spawn("hold_lock", Seq)
     leadable = current_runtime().leadable
     for attempt in range(20):
-        assert seq.take.call_one(attempt).get(T) == attempt
+        fut = seq.take_slowly.call(attempt)
         if any(_held(leadable)):
             break
+        fut.get(T)
     else:
-        pytest.fail("a get() never set its connections aside")
+        pytest.fail("a fan-out never set its connections aside")
     with leader.loop_waiting():  # as a thread that waits on its lock does
         assert not any(_held(leadable))
-        assert seq.take.call_one(1).get(T) == 1  # and this get() sets nothing aside
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        fut = seq.take.call(1)  # and this fan-out sets nothing aside
         assert not any(_held(leadable))
+        assert list(fut.get(T).values()) == [1, 1]
+    fut = seq.take_slowly.call(2)
     with loop_reads():  # a thread that may not read waits on its lock: the loop reads
-        assert seq.take.call_one(2).get(T) == 2
+        assert list(fut.get(T).values()) == [2, 2]
 
 
 def test_threads_calling_meshes_at_once_all_get_their_replies(
