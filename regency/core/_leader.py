@@ -13,9 +13,9 @@ once, unconsumed, so the loop handles it in order. When the future resolves (by 
 thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread
 gives every connection back; the loop is woken only where bytes are left for it. A thread
 that sent a call to several ranks (``Leader.sending``) sets them aside for the ``get()``
-that follows instead (``Leader._hold``: still silenced, any thread may lead them again
-without a syscall); the loop takes them back if no thread comes for them, and at once when
-a thread waits for the loop to read for it.
+that follows instead, and that wait for the next fan-out (``Leader._hold``: still silenced,
+any thread may lead them again without a syscall); the loop takes them back if no thread
+comes for them, and at once when a thread waits for the loop to read for it.
 
 Guarantees kept: frames of one connection are handled in order by exactly one reader at a
 time (the connection's baton); the delivery session's numbering and acknowledgements run in
@@ -115,6 +115,9 @@ class _Reading(threading.local):
     #: The connections ``poller`` polls (besides the bell), and the poller's fd map.
     polled: tuple[Any, ...] = ()
     by_fd: dict[int, Any] | None = None
+    #: This thread's last fan-out set its connections aside and no wait has come since:
+    #: that wait (its ``get()``, mostly) sets them aside again for the next fan-out.
+    fanned_out = False
 
 
 class Leader:
@@ -137,9 +140,10 @@ class Leader:
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
         self.spin = spin_limit(runtime.config.spin_us)
         self._gauge = cpu_gauge()
-        #: A fan-out's sender sets its connections aside for its ``get()`` instead of
-        #: giving them back (``_hold``). False: it gives them back at once (benchmarks
-        #: compare both in one run: bench_actors --compare-hold, bench_fanout).
+        #: A fan-out's sender sets its connections aside for its ``get()``, and that wait
+        #: for the next fan-out, instead of giving them back (``_hold``). False: they go
+        #: back at once (benchmarks compare both in one run: bench_actors --compare-hold,
+        #: bench_fanout --callgrind-mesh).
         self.holding = True
         #: Times threads set connections aside so far, and whether a loop task is watching
         #: to take them back (:meth:`_reclaim`).
@@ -184,7 +188,9 @@ class Leader:
             except TimeoutError:
                 raise TimeoutError(f"future not resolved within {timeout} s") from None
 
-        if self._lead(fut.done, arm, timeout, rest):
+        local = self._local
+        after_fan_out, local.fanned_out = local.fanned_out, False
+        if self._lead(fut.done, arm, timeout, rest, hold=after_fan_out):
             return True
         with self.loop_waiting():
             rest(timeout)
@@ -235,6 +241,7 @@ class Leader:
                 self._read(poller.poll(0), poller, by_fd, taken, bell)
                 self._hold(taken)
                 taken = []
+                self._local.fanned_out = self.holding
         finally:
             for conn in taken:
                 conn.give_back()
@@ -354,11 +361,14 @@ class Leader:
         arm: Callable[[Bell | None], bool],
         timeout: float | None,
         rest: Callable[[float | None], None],
+        *,
+        hold: bool = False,
     ) -> bool:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
-        read here. False when no connection could be led (nothing was waited for)."""
+        read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
+        else given back. False when no connection could be led (nothing was waited for)."""
         if not self._may_lead():
             return False
         taken = self._take()
@@ -421,6 +431,9 @@ class Leader:
                     with self.loop_waiting():
                         rest(None if deadline is None else deadline - time.monotonic())
                     break
+            if hold and taken:
+                self._hold(taken)
+                taken = []
             return True
         finally:
             if mine:

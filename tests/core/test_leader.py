@@ -195,11 +195,15 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
         fut = seq.take.call(attempt)
         held_after_call = _held(leadable)
         assert list(fut.get(T).values()) == [attempt, attempt]
-        # Set aside by the fan-out; get() led them again and gave them back.
-        if all(held_after_call) and leader.holds == before + 1 and not any(_held(leadable)):
+        # Set aside by the fan-out, then by get() for the next fan-out.
+        if all(held_after_call) and leader.holds == before + 2 and all(_held(leadable)):
             break
     else:
         pytest.fail("a mesh call never set its connections aside for its get()")
+    # A call to one rank's get() leads them too, and gives them back (pipelined calls
+    # keep the loop reading while they issue).
+    assert seq.slice(gpus=0).take.call_one(-2).get(T) == -2
+    assert not any(_held(leadable))
     # Later calls, from this thread and with the loop reading, go on as before.
     for i in range(50):
         assert list(seq.take.call(i).get(T).values()) == [i, i]
