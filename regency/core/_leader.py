@@ -149,7 +149,7 @@ class Leader:
         #: to take them back (:meth:`_reclaim`).
         self.holds = 0
         self._reclaiming = False
-        #: Threads waiting for the loop to read for them (on a lock, or an empty mailbox):
+        #: Threads waiting for the loop to read for them (on a lock, or awaiting a future):
         #: while there are any, nothing is set aside.
         self._loop_waiters = 0
         self._waiters_lock = threading.Lock()
@@ -475,9 +475,6 @@ class LeadingMailbox:
                 return not q.empty()
 
             self._leader._lead(nonempty, arm, None, lambda _left: None)
-            if q.empty():  # the loop delivers it: no connection is set aside meanwhile
-                with self._leader.loop_waiting():
-                    return self._get()
         return self._get()
 
 
