@@ -6,13 +6,15 @@ CPU time of this thread (``time.thread_time``), best of several rounds: on a loa
 wall-clock figures swing by tens of percent, these by a few. Run through ``make bench`` or
 ``python -m benchmarks.bench_dispatch``.
 
-``python -m benchmarks.bench_dispatch --callgrind [N]`` counts the instructions of a whole
-``call_one`` round trip to a sync endpoint of another process, per thread, with valgrind's
-callgrind (exact and independent of load; run it twice, the paths taken vary a little with
-timing): the controller's side (this script re-run under callgrind: the user thread's
+``python -m benchmarks.bench_dispatch --callgrind [N [PROCS [ctl|proc]]]`` counts the
+instructions of a whole ``call_one`` round trip to a sync endpoint of another process, per
+thread, with valgrind's callgrind (exact and independent of load; run it twice, the paths
+taken vary a little with timing): the controller's side (this script re-run under callgrind: the user thread's
 ``call_one()`` and ``get()``, and the runtime's loop thread) and the proc's (the proc started
 under callgrind: its actor thread, which reads the call, runs it and writes the reply, and its
-loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips.
+loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips. With
+``PROCS`` > 1 the controller has that many procs (the calls go to the first), as in
+``side_by_side``'s tiny round trip; ``ctl`` or ``proc`` measures one side only.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from regency.actor import Actor, endpoint
 from regency.core import _codec
 from regency.core._config import Config
 from regency.core._delivery import CONNECTED
-from regency.core._future import Future
 from regency.core._inbound import InboundSink
 from regency.core._messages import Session
 from regency.core._outbox import Outbox
@@ -43,6 +44,9 @@ from regency.core._runtime import Runtime
 
 class _Cell:
     def enqueue(self, item: Any) -> None:
+        pass
+
+    def accept(self, item: Any) -> None:
         pass
 
 
@@ -72,8 +76,7 @@ def run() -> list[tuple[str, str, float, str]]:
     call_view = memoryview(call if isinstance(call, bytes) else b"".join(call))
 
     def receive_reply() -> None:
-        fut: Future[Any] = Future()
-        rt.ports[5] = OneReply(fut, "Echo.ping", (0,), ("a",), frozenset(("a",)))
+        rt.ports[5] = OneReply("Echo.ping", (0,), ("a",), frozenset(("a",)))
         rt.on_frame(reply)
 
     rt.nursery = _Nursery()  # type: ignore[assignment]
@@ -104,8 +107,117 @@ def run() -> list[tuple[str, str, float, str]]:
         ("decode a call read by the actor's thread", "", _best_us(
             lambda: _codec.decode_call_to(call_view, wanted)), "us cpu"),
         ("encode a reply of None", "", _best_us(lambda: _codec.encode_reply(5, 0, 0, None)), "us cpu"),
+        *[(name, "", _best_us(step), "us cpu") for name, step in proc_steps()],
         *round_trip_cpu(),
     ]
+
+
+class _Ping(Actor):
+    @endpoint
+    def ping(self) -> None:
+        return None
+
+
+class _NoToken:
+    def run_sync_soon(self, fn: Any) -> None:
+        pass  # the writer task's wake-up: not measured here
+
+
+def proc_steps() -> list[tuple[str, Callable[[], object]]]:
+    """The proc's side of a call, step by step, in this process with no loop: a real
+    actor cell (its mailbox, its mailbox loop driven as its thread drives it), a real
+    inbound session, a connected outbox whose connection drops what it is given, and a
+    real socket connection over a socketpair for the write (its burst path: queued for the
+    writer task). Each returns the name and one step to repeat."""
+    import socket
+
+    from regency.core._mailbox import ActorCell
+    from regency.transports._sockets import SocketConnection
+
+    rt = Runtime("p1", secret=b"b" * 32, jobdir="/nowhere", config=Config(), address="inproc://p1")
+    rt.nursery = _Nursery()  # type: ignore[assignment]
+    rt.thread_id = -1  # no loop thread: the ACK timer is scheduled, never run
+    rt.call_soon = lambda fn: None  # type: ignore[method-assign]
+    key, caller = "c.echo.0", "unix:///tmp/c.sock"
+    cell = ActorCell(rt, key, "echo", (0, ("gpus",), (1,)), (_Ping, (), {}), None, (caller, "client", "client"))
+    rt.actors[key] = cell
+    mailbox_loop = cell._main()
+    mailbox_loop.send(None)  # __init__; now it waits for its first message
+    box = rt.outbox(caller)
+    box._machine.state, box._machine.link = CONNECTED, _Connection()
+    call = _codec.encode_call(key, "ping", (caller, 5), 0, ("gpus",), (1,), _codec.dumps(((), {})))
+    view = memoryview(call if isinstance(call, bytes) else b"".join(call))
+    sink, conn = InboundSink(rt), _Connection()
+    sink.frame_received(conn, memoryview(_codec.encode(Session("s#1#1", 0))))  # type: ignore[arg-type]
+    sink._ack_pending = True  # one ACK on its way: none scheduled per frame
+    queue = cell._queue
+    item = _codec.decode(view)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    link = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
+    reply = _codec.encode_reply(5, 0, 0, None)
+
+    def loop_reads() -> None:
+        sink.frame_received(conn, view)  # type: ignore[arg-type]
+        queue.get_nowait()  # (the actor's: not counted above)
+
+    def thread_reads() -> None:
+        sink.frame_on_thread(conn, view)  # type: ignore[arg-type]
+        queue.get_nowait()
+
+    def handle() -> None:
+        mailbox_loop.send(item)
+        if len(box._unacked) > 1000:
+            box._unacked.clear()
+
+    def write_burst(_peer: socket.socket = theirs) -> None:  # (the peer stays open)
+        link.send_nowait(reply)
+        if len(link._pending) > 500:
+            link._pending.clear()
+            link._kicked = False
+
+    return [
+        ("proc: a call read by the loop, through the session to the mailbox", loop_reads),
+        ("proc: a call read by the actor's thread, to its mailbox", thread_reads),
+        ("proc: decode a call", lambda: _codec.decode(view)),
+        ("proc: the mailbox's put and get", lambda: (queue.put(item), queue.get())),
+        ("proc: the actor thread runs a call (context, endpoint, reply to the outbox)", handle),
+        ("proc: encode a reply of None", lambda: _codec.encode_reply(5, 0, 0, None)),
+        ("proc: write a reply in a burst (queued for the writer task)", write_burst),
+    ]
+
+
+def steps_callgrind(n: int = 3000) -> None:
+    """Instructions per step of :func:`proc_steps`, this process counting itself under
+    callgrind (re-run under valgrind; exact, independent of load)."""
+    if os.environ.get("_BENCH_UNDER_CALLGRIND") != "1":
+        if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+            raise SystemExit("--steps needs valgrind (apt-get install valgrind)")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "_BENCH_UNDER_CALLGRIND": "1", "_BENCH_OUT": f"{tmp}/steps.out",
+                   "PYTHONHASHSEED": "0"}
+            subprocess.run([
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/steps.out",
+                "--dump-instr=no", "-q", sys.executable, "-m", "benchmarks.bench_dispatch",
+                "--steps", str(n),
+            ], check=True, env=env)
+        return
+    out, me = os.environ["_BENCH_OUT"], str(os.getpid())
+    print(f"instructions per step ({n} of each, after 500 to warm up)")
+    for name, step in proc_steps():
+        for _ in range(500):
+            step()
+        _callgrind_control("-z", me)
+        for _ in range(n):
+            step()
+        before = set(glob.glob(out + "*"))
+        _callgrind_control("-d", me)
+        dump = max(set(glob.glob(out + "*")) - before, key=os.path.getmtime)
+        with open(dump) as f:
+            text = f.read()
+        found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+        assert found is not None
+        print(f"  {name}: {int(found.group(1)) // n}")
 
 
 def _wanted(actor: str) -> bool:
@@ -176,9 +288,13 @@ def _callgrind_control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-def _round_trips(side: str, n: int, out: str) -> None:
+def _round_trips(
+    side: str, n: int, out: str, procs_n: int = 1, pipelined: bool = False
+) -> None:
     """One side of :func:`callgrind`: spawn the proc (under callgrind for ``side ==
-    "proc"``), warm up, zero the counters, make ``n`` round trips, dump."""
+    "proc"``; with ``procs_n`` > 1, that many procs, the calls going to the first), warm
+    up, zero the counters, make ``n`` round trips (``pipelined``: issued 1,000 at a time,
+    then awaited), dump."""
     import regency
     from regency.actor import this_host
     from regency.core._bootstrap_command import BOOTSTRAP_ARGS, BootstrapCommand
@@ -191,14 +307,25 @@ def _round_trips(side: str, n: int, out: str) -> None:
             "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
             "--separate-threads=yes", sys.executable, *BOOTSTRAP_ARGS,
         ])
-    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=command)
+    procs = this_host().spawn_procs(per_host={"gpus": procs_n}, bootstrap_command=command)
     echo = procs.spawn("echo", _Echo)
+    echo.ping.call().get()
+    echo = echo.slice(gpus=0)
     for _ in range(300):
         echo.ping.call_one().get()
     target = echo.pid.call_one().get() if side == "proc" else os.getpid()
+    ping = echo.ping
+    if pipelined:
+        for f in [ping.call_one() for _ in range(1000)]:
+            f.get()
     _callgrind_control("-z", str(target))
-    for _ in range(n):
-        echo.ping.call_one().get()
+    if pipelined:
+        for _ in range(0, n, 1000):
+            for f in [ping.call_one() for _ in range(1000)]:
+                f.get()
+    else:
+        for _ in range(n):
+            ping.call_one().get()
     _callgrind_control("-d", str(target))
 
 
@@ -216,30 +343,64 @@ def _per_thread(pattern: str, n: int) -> list[int]:
     return sorted(counts, reverse=True)
 
 
-def callgrind(n: int = 2000) -> None:
-    """Print the instructions per round trip of each busy thread on both sides."""
+def callgrind(
+    n: int = 2000,
+    procs_n: int = 1,
+    sides: tuple[str, ...] = ("proc", "ctl"),
+    pipelined: bool = False,
+) -> None:
+    """Print the instructions per round trip of each busy thread on both sides (``sides``;
+    ``procs_n`` procs, the calls going to the first: the controller's thread then has that
+    many connections it could read); with ``pipelined``, per call of the proc alone while
+    calls are issued 1,000 at a time, then awaited (the proc's loop reads calls in bursts
+    while its actor thread runs them)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     me = [sys.executable, "-m", "benchmarks.bench_dispatch"]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "REGENCY_ZYGOTE": "0"}  # the proc's own command, not a fork
-        subprocess.run([*me, "--side", "proc", str(n), f"{tmp}/proc.out"], check=True, env=env)
-        subprocess.run([
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
-            "--dump-instr=no", "--separate-threads=yes", "-q",
-            *me, "--side", "ctl", str(n), f"{tmp}/none",
-        ], check=True)
+        mode = ["--pipelined"] if pipelined else []
+        if "proc" in sides or pipelined:
+            subprocess.run(
+                [*me, "--side", "proc", str(n), f"{tmp}/proc.out", str(procs_n), *mode],
+                check=True, env=env,
+            )
+        if pipelined:
+            proc = _per_thread(f"{tmp}/proc.out.1-*", n)
+            print(f"instructions per pipelined call_one in the proc ({n} calls), by thread")
+            print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
+            return
+        if "ctl" in sides:
+            subprocess.run([
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
+                "--dump-instr=no", "--separate-threads=yes", "-q",
+                *me, "--side", "ctl", str(n), f"{tmp}/none", str(procs_n),
+            ], check=True)
         ctl, proc = _per_thread(f"{tmp}/ctl.out.1-*", n), _per_thread(f"{tmp}/proc.out.1-*", n)
-    print(f"instructions per call_one round trip ({n} trips), by thread, busiest first")
-    print(f"  controller (user thread, then the runtime's loop): {ctl}, in all {sum(ctl)}")
-    print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
+    print(f"instructions per call_one round trip ({n} trips, {procs_n} procs), by thread, "
+          "busiest first")
+    if "ctl" in sides:
+        print(f"  controller (user thread, then the runtime's loop): {ctl}, in all {sum(ctl)}")
+    if "proc" in sides:
+        print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--side"]:
-        _round_trips(sys.argv[2], int(sys.argv[3]), sys.argv[4])
-    elif sys.argv[1:2] == ["--callgrind"]:
-        callgrind(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+    flags = [a for a in sys.argv[1:] if a == "--pipelined"]
+    argv = [a for a in sys.argv if a != "--pipelined"]
+    if argv[1:2] == ["--side"]:
+        _round_trips(argv[2], int(argv[3]), argv[4], int(argv[5]), pipelined=bool(flags))
+    elif argv[1:2] == ["--steps"]:
+        steps_callgrind(int(argv[2]) if len(argv) > 2 else 3000)
+    elif argv[1:2] == ["--callgrind"]:
+        # --callgrind [N [PROCS [ctl|proc]]] [--pipelined]
+        rest = argv[2:]
+        callgrind(
+            int(rest[0]) if rest else 2000,
+            int(rest[1]) if len(rest) > 1 else 1,
+            (rest[2],) if len(rest) > 2 else ("proc", "ctl"),
+            pipelined=bool(flags),
+        )
     else:
         for figure, _target, value, unit in run():
             print(f"{figure}: {value:.2f} {unit}")

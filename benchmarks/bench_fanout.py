@@ -6,9 +6,11 @@ connected outbox) and taking its replies (decode, port, reply handler, future), 
 CPU time of this thread, best of several rounds (``benchmarks/bench_dispatch.py`` measures
 the parts one by one). Run ``python -m benchmarks.bench_fanout``; ``--callgrind N [one|four]``
 runs N calls of each kind (or of one) once, for ``valgrind --tool=callgrind``: instruction
-counts do not move with the machine's load (docs/performance.md). ``--callgrind-mesh
-[N]`` counts the controller's instructions per call over a 4-proc mesh of real procs, its
-connections set aside between calls (``Leader.holding``, the default) and given back.
+counts do not move with the machine's load (docs/performance.md); ``send`` and ``reply`` are
+the two halves of ``one``, the reply as a thread that read it takes it (the inbound session's
+``frame_on_thread``). ``--callgrind-mesh [N]`` counts the controller's instructions per call
+over a 4-proc mesh of real procs, its connections set aside between calls
+(``Leader.holding``, the default) and given back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import timeit
 from collections.abc import Callable
@@ -32,7 +35,10 @@ from regency.core._config import Config
 from regency.core._current import _runtime_var
 from regency.core._delivery import CONNECTED
 from regency.core._endpoint import Actor, endpoint
+from regency.core._inbound import InboundSink
+from regency.core._messages import Session
 from regency.core._outbox import Outbox
+from regency.core._replies import OneReply
 from regency.core._runtime import Runtime
 from regency.core._shape import Shape
 
@@ -100,6 +106,46 @@ def call_one_and_reply() -> Callable[[], None]:
     return once
 
 
+def call_one_issued() -> Callable[[], None]:
+    """The send half of :func:`call_one_and_reply`: ``call_one()`` up to the outbox's
+    write (its port is then dropped unanswered)."""
+    rt, mesh, boxes = _setup(1)
+    ping = mesh.slice(gpus=0).ping
+    ports, unacked = rt.ports, boxes[0]._unacked
+
+    def once() -> None:
+        ping.call_one()
+        ports.clear()
+        unacked.clear()
+
+    return once
+
+
+def reply_read_on_thread() -> Callable[[], None]:
+    """The receive half, as the thread in ``get()`` takes a reply it read: the inbound
+    session's ``frame_on_thread``, decoding, the port, the future (here its own handler)."""
+    rt, mesh, _ = _setup(1)
+    rt.thread_id = threading.get_ident()  # the acknowledgement timer: started at once
+    rt.nursery = _Nursery()  # type: ignore[assignment]
+    sink, conn = InboundSink(rt), _Connection()
+    sink.frame_received(conn, memoryview(_codec.encode(Session("s#1#1", 0))))  # type: ignore[arg-type]
+    route = mesh.slice(gpus=0)._route()
+    replies = _replies(1)
+
+    def once() -> None:
+        fut = OneReply("c1.echo.ping", route.one_rank[0], route.one_address[0], route.dest_sets[0])
+        port_id = rt.open_port(fut)[1]
+        sink.frame_on_thread(conn, replies(port_id)[0])  # type: ignore[arg-type]
+        assert fut.done()
+
+    return once
+
+
+class _Nursery:
+    def start_soon(self, *args: Any, **kwargs: Any) -> None:
+        pass  # the batched acknowledgement's timer: not measured here
+
+
 def call_4_and_replies() -> Callable[[], None]:
     """One ``call`` over 4 ranks: issued, then its 4 replies taken, folded into a ValueMesh."""
     rt, mesh, boxes = _setup(4)
@@ -128,6 +174,13 @@ def run() -> list[tuple[str, str, float, str]]:
     return contextvars.copy_context().run(
         lambda: [
             ("call_one issued and its reply taken", "", _best_us(call_one_and_reply()), "us cpu"),
+            ("call_one issued (to the outbox's write)", "", _best_us(call_one_issued()), "us cpu"),
+            (
+                "a call_one's reply taken on the thread that read it",
+                "",
+                _best_us(reply_read_on_thread()),
+                "us cpu",
+            ),
             (
                 "call over 4 ranks issued and its 4 replies taken",
                 "",
@@ -202,7 +255,12 @@ if __name__ == "__main__":
         tail = sys.argv[sys.argv.index("--callgrind") + 1 :]
         n, kinds = int(tail[0]), tail[1:] or ["one", "four"]
         for kind in kinds:
-            once = {"one": call_one_and_reply, "four": call_4_and_replies}[kind]()
+            once = {
+                "one": call_one_and_reply,
+                "send": call_one_issued,
+                "reply": reply_read_on_thread,
+                "four": call_4_and_replies,
+            }[kind]()
             for _ in range(n):  # (the runtime ``once`` made is the current one)
                 once()
     else:

@@ -141,7 +141,7 @@ def reduce_one(
             reduction,
             scatter,
             inplace,
-            (tuple(fake.shape), fake.dtype),
+            (tuple(fake.shape), fake.dtype, str(fake.device)),
         ),
     )
     return result
@@ -201,7 +201,7 @@ def to_mesh_one(t: Tensor, source: Any, mesh: Any, stream: Stream | None) -> Ten
             result._ref,
             sends,
             involved,
-            (tuple(fake.shape), fake.dtype),
+            (tuple(fake.shape), fake.dtype, str(fake.device)),
         ),
     )
     return result

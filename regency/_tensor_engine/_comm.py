@@ -13,6 +13,12 @@ members take part in creating it (no world-wide barrier) and bulk data never tra
 actor message. ``tag`` is the op's sequence number: the same on every member, unique per op.
 In a simulation gloo cannot run (real sockets, real threads); there each worker
 owns a channel and tensors travel as messages over the simulated network.
+
+CUDA tensors: a group whose members each hold their tensor on a GPU of their own (told apart
+by device UUID, exchanged once per group through the store) all-reduces and all-gathers them
+with NCCL, in place on the GPU, as Monarch does. Anything else (procs sharing one GPU, which
+NCCL refuses; bitwise reductions; point-to-point moves) runs on host copies over gloo: the
+worker stages them (see ``Comm.on_device``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ class Comm:
     """The interface both backends implement."""
 
     rank: int
+
+    def on_device(self, t: torch.Tensor, group: Group, reduction: str, scatter: bool) -> bool:
+        """Whether this reduction of CUDA tensor ``t`` runs on the GPU itself (else the worker
+        stages it through host memory). Every member of ``group`` answers the same."""
+        return False
 
     def allreduce(self, t: torch.Tensor, group: Group, op: str, tag: int) -> None:
         raise NotImplementedError
@@ -98,6 +109,8 @@ class GlooComm(Comm):
         self._store = store_cls(host, port, is_master=False, timeout=self._timeout)
         self._prefix = prefix
         self._groups: dict[Group, Any] = {}
+        #: group -> its NCCL process group, or None where NCCL cannot serve it (decided once).
+        self.nccl: dict[Group, Any] = {}
         dist_ops = dist.ReduceOp
         self._ops = {
             "sum": dist_ops.SUM,
@@ -127,16 +140,49 @@ class GlooComm(Comm):
             self._groups[group] = pg
         return pg
 
+    def _nccl_group(self, group: Group, t: torch.Tensor) -> Any:
+        """The NCCL process group of ``group``, or None: made when every member holds its
+        tensors on a GPU of its own (NCCL refuses two ranks on one GPU). The members learn
+        each other's device UUIDs through the store, so all of them decide alike."""
+        if group in self.nccl:
+            return self.nccl[group]
+        dist = self._dist
+        pg = None
+        if dist.is_nccl_available():
+            store = dist.PrefixStore(
+                f"{self._prefix}/nccl/{'.'.join(map(str, group))}", self._store
+            )
+            store.set(str(self.rank), str(torch.cuda.get_device_properties(t.device).uuid))
+            uuids = [store.get(str(r)).decode() for r in group]
+            if len(set(uuids)) == len(uuids):
+                torch.cuda.set_device(t.device)
+                pg = dist.ProcessGroupNCCL(
+                    dist.PrefixStore("pg", store), group.index(self.rank), len(group)
+                )
+        self.nccl[group] = pg
+        return pg
+
+    def on_device(self, t: torch.Tensor, group: Group, reduction: str, scatter: bool) -> bool:
+        if t.device.type != "cuda":
+            return False
+        if reduction == "stack":
+            ok = not scatter  # an all-gather; all-to-all is point to point (gloo)
+        else:
+            ok = reduction in ("sum", "avg", "product", "min", "max")
+        return ok and self._nccl_group(group, t) is not None
+
     def allreduce(self, t: torch.Tensor, group: Group, op: str, tag: int) -> None:
         opts = self._dist.AllreduceOptions()
         opts.reduceOp = self._ops[op]  # type: ignore[assignment]
-        self._group(group).allreduce([t], opts).wait()
+        pg = self.nccl.get(group) if t.device.type == "cuda" else None
+        (pg or self._group(group)).allreduce([t], opts).wait()
         if op == "avg":
             finish_avg(t, len(group))
 
     def allgather(self, t: torch.Tensor, group: Group, tag: int) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in group]
-        self._group(group).allgather([out], [t.contiguous()]).wait()
+        pg = self.nccl.get(group) if t.device.type == "cuda" else None
+        (pg or self._group(group)).allgather([out], [t.contiguous()]).wait()
         return out
 
     def exchange(

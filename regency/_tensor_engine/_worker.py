@@ -10,12 +10,17 @@ FIFO; a worker runs them one after another. Op kinds (plain tuples):
     a remote function (a callable or ``"pkg.mod.fn"``), the same way.
 ``("reduce", seq, src, out, groups, reduction, scatter, inplace, meta)``
     a collective over the group (of ``groups``, tuples of global ranks) holding this rank;
-    ``meta`` is the input's (shape, dtype), so a
+    ``meta`` is the input's (shape, dtype, device), so a
     rank whose input failed still takes part and the others do not hang.
 ``("move", seq, src, out, sends, recvs, meta)``
     ``to_mesh``: ``sends`` are (from, to) rank pairs; this rank sends its ``src`` where it is
     ``from`` and defines ``out`` where it is ``to``.
 ``("alias", new, old)``, ``("del", refs)``, ``("peers", ports)`` (simulator).
+
+GPU tensors: ops, factories and remote functions run wherever their tensors are; reductions
+of CUDA tensors use NCCL where every member of the group has a GPU of its own, otherwise
+collectives and moves stage them through host memory (gloo; see :mod:`._comm` and
+docs/porting.md); values fetched to the controller are CPU tensors, as in Monarch.
 
 A failed op stores a :class:`Failure` under each of its outputs; any op that reads a failure
 stores that same failure under its own outputs (dependents fail too), and nothing else stops.
@@ -99,12 +104,38 @@ def resolve_function(fn: Any) -> Callable[..., Any]:
 
 def _compact(value: Any) -> Any:
     """A tensor that views part of a larger storage would pickle the whole storage: send a
-    copy of just its elements instead."""
-    if isinstance(value, torch.Tensor) and (
-        value.untyped_storage().nbytes() > value.numel() * value.element_size()
-    ):
-        return value.clone()
+    copy of just its elements instead. A GPU tensor comes to the controller as a CPU tensor
+    (Monarch: "all tensors in obj will be fetched to the CPU device")."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            return value.detach().cpu()
+        if value.untyped_storage().nbytes() > value.numel() * value.element_size():
+            return value.clone()
     return value
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` with every non-CPU tensor in it (a pytree) copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return _compact(value)
+    return pytree.tree_map(
+        lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) and v.device.type != "cpu"
+        else v,
+        value,
+    )
+
+
+def _staged(t: Any) -> Any:
+    """A host copy of GPU tensor ``t`` in pinned memory (torch caches pinned blocks, so a
+    reduction repeated each step faults in no fresh pages, and the copies back are faster)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t)
+    return host
+
+
+def _device_of(meta: tuple[Any, ...]) -> Any:
+    """The device in an op's ``meta`` (shape, dtype[, device]); CPU when absent."""
+    return torch.device(meta[2]) if len(meta) > 2 else torch.device("cpu")
 
 
 class _Failed(Exception):
@@ -234,7 +265,7 @@ class TensorWorker(Actor):
         _running = self
         try:
             a, k = self._resolve(args)
-            return resolve_function(fn)(*a, **k)
+            return _to_host(resolve_function(fn)(*a, **k))
         except _Failed as failed:
             return failed.failure
         except Exception as exc:
@@ -307,7 +338,7 @@ class TensorWorker(Actor):
         reduction: str,
         scatter: bool,
         inplace: bool,
-        meta: tuple[tuple[int, ...], torch.dtype],
+        meta: tuple[Any, ...],
     ) -> None:
         failure: Failure | None = None
         group = next(g for g in groups if self.rank in g)
@@ -318,8 +349,15 @@ class TensorWorker(Actor):
                 if isinstance(value, Failure)
                 else Failure(seq, self.rank, "LookupError", f"tensor ref {src} is not here", "")
             )
-            value = torch.zeros(meta[0], dtype=meta[1])  # take part so the others go on
+            # Take part (on the same device as the others) so that they go on.
+            value = torch.zeros(meta[0], dtype=meta[1], device=_device_of(meta))
         n = len(group)
+        # GPU tensors: NCCL where each member has a GPU of its own, else through host memory.
+        device = value.device
+        staged = device.type != "cpu" and not self.comm.on_device(value, group, reduction, scatter)
+        original = value
+        if staged:
+            value = _staged(value)
         try:
             if reduction == "stack":
                 if scatter:  # all-to-all: chunk i of every member goes to member i
@@ -338,9 +376,11 @@ class TensorWorker(Actor):
                 work = value if inplace and not scatter else value.clone()
                 self.comm.allreduce(work, group, reduction, seq)
                 result = work.chunk(n)[group.index(self.rank)].clone() if scatter else work
-            if inplace and result is not value:
-                value.copy_(result.reshape(value.shape))
-                result = value
+            if staged:
+                result = result.to(device)
+            if inplace and result is not original:
+                original.copy_(result.reshape(original.shape))
+                result = original
         except Exception as exc:
             failure = failure or self._failure(seq, exc)
             result = None
@@ -353,7 +393,7 @@ class TensorWorker(Actor):
         out: int,
         sends: list[tuple[int, int]],
         group: tuple[int, ...],
-        meta: tuple[tuple[int, ...], torch.dtype],
+        meta: tuple[Any, ...],
     ) -> None:
         me = self.rank
         value = self.refs.get(src)
@@ -363,12 +403,12 @@ class TensorWorker(Actor):
         for frm, to in sends:
             if frm == me:
                 outgoing[to] = (
-                    value
+                    (_staged(value) if value.device.type != "cpu" else value)  # GPU: via host
                     if isinstance(value, torch.Tensor)
                     else torch.zeros(meta[0], dtype=meta[1])
                 )
             if to == me:
-                incoming[frm] = meta
+                incoming[frm] = (meta[0], meta[1])
         try:
             got = self.comm.exchange(group, seq, outgoing, incoming)
         except Exception as exc:
@@ -382,9 +422,10 @@ class TensorWorker(Actor):
             dict.fromkeys(outgoing, flag),
             dict.fromkeys(incoming, ((1,), flag.dtype)),
         )
+        device = _device_of(meta)
         for frm in incoming:
             self.refs[out] = (
-                got[frm]
+                got[frm].to(device)
                 if not int(status[frm][0])
                 else Failure(
                     seq, frm, "RuntimeError", f"the source of to_mesh (rank {frm}) had failed", ""

@@ -83,6 +83,8 @@ class Endpoint(Generic[P, R]):
         #: ``mesh.endpoint``, as errors and reply handlers name it (built once: every call
         #: passes it on).
         self.qualname = f"{mesh._name}.{name}"
+        #: The mesh's rank count (a mesh's shape never changes: a slice is a new mesh).
+        self._ranks = len(mesh._shape)
 
     def _send(
         self,
@@ -179,22 +181,22 @@ class Endpoint(Generic[P, R]):
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         """``_issue`` to one rank, flattened (the pipelined and round-trip hot path): the
-        same port, liveness check and errors, and ``Casting.send_one`` for the send."""
-        fut: Future[R] = Future()
+        same port, liveness check and errors, and ``Casting.send_one`` for the send. The
+        future is its own reply handler (:class:`OneReply`)."""
         mesh = self._mesh
-        route = mesh._route()
-        handler = OneReply(
-            fut, self.qualname, route.one_rank[local], route.one_address[local],
+        route = mesh._cached_route or mesh._route()
+        fut = OneReply(
+            self.qualname, route.one_rank[local], route.one_address[local],
             route.dest_sets[local],
         )
-        port = rt.open_port(handler)
+        port = rt.open_port(fut)
         try:
             if rt.oversight.machine.failed(mesh._key, route.ranks[local]):
                 self._check_alive(rt, (local,))  # raises, saying why
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
         except SupervisionError as exc:
             rt.close_port(port[1])
-            handler.fail(exc)
+            fut.fail(exc)
         except ValueError:
             rt.close_port(port[1])
             raise
@@ -202,14 +204,15 @@ class Endpoint(Generic[P, R]):
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the only rank of a one-rank mesh."""
-        n = len(self._mesh._shape)
-        if n != 1:
+        if self._ranks != 1:
             raise ValueError(
-                f"call_one needs a mesh of exactly 1 rank (got {n} ranks: "
+                f"call_one needs a mesh of exactly 1 rank (got {self._ranks} ranks: "
                 f"{self._mesh._shape.dim_sizes()}); slice it first or use call()"
             )
-        rt = current_runtime()
-        return self._call_rank(rt, 0, _pickle_args(self.qualname, args, kwargs))
+        payload = (
+            _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
+        )
+        return self._call_rank(current_runtime(), 0, payload)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank chosen uniformly at random."""

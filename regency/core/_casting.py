@@ -120,7 +120,8 @@ class Casting:
         return True
 
     def _direct_now(self, address: str, frame: Any) -> None:
-        box = self._rt.outbox(address)
+        rt = self._rt
+        box = rt._outboxes.get(address) or rt.outbox(address)  # (made on first use)
         box.send(frame)
         self._direct[address] = box._machine.queued_count
 

@@ -78,7 +78,7 @@ class Future(Generic[R]):
 
     def _resolve(self, value: Any, exc: BaseException | None) -> None:
         with self._lock:
-            if self.done():
+            if self._value is not _PENDING or self._exception is not None:  # done()
                 return
             self._exception = exc
             self._value = value
@@ -121,7 +121,7 @@ class Future(Generic[R]):
         handing the baton back to the loop on a simulator's lockstep thread; the rest of
         this method is the same for both.
         """
-        if not self.done():
+        if self._value is _PENDING and self._exception is None:  # not done()
             wait: Callable[[Future[Any], float | None], None] = getattr(
                 blocking, "wait", _wait_on_lock
             )
@@ -132,7 +132,11 @@ class Future(Generic[R]):
                         wait(self, timeout)
                     return self._outcome()
             wait(self, timeout)
-        return self._outcome()
+        # _outcome(), inlined: get() of a done future is most of a pipelined caller's gets.
+        if self._exception is not None:
+            raise self._exception
+        value: R = self._value
+        return value
 
     def result(self, timeout: float | None = None) -> R:
         return self.get(timeout)

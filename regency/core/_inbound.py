@@ -18,6 +18,7 @@ from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
 
 _reply_port = _codec.compact_reply_port
+_decode_reply = _codec.decode_reply
 #: Replies in the envelope layout at least this big are taken by a thread that reads, like
 #: compact ones (smaller ones, rare, go to the loop: not worth a second envelope unpickle).
 _BULK_REPLY = 64 * 1024
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.transports")
 
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
+_CALL_HEAD = _codec.CALL_MARK_BYTES
 
 #: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
 _ACK_EVERY = 64
@@ -56,8 +58,19 @@ class InboundSink:
         self._ack_pending = False
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
+        receiver = self._receiver
         with self._rt.dispatch_lock:  # a thread may be handling frames of another connection
-            self._frame_received(conn, frame)
+            if receiver.state is None or frame[:4] == _SESSION_MARK:
+                self._session_frame(conn, frame)
+                return
+            index = receiver.frame()
+            if index is None:
+                return  # handled before the reconnect: a resend
+            if self._probe is not None:
+                self._count(index)
+            self._rt.on_frame(frame)
+            if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
+                self._acknowledge(frame, on_loop=True)  # (else one is on its way)
 
     def frame_on_thread(self, conn: transports.Connection, frame: memoryview) -> bool:
         """A frame read by a thread (``core/_leader.py``), not by the loop: a thread blocked
@@ -67,34 +80,50 @@ class InboundSink:
         with the frame unread, so the loop handles it in order). The simulator offers every
         frame here first, on its loop, so simulations run this code."""
         receiver = self._receiver
-        if receiver.state is None or frame[:4] == _SESSION_MARK:
+        if receiver.state is None:
             return False
         rt = self._rt
         call: Call | None = None
-        port_id = _reply_port(frame)
-        if port_id is None and len(frame) >= _BULK_REPLY:
-            # A big reply with out-of-band parts (shm lane): taken here too, not left to the
-            # loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us of CPU
-            # per 1 MiB echo here). Its small envelope is unpickled twice.
-            try:
-                port_id = _codec.bulk_reply_port(frame)
-            except ValueError:
-                return False  # malformed: the loop meets it and closes the connection
-        if port_id is not None:
-            # Only port handlers that say so run off the loop (an endpoint call's replies,
-            # acknowledgements); the others (log sink, channels, ...) expect the trio thread.
-            handler = rt.ports.get(port_id)
-            if handler is None or not getattr(handler, "on_any_thread", False):
-                return False
-        else:
-            # Only a call to an actor with a thread; any other frame is left to the loop
-            # unread past its envelope (its payload is decoded once, there).
+        port_id: int | None = None
+        compact = False
+        head = frame[:4]  # the kind, told once: a call (a proc's actor thread), a reply
+        if head == _CALL_HEAD:
+            # Only a call to an actor with a thread; any other is left to the loop unread
+            # past its route (its payload is decoded once, there).
             try:
                 call = _codec.decode_call_to(frame, rt.threaded_actor)
             except ValueError:
                 return False  # malformed: the loop meets it and closes the connection
             if call is None:
                 return False
+        elif head == _SESSION_MARK:
+            return False
+        else:
+            port_id = _reply_port(frame)
+            compact = port_id is not None
+            if port_id is None and len(frame) >= _BULK_REPLY:
+                # A big reply with out-of-band parts (shm lane): taken here too, not left to
+                # the loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us
+                # of CPU per 1 MiB echo here). Its small envelope is unpickled twice.
+                try:
+                    port_id = _codec.bulk_reply_port(frame)
+                except ValueError:
+                    return False  # malformed: the loop meets it and closes the connection
+            if port_id is not None:
+                # Only port handlers that say so run off the loop (an endpoint call's
+                # replies, acknowledgements); the others (log sink, channels, ...) expect
+                # the trio thread.
+                handler = rt.ports.get(port_id)
+                if handler is None or not getattr(handler, "on_any_thread", False):
+                    return False
+            else:
+                # A call in the envelope layout (out-of-band arguments): as above.
+                try:
+                    call = _codec.decode_call_to(frame, rt.threaded_actor)
+                except ValueError:
+                    return False
+                if call is None:
+                    return False
         with rt.dispatch_lock:
             index = receiver.frame()
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).
@@ -105,7 +134,13 @@ class InboundSink:
                     if self._probe is not None:
                         self._count(index)
                     if call is not None:
-                        rt._to_actor(call.actor, call)
+                        cell = rt.actors.get(call.actor)  # (else: gone meanwhile, or limbo)
+                        if cell is not None:
+                            cell.accept(call)
+                        else:
+                            rt._to_actor(call.actor, call)
+                    elif compact:  # its fields to its port, no record (as Runtime.on_frame)
+                        rt._reply(*_decode_reply(frame))
                     else:
                         try:
                             rt.on_frame(frame)
@@ -130,30 +165,21 @@ class InboundSink:
             raise exc
         deferred.error = exc
 
-    def _frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
-        receiver = self._receiver
-        if receiver.state is None or frame[:4] == _SESSION_MARK:
-            msg = _codec.decode(frame)
-            if type(msg) is Session:
-                # raises for a forgotten session
-                state = self._rt.session_opened(msg.session, msg.first)
-                previous = receiver.started(msg.session, msg.first, state)
-                if previous is not None:
-                    self._rt.session_closed(previous)
-                self._conn = conn
-                if hasattr(conn, "lead"):  # threads waiting for replies may read it
-                    self._rt.leadable[id(self)] = conn
-            else:
-                self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
-            return
-        index = receiver.frame()
-        if index is None:
-            return  # handled before the reconnect: a resend
-        if self._probe is not None:
-            self._count(index)
-        self._rt.on_frame(frame)
-        if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
-            self._acknowledge(frame, on_loop=True)  # (else one is on its way)
+    def _session_frame(self, conn: transports.Connection, frame: memoryview) -> None:
+        """The first frame of a connection (its SESSION; any frame of a peer without
+        sessions), or a SESSION later on (dispatch lock held)."""
+        msg = _codec.decode(frame)
+        if type(msg) is Session:
+            # raises for a forgotten session
+            state = self._rt.session_opened(msg.session, msg.first)
+            previous = self._receiver.started(msg.session, msg.first, state)
+            if previous is not None:
+                self._rt.session_closed(previous)
+            self._conn = conn
+            if hasattr(conn, "lead"):  # threads waiting for replies may read it
+                self._rt.leadable[id(self)] = conn
+        else:
+            self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
 
     # The bookkeeping both readers (the loop, a thread) do for a numbered frame.
 
@@ -224,6 +250,10 @@ class InboundSessions:
         raise NotImplementedError
 
     ports: dict[int, Any]
+    actors: dict[str, Any]
+
+    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:  # by PortTable
+        raise NotImplementedError
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime
         raise NotImplementedError

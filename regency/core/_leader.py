@@ -44,6 +44,7 @@ import trio
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
+from ._replies import OneReply
 from ._spin import SpinPolicy, cpu_gauge, spin_limit
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ MAX_LED = 16
 #: for the loop on those connections wait that long at most, and only while no thread
 #: waits on its lock for the loop (such a thread takes them back at once).
 HOLD = 0.01
+#: Poll sets a thread keeps (one per set of connections it led).
+_POLL_SETS = 8
+#: Procs whose reply connection a runtime remembers (beyond that it forgets them all).
+_KNOWN_PROCS = 4096
 
 
 class _Here(threading.local):
@@ -111,13 +116,18 @@ class _Reading(threading.local):
     bell: Bell | None = None
     #: How this thread spins before it sleeps (core/_spin.py).
     spinner: SpinPolicy | None = None
+    #: The poll set this thread used last (tests look at it).
     poller: Any = None
-    #: The connections ``poller`` polls (besides the bell), and the poller's fd map.
-    polled: tuple[Any, ...] = ()
-    by_fd: dict[int, Any] | None = None
+    #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
+    #: A few are kept: a thread that calls several procs in turn leads one connection for
+    #: each call (:meth:`Leader.wait`), and reuses that connection's set.
+    sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]]
     #: This thread's last fan-out set its connections aside and no wait has come since:
     #: that wait (its ``get()``, mostly) sets them aside again for the next fan-out.
     fanned_out = False
+
+    def __init__(self) -> None:
+        self.sets = {}
 
 
 class Leader:
@@ -134,12 +144,17 @@ class Leader:
         self.declined = 0
         #: How many waits polled without sleeping first (core/_spin.py; for tests).
         self.spun = 0
+        #: How many waits led only the connection their reply was to come on (for tests).
+        self.led_one = 0
         #: Called on a thread that has taken over its connections, before it polls (tests
         #: use it to act while a thread is the reader).
         self.on_lead: Callable[[], None] | None = None
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
         self.spin = spin_limit(runtime.config.spin_us)
         self._gauge = cpu_gauge()
+        #: proc address -> (its key in ``runtime.leadable``, the inbound connection its
+        #: replies came on), learned by waiting threads (:meth:`_lead`'s ``via``).
+        self._from: dict[str, tuple[int, Any]] = {}
         #: A fan-out's sender sets its connections aside for its ``get()``, and that wait
         #: for the next fan-out, instead of giving them back (``_hold``). False: they go
         #: back at once (benchmarks compare both in one run: bench_actors --compare-hold,
@@ -188,9 +203,11 @@ class Leader:
             except TimeoutError:
                 raise TimeoutError(f"future not resolved within {timeout} s") from None
 
+        # A call to one rank: its reply comes on the connection from that proc.
+        via = fut.addresses[0] if type(fut) is OneReply else None
         local = self._local
         after_fan_out, local.fanned_out = local.fanned_out, False
-        if self._lead(fut.done, arm, timeout, rest, hold=after_fan_out):
+        if self._lead(fut.done, arm, timeout, rest, via, hold=after_fan_out):
             return True
         with self.loop_waiting():
             rest(timeout)
@@ -201,25 +218,35 @@ class Leader:
         return LeadingMailbox(self)
 
     def _poll_set(self, taken: list[Any], bell: Bell) -> tuple[Any, dict[int, Any]]:
-        """A poll set of ``taken`` and ``bell``: this thread's last one when it polled the
-        same connections (a thread that unregisters from it, below, forgets it)."""
+        """A poll set of ``taken`` and ``bell``: the one this thread made when it last polled
+        the same connections (a thread that unregisters from one, below, forgets it)."""
         local = self._local
         polled = tuple(taken)
-        if local.polled == polled and local.by_fd is not None:
-            return local.poller, local.by_fd
+        kept = local.sets.get(polled)
+        if kept is not None:
+            local.poller = kept[0]
+            return kept
         poller = select.poll()
         by_fd = {}
         for conn in taken:
             by_fd[conn.fileno()] = conn
             poller.register(conn.fileno(), select.POLLIN)
         poller.register(bell.fd, select.POLLIN)
-        local.poller, local.polled, local.by_fd = poller, polled, by_fd
+        sets = local.sets
+        # A kept set holds its connections (and their receive buffers): those with a
+        # closed one go, and all go beyond _POLL_SETS.
+        for stale in [k for k in sets if any(conn.closed for conn in k)]:
+            del sets[stale]
+        if len(sets) >= _POLL_SETS:
+            sets.clear()
+        sets[polled] = (poller, by_fd)
+        local.poller = poller
         return poller, by_fd
 
     def _may_lead(self) -> bool:
         """Whether this thread may read the runtime's sockets itself at all."""
-        if not self.enabled or _here.declined or self._rt.on_runtime_thread():
-            return False
+        if not self.enabled or _here.declined or threading.get_ident() == self._rt.thread_id:
+            return False  # (the last: the runtime's own thread, Runtime.on_runtime_thread)
         # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
         # that may unwind it anywhere, also while it hands sockets back to the loop: there
         # it waits on its lock and the loop reads, as with thread_reads=False.
@@ -325,6 +352,30 @@ class Leader:
             return []
         return [conn for conn in conns if conn.lead()]
 
+    def _take_from(self, address: str) -> list[Any] | None:
+        """Lead only the inbound connection from the proc at ``address`` (learned from an
+        earlier reply of that proc that this thread read): ``[conn]``, ``[]`` when its
+        reader is busy, None when none is known (lead them all, and learn it)."""
+        known = self._from.get(address)
+        if known is None:
+            return None
+        key, conn = known
+        leadable = self._rt.leadable
+        if key not in leadable or leadable[key] is not conn:  # closed, or replaced
+            self._from.pop(address, None)
+            return None
+        return [conn] if conn.lead() else []
+
+    def _learn(self, address: str, conn: Any) -> None:
+        """A reply from the proc at ``address`` came on ``conn``: the next wait for one
+        leads only that connection."""
+        for key, leadable in self._rt.leadable.items():
+            if leadable is conn:
+                if len(self._from) >= _KNOWN_PROCS:
+                    self._from.clear()
+                self._from[address] = (key, conn)
+                return
+
     def _read(
         self,
         events: list[tuple[int, int]],
@@ -332,26 +383,36 @@ class Leader:
         by_fd: dict[int, Any],
         taken: list[Any],
         bell: Bell,
-    ) -> None:
+        done: Callable[[], bool] | None = None,
+    ) -> Any:
         """Read what ``poll`` found on the led connections; a connection whose frame this
-        thread declines is handed back to the loop and dropped from ``taken``."""
+        thread declines is handed back to the loop and dropped from ``taken``. Returns the
+        connection whose frames made ``done()`` true, if any (None without ``done``)."""
+        resolver = None
         for fd, _ in events:
             if fd == bell.fd:
                 bell.drain()
                 continue
             conn = by_fd.get(fd)
-            if conn is not None and not conn.read_led():  # handed back to the loop
-                self._unpoll(poller, by_fd, fd)
-                taken.remove(conn)
+            if conn is not None:
+                kept = conn.read_led()
+                if done is not None and resolver is None and done():
+                    resolver = conn
+                if not kept:  # handed back to the loop
+                    self._unpoll(poller, by_fd, fd)
+                    taken.remove(conn)
             error = getattr(deferred, "error", None)
             if error is not None:  # raised handling a frame it took (see _inbound)
                 deferred.error = None
                 raise error
+        return resolver
 
     def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
         """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
-        if by_fd is self._local.by_fd:
-            self._local.polled, self._local.by_fd = (), None
+        sets = self._local.sets
+        for polled, kept in list(sets.items()):
+            if kept[1] is by_fd:
+                del sets[polled]
         poller.unregister(fd)
         del by_fd[fd]
 
@@ -361,6 +422,7 @@ class Leader:
         arm: Callable[[Bell | None], bool],
         timeout: float | None,
         rest: Callable[[float | None], None],
+        via: str | None = None,
         *,
         hold: bool = False,
     ) -> bool:
@@ -368,14 +430,26 @@ class Leader:
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
         read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
-        else given back. False when no connection could be led (nothing was waited for)."""
+        else given back. False when no connection could be led (nothing was waited for).
+
+        ``via``: the address of the one proc whose frame will make ``done()`` true (a
+        call to one rank). Once a reply from it has been read here, later waits lead only
+        the connection it came on (fewer ``epoll_ctl``, a smaller poll, the other
+        connections left to the loop); a wait on that one connection that was ended by
+        another reader (the bell) forgets it, so the next wait leads all and learns again.
+        The bell wakes the thread whoever resolves, so a wrong guess costs time, never a
+        reply."""
         if not self._may_lead():
             return False
-        taken = self._take()
+        taken = None if via is None else self._take_from(via)
+        only_via = taken is not None
+        if taken is None:
+            taken = self._take()
         if not taken:
             self.declined += 1
             return False
-        bell = self._bell()
+        local = self._local
+        bell = local.bell or self._bell()
         mine = arm(bell)
         try:
             if not mine:
@@ -385,6 +459,8 @@ class Leader:
                 taken = []
                 return False
             self.led += 1
+            if only_via:
+                self.led_one += 1
             deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
             poller, by_fd = self._poll_set(taken, bell)
             on_lead = self.on_lead
@@ -392,13 +468,17 @@ class Leader:
                 on_lead()
             notebook = _future.notebook
             ms: int | None = None
-            spinner = self._spinner()
+            spinner = local.spinner or self._spinner()
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin and not self._gauge.crowded():
                 self.spun += 1
                 spin_until = time.perf_counter() + spin
+            learn = done if via is not None else None
+            waited = False
+            read_by = None
             while not done():
+                waited = True
                 if notebook is not None:
                     # A fault for the cell whose SIGUSR2 came while this thread was in a
                     # callee (reading or handling a frame), where the handler does not raise:
@@ -425,12 +505,20 @@ class Leader:
                         events = poller.poll(ms)
                 else:
                     events = poller.poll(ms)
-                self._read(events, poller, by_fd, taken, bell)
+                resolver = self._read(events, poller, by_fd, taken, bell, learn)
+                if resolver is not None:
+                    read_by = resolver
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
                     with self.loop_waiting():
                         rest(None if deadline is None else deadline - time.monotonic())
                     break
+            if via is not None:
+                if read_by is not None:
+                    if not only_via:
+                        self._learn(via, read_by)
+                elif only_via and waited:
+                    self._from.pop(via, None)  # it came another way: lead all next time
             if hold and taken:
                 self._hold(taken)
                 taken = []

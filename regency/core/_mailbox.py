@@ -42,6 +42,7 @@ import trio
 from .. import supervision as S
 from .. import transports
 from .._debugger import _remote as _dbg
+from . import _codec
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -136,6 +137,13 @@ class ActorCell:
         self._queue: Mailbox = self._executor.mailbox()
         self._deque: deque[M.MailboxItem] = deque()
         self._wakeup = trio.Event()
+        #: Queue a call or a StopActor (a message from a peer: what ``enqueue`` does for
+        #: them, without its test for a ``Supervise``): the mailbox's own ``put`` for an
+        #: actor with a thread (on the loop, or on a thread that read the message), one
+        #: call per message less; the deque for an all-async actor (on the loop).
+        self.accept: Callable[[M.MailboxItem], None] = (
+            self._queue.put if self.threaded else self._accept_on_loop
+        )
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
         # Set by context().actor_instance.stop() inside a handler: StopActor is queued when
@@ -145,6 +153,8 @@ class ActorCell:
         self._running: set[trio.CancelScope] = set()
         #: Set when ``_running`` empties while the actor winds down (_cancel_concurrent).
         self._running_idle: trio.Event | None = None
+        #: The context of the last call (see _context).
+        self._last_context: Context | None = None
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -169,11 +179,12 @@ class ActorCell:
         ):
             self.rt.nursery.start_soon(self._supervise_now, item.failure)
             return
-        if self.threaded:
-            self._queue.put(item)
-        else:
-            self._deque.append(item)
-            self._wakeup.set()
+        self.accept(item)
+
+    def _accept_on_loop(self, item: M.MailboxItem) -> None:
+        """``accept`` of an all-async actor (on the loop)."""
+        self._deque.append(item)
+        self._wakeup.set()
 
     def abandon(self) -> None:
         """The runtime is going away: stop popping the mailbox."""
@@ -269,7 +280,9 @@ class ActorCell:
             item: M.MailboxItem = yield _NEXT
             match item:
                 case M.Call():
-                    alive = yield from self._call(item)
+                    rest = self._call(item)  # None: handled (most calls: no generator)
+                    if rest is not None:
+                        alive = yield from rest
                 case M.Supervise():
                     yield from self._supervise(item.failure)
                 case M.Escalate():
@@ -362,53 +375,134 @@ class ActorCell:
         return spec.fn, args, kwargs, spec.explicit_response_port
 
     def _context(self, item: M.Call) -> Context:
-        return Context(self.instance, spec=(item.rank, item.labels, item.sizes))
+        """The context of a call: the last call's when it went to the same slice (the
+        common case: one caller's calls of an endpoint share their labels and sizes, from
+        its cached route), so a burst of calls builds one."""
+        spec = (item.rank, item.labels, item.sizes)
+        ctx = self._last_context
+        if ctx is None or ctx._spec != spec:
+            ctx = self._last_context = Context(self.instance, spec=spec)
+        return ctx
 
-    def _call(self, item: M.Call) -> Generator[Any, Any, bool]:
-        """Handle one call; False when the actor died of it."""
+    def _call(self, item: M.Call) -> Generator[Any, Any, bool] | None:
+        """Handle one call. A sync endpoint runs here, to its reply: None. What must wait
+        or await (an async or concurrent endpoint, a coroutine to await, the actor's death)
+        goes on in the generator returned, whose result says whether the actor lives.
+
+        The common case (a sync endpoint that returns) is a plain call, not a generator of
+        its own: it costs each message of a pipelined burst no generator, no delegation."""
         spec = self.endpoints.get(item.method)
-        if spec is not None and spec.concurrent:
-            yield _OnLoop(lambda: self._start_concurrent(item))
-            return True  # the mailbox moves on; the call runs as its own task
-        token = current.set(Context(self.instance, spec=(item.rank, item.labels, item.sizes)))
+        if spec is not None and (spec.is_async or spec.concurrent):
+            return self._call_async(item, spec)
+        ctx = self._context(item)
+        token = current.set(ctx)
         explicit = False
         try:
-            fn, args, kwargs, explicit = self._prepare(item, spec)
-            # An endpoint's kind is known from its spec (one test per class, not per call).
-            if spec.is_async if spec is not None else inspect.iscoroutinefunction(fn):
-                obj = self.obj
-
-                async def run_and_reply() -> None:
-                    coro = fn(obj, *args, **kwargs)
-                    self._in_async_endpoint += 1
-                    try:
-                        # trio and asyncio both work in it (run_coroutine), and its steps run
-                        # in a greenlet: a breakpoint() in it waits without stopping the loop.
-                        result = await _dbg.drive(self.rt.run_coroutine(coro))
-                    finally:
-                        self._in_async_endpoint -= 1
-                        coro.close()  # cancelled before it started: no "never awaited"
-                    if not explicit:
-                        # From the loop, before an actor thread waiting on it wakes: the
-                        # reply does not wait for that hop.
-                        self._succeeded(item, result)
-
-                yield _Await(run_and_reply)
+            payload = item.payload
+            if spec is not None and not spec.explicit_response_port and type(payload) is tuple:
+                fn = spec.fn  # the common case, without _prepare's tuple
+                args, kwargs = payload
             else:
-                result = fn(self.obj, *args, **kwargs)
-                if type(result) is _Coroutine:  # an async plain method via as_endpoint
-                    coro = result
-                    result = yield _Await(lambda: self.rt.run_coroutine(coro))
-                if _dbg.open_sessions:  # the endpoint returned: its debug session ends
-                    _dbg.call_ended(None)
-                if not explicit:
-                    self._succeeded(item, result)
+                fn, args, kwargs, explicit = self._prepare(item, spec)
+                if spec is None and inspect.iscoroutinefunction(fn):  # a plain method, async
+                    return self._call_async(item, spec)
+            result = fn(self.obj, *args, **kwargs)
+            if type(result) is _Coroutine:  # an async plain method via as_endpoint
+                return self._await_result(item, ctx, result, explicit)
+            if _dbg.open_sessions:  # the endpoint returned: its debug session ends
+                _dbg.call_ended(None)
+            if not explicit:
+                self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
             raise  # the runtime is shutting down, or gone
         except BaseException as exc:
-            if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
-                _dbg.call_ended(exc)
-            cause = self._raised(item, exc, explicit)
+            cause = self._call_failed(item, exc, explicit)
+            if cause is not None:
+                return self._die_of_call(ctx, cause, exc)
+        finally:
+            current.reset(token)
+        if self.stop_when_handled:  # a handler that replied through an explicit port
+            self._queue_requested_stop()
+        return None
+
+    def _call_failed(
+        self, item: M.Call, exc: BaseException, explicit: bool
+    ) -> S.FailureCause | None:
+        """A call's handler raised ``exc``: why the actor must die, or None (see
+        :meth:`_raised`)."""
+        if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
+            _dbg.call_ended(exc)
+        return self._raised(item, exc, explicit)
+
+    def _die_of_call(
+        self, ctx: Context, cause: S.FailureCause, exc: BaseException
+    ) -> Generator[Any, Any, bool]:
+        """The actor dies of a call (in that call's context, as its handler ran)."""
+        token = current.set(ctx)
+        try:
+            yield from self._die(cause, exc)
+        finally:
+            current.reset(token)
+        return False
+
+    def _await_result(
+        self, item: M.Call, ctx: Context, coro: Any, explicit: bool
+    ) -> Generator[Any, Any, bool]:
+        """A sync handler returned a coroutine (an async plain method called through
+        ``as_endpoint``): await it on the loop, then reply."""
+        token = current.set(ctx)
+        try:
+            result = yield _Await(lambda: self.rt.run_coroutine(coro))
+            if _dbg.open_sessions:
+                _dbg.call_ended(None)
+            if not explicit:
+                self._succeeded(item, result)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise
+        except BaseException as exc:
+            cause = self._call_failed(item, exc, explicit)
+            if cause is not None:
+                yield from self._die(cause, exc)
+                return False
+        finally:
+            current.reset(token)
+        self._queue_requested_stop()
+        return True
+
+    def _call_async(
+        self, item: M.Call, spec: EndpointSpec[..., Any] | None
+    ) -> Generator[Any, Any, bool]:
+        """A call to an async endpoint (run on the loop, awaited by this driver) or to a
+        concurrent one (started as its own task; the mailbox moves on)."""
+        if spec is not None and spec.concurrent:
+            yield _OnLoop(lambda: self._start_concurrent(item))
+            return True  # the mailbox moves on; the call runs as its own task
+        token = current.set(self._context(item))
+        explicit = False
+        try:
+            fn, args, kwargs, explicit = self._prepare(item, spec)
+            obj = self.obj
+
+            async def run_and_reply() -> None:
+                coro = fn(obj, *args, **kwargs)
+                self._in_async_endpoint += 1
+                try:
+                    # trio and asyncio both work in it (run_coroutine), and its steps run
+                    # in a greenlet: a breakpoint() in it waits without stopping the loop.
+                    result = await _dbg.drive(self.rt.run_coroutine(coro))
+                finally:
+                    self._in_async_endpoint -= 1
+                    coro.close()  # cancelled before it started: no "never awaited"
+                if not explicit:
+                    # From the loop, before an actor thread waiting on it wakes: the
+                    # reply does not wait for that hop.
+                    self._succeeded(item, result)
+
+            yield _Await(run_and_reply)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise  # the runtime is shutting down, or gone
+        except BaseException as exc:
+            cause = self._call_failed(item, exc, explicit)
             if cause is not None:
                 yield from self._die(cause, exc)
                 return False
@@ -501,12 +595,14 @@ class ActorCell:
         return cause
 
     def _succeeded(self, item: M.Call, result: Any) -> None:
-        self._queue_requested_stop()
+        if self.stop_when_handled:
+            self._queue_requested_stop()
         port, index = item.port, item.rank
         if port is None:
             return
         try:
-            self.rt.send_port(port, index, M.OK, result)
+            address, port_id = port  # (Runtime.send_port, two calls less per reply)
+            self.rt.outbox(address).send(_codec.encode_reply(port_id, index, M.OK, result))
         except transports.TransportError as exc:
             log.info("could not reply to %s: %s", port, exc)
         except SupervisionError as exc:

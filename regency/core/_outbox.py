@@ -47,6 +47,7 @@ class Outbox:
     def __init__(self, runtime: Runtime, address: str) -> None:
         self._rt = runtime
         self._probe = runtime.env.probe  # the environment never changes
+        self._max_frame = runtime.config.max_frame_bytes  # nor does a runtime's config
         self.address = address
         self._lock = threading.Lock()
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
@@ -65,12 +66,11 @@ class Outbox:
         return self._machine.unacked
 
     def send(self, frame: transports.Frame) -> None:
-        size = len(frame) if isinstance(frame, bytes) else transports.frame_size(frame)
-        if size > self._rt.config.max_frame_bytes:
+        size = len(frame) if type(frame) is bytes else transports.frame_size(frame)
+        if size > self._max_frame:
             raise ValueError(
-                f"message of {size} bytes exceeds max_frame_bytes="
-                f"{self._rt.config.max_frame_bytes}; raise it with "
-                "regency.configure(max_frame_bytes=...)"
+                f"message of {size} bytes exceeds max_frame_bytes={self._max_frame}; raise "
+                "it with regency.configure(max_frame_bytes=...)"
             )
         machine = self._machine
         with self._lock:

@@ -62,12 +62,15 @@ class PortTable:
         self.send(address, _codec.encode_reply(port_id, index, status, value))
 
     def _to_port(self, reply: Reply) -> None:
-        port_id = reply.port_id
+        self._reply(reply.port_id, reply.index, reply.status, reply.payload)
+
+    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:
+        """A reply's fields to its port's handler (``_codec.decode_reply`` gives them for a
+        compact reply frame without building the :class:`Reply`)."""
         handler = self.ports.get(port_id)
         if handler is None:
             return  # a late reply to a port that finished or timed out
         try:
-            value = reply.payload
             if type(value) is Undecodable:
                 endpoint = getattr(handler, "endpoint", None)
                 if endpoint is None:
@@ -81,24 +84,24 @@ class PortTable:
                 )
                 value = Undecodable(
                     DecodeError(
-                        f"cannot unpickle the reply of {endpoint} from rank {reply.index}: "
+                        f"cannot unpickle the reply of {endpoint} from rank {index}: "
                         f"{detail}"
                     )
                 )
-            if reply.status == BATCH and type(value) is list:
+            if status == BATCH and type(value) is list:
                 # Replies gathered by a forwarding proc of a casting tree: the tree's own
                 # handler takes them whole; any other gets each as if it had come alone.
                 batch = getattr(handler, "deliver_batch", None)
                 if batch is not None:
-                    finished = batch(reply.index, value)
+                    finished = batch(index, value)
                 else:
                     finished = False
-                    for index, status, item in value:
-                        if handler.deliver(index, status, item):
+                    for rank, rank_status, item in value:
+                        if handler.deliver(rank, rank_status, item):
                             finished = True
                             break
             else:
-                finished = handler.deliver(reply.index, reply.status, value)
+                finished = handler.deliver(index, status, value)
         except (KeyboardInterrupt, trio.Cancelled):
             raise
         except BaseException as exc:  # a handler's unpickling may raise anything

@@ -11,12 +11,13 @@ both in one record. Spawn and stop acknowledgements are counted by :class:`_Acks
 from __future__ import annotations
 
 import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from . import _messages as M
 from ._errors import ActorError, RemoteFailure, SupervisionError
-from ._future import Future
+from ._future import _PENDING, Future
 from ._shape import Shape, ValueMesh
 
 
@@ -109,42 +110,50 @@ class Replies:
         self.reducer.fail(SupervisionError(f"Endpoint call {self.endpoint} failed{where}: {exc}"))
 
 
-class OneReply:
-    """The reply port handler of a call to one rank (``call_one``, ``choose``):
-    :class:`Replies` with a reducer that keeps the one value, in one record. A pipelined caller
-    keeps one per call in flight, so each object less is one less for the garbage
-    collector to allocate and traverse (docs/performance.md)."""
+class OneReply(Future[Any]):
+    """The future of a call to one rank (``call_one``, ``choose``), which is also its reply
+    port's handler: :class:`Replies` with a reducer that keeps the one value, folded into the
+    future the caller holds. A pipelined caller keeps one per call in flight, so each object
+    less is one less for the garbage collector to allocate and traverse, and one less to
+    build per call (docs/performance.md). ``addresses[0]`` is the proc the reply comes from:
+    a thread that waits for it reads only that proc's connection (core/_leader.py)."""
 
-    __slots__ = ("addresses", "dests", "endpoint", "fut", "ranks")
+    __slots__ = ("addresses", "dests", "endpoint", "ranks")
     on_any_thread = True  # as Replies
     #: Never set: a one-rank call is not gathered up a casting tree.
     behind: Callable[[str], list[int]] | None = None
 
     def __init__(
         self,
-        fut: Future[Any],
         endpoint: str,
         ranks: tuple[int],
         addresses: tuple[str],
         dests: frozenset[str],
     ) -> None:
-        self.fut, self.endpoint = fut, endpoint
+        # Future.__init__'s fields, set here: one call less on the hot path.
+        self._lock = _allocate_lock()
+        self._value = _PENDING
+        self._exception = None
+        self._event = None
+        self._callbacks = None
+        self._bell = None
+        self.endpoint = endpoint
         self.ranks, self.addresses, self.dests = ranks, addresses, dests
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
-        try:
-            if type(value) is M.Undecodable:
-                raise value.error
-            if status != M.OK:
-                value = _decode(self.endpoint, index, status, value)  # raises
-        except Exception as exc:
-            self.fut.set_exception(exc)
-            return True
-        self.fut.set_result(value)
+        if type(value) is M.Undecodable:
+            self._resolve(None, value.error)
+        elif status == M.OK:
+            self._resolve(value, None)
+        else:
+            try:
+                _decode(self.endpoint, index, status, value)  # raises
+            except Exception as exc:
+                self._resolve(None, exc)
         return True
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
-        self.fut.set_exception(
+        self.set_exception(
             SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.ranks[0]}: {exc}")
         )
 

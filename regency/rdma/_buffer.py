@@ -141,6 +141,8 @@ class RDMABuffer:
         if _transfer.is_local(ref):
             current_state().registry.drop(ref.buf_id)
             return _resolved()
+        if ref.device != "cpu":
+            _transfer.SAME_HOST.forget_mapping(ref)  # our CUDA IPC mapping of it, if any
         done: Future[None] = Future()
         asked: Future[None] = ref.manager.drop.call_one(ref.buf_id)
 

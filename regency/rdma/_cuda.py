@@ -1,13 +1,13 @@
 """GPU memory: copies to and from host memory, and CUDA IPC between processes of one host.
 
 Every function here runs only when a region is on a GPU, which means the caller passed a CUDA
-tensor, so torch is imported. None of it could run on the machine this was written on (no
-GPU); the CPU-only paths around it are tested, these are not (see docs/rdma.md).
+tensor, so torch is imported. ``tests/rdma/test_cuda.py`` runs them where a GPU is present
+(they ran on an H100 in session 6) and skips them, saying so, elsewhere.
 
-Ordering: a copy from or to GPU memory is followed by a synchronisation of that device before
-the transfer counts as done, so a Future that resolved means the bytes are in place, as for
-CPU memory. An owner synchronises its device before it grants a lease on GPU memory, so work
-it queued on the buffer before the transfer was asked for has finished.
+Ordering: a copy from or to GPU memory is preceded and followed by a synchronisation of that
+device, so work queued on the memory before the transfer was asked for (on any stream) has
+finished before the copy starts, and a Future that resolved means the bytes are in place, as
+for CPU memory. An owner synchronises its device before it grants a lease on GPU memory.
 
 CUDA IPC: the owner exports the allocation behind a registered tensor with
 ``UntypedStorage._share_cuda_()`` (one export per requesting process: torch counts the
@@ -47,12 +47,19 @@ def sync(device: str) -> None:
     _torch().cuda.synchronize(device)
 
 
+def _sync_all(*tensors: Any) -> None:
+    """Synchronise each device that holds one of ``tensors``, once."""
+    for device in {str(t.device) for t in tensors if t.device.type == "cuda"}:
+        sync(device)
+
+
 def host_copy(region: Region, offset: int, length: int) -> memoryview:
     """``length`` bytes of ``region`` from ``offset``, as host memory: the view itself for CPU
     memory, a fresh pinned copy for GPU memory (the device is synchronised first)."""
     if not region.on_gpu:
         return region.view[offset : offset + length]
     torch = _torch()
+    sync(region.device)  # work queued on the memory (any stream) comes first
     staging = torch.empty(length, dtype=torch.uint8, pin_memory=True)
     staging.copy_(region.tensor[offset : offset + length])
     return pinned_view(int(staging.data_ptr()), length, staging, readonly=True)
@@ -77,6 +84,7 @@ def put(region: Region, offset: int, data: memoryview) -> None:
         return
     torch = _torch()
     src = torch.frombuffer(data, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    sync(region.device)  # reads of the memory queued before the write come first
     region.tensor[offset : offset + n].copy_(src)
     sync(region.device)
 
@@ -94,11 +102,11 @@ def as_tensor(region: Region, length: int) -> Any:
 
 
 def copy_tensors(dst: Any, src: Any) -> None:
-    """``dst.copy_(src)`` and wait until the bytes are there (runs on a worker thread)."""
+    """``dst.copy_(src)`` and wait until the bytes are there (runs on a worker thread).
+    Work already queued on either side (any stream) finishes first."""
+    _sync_all(dst, src)
     dst.copy_(src)
-    for t in (dst, src):
-        if t.device.type == "cuda":
-            sync(str(t.device))
+    _sync_all(dst, src)
 
 
 # -- CUDA IPC ------------------------------------------------------------------------------
@@ -121,6 +129,7 @@ def open_export(handle: tuple[Any, ...], size: int) -> Any:
             "CUDA device, so it cannot map it; use REGENCY_RDMA_BACKEND=tcp"
         )
     shared, offset = handle
+    torch.cuda.init()  # a process that never used CUDA yet (torch's own rebuild does this)
     storage = torch.UntypedStorage._new_shared_cuda(*shared)
     device = storage.device
     t = torch.empty(0, dtype=torch.uint8, device=device)

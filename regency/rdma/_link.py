@@ -53,6 +53,7 @@ from ..transports import Connection, ConnectionBroken, TransportError
 from . import _cuda
 from ._backend import BufferRef, FallBack, call_manager
 from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
+from ._memory import Region
 from ._registry import Entry
 from ._state import ProcState, current_state
 
@@ -85,6 +86,10 @@ def _code_of(exc: Exception) -> int:
         if type(exc) is cls:
             return code
     return 2
+
+
+def _as_rdma_error(exc: Exception) -> Exception:
+    return exc if isinstance(exc, (RDMAError, ValueError, TypeError)) else RDMAError(str(exc))
 
 
 def _send_chunks(conn: Connection, req: int, view: memoryview) -> None:
@@ -144,10 +149,13 @@ class _ServerSink:
                     self._writes[req] = _Incoming(None, offset, length, length)
                 return
             region = entry.region
-            if kind == _READ:
-                # Views of the entry's memory (or, for GPU memory, of a host copy of it):
-                # they keep it alive until the socket sent them.
-                _send_chunks(conn, req, _cuda.host_copy(region, offset, length))
+            if kind == _READ and region.on_gpu:
+                # The device synchronisation and copy run on a worker thread: a busy GPU must
+                # not stall this proc's event loop (its heartbeats among the rest).
+                current_runtime().start_soon(self._read_gpu, conn, req, region, offset, length)
+            elif kind == _READ:
+                # Views of the entry's memory: they keep it alive until the socket sent them.
+                _send_chunks(conn, req, region.view[offset : offset + length])
             else:
                 staging = _cuda.host_staging(length, pinned=True)[0] if region.on_gpu else None
                 self._writes[req] = _Incoming(entry, offset, length, length, staging)
@@ -169,9 +177,42 @@ class _ServerSink:
         if incoming.remaining <= 0:
             del self._writes[req]
             if incoming.entry is not None:
-                if incoming.staging is not None:
-                    _cuda.put(incoming.entry.region, incoming.offset, incoming.staging)
+                if incoming.staging is not None:  # GPU memory: off the event loop
+                    current_runtime().start_soon(self._put_gpu, req, incoming)
+                    return
                 self._conn.send_nowait(_DONE_HEAD.pack(_DONE, req))
+
+    async def _read_gpu(
+        self, conn: Connection, req: int, region: Region, offset: int, length: int
+    ) -> None:
+        try:
+            staging = await trio.to_thread.run_sync(_cuda.host_copy, region, offset, length)
+        except Exception as exc:
+            reason = _as_rdma_error(exc)
+            self._send_quietly(conn, lambda: self._refuse(req, reason))
+            return
+        self._send_quietly(conn, lambda: _send_chunks(conn, req, staging))
+
+    async def _put_gpu(self, req: int, incoming: _Incoming) -> None:
+        assert incoming.entry is not None and incoming.staging is not None
+        try:
+            await trio.to_thread.run_sync(
+                _cuda.put, incoming.entry.region, incoming.offset, incoming.staging
+            )
+        except Exception as exc:
+            reason = _as_rdma_error(exc)
+            self._send_quietly(self._conn, lambda: self._refuse(req, reason))
+            return
+        self._send_quietly(self._conn, lambda: self._conn.send_nowait(_DONE_HEAD.pack(_DONE, req)))
+
+    @staticmethod
+    def _send_quietly(conn: Connection, send: Callable[[], None]) -> None:
+        """Send from a task that outlived the request's connection: a closed connection
+        already failed the requester's transfer."""
+        try:
+            send()
+        except TransportError:
+            pass
 
     def _lease(self, conn: Connection, kind: int, frame: memoryview) -> None:
         _, req, buf_id, nbytes, write, ttl = _LEASE_HEAD.unpack_from(frame)
@@ -181,10 +222,32 @@ class _ServerSink:
             self._refuse(req, exc)
             return
         self._leases.add(lease_id)
+        if entry.region.on_gpu:
+            # Work queued on the buffer before the transfer was asked for comes first; the
+            # device synchronisation runs on a worker thread (a busy GPU must not stall this
+            # proc's event loop), then the lease is answered.
+            current_runtime().start_soon(self._grant_gpu, conn, kind, req, lease_id, entry)
+            return
+        self._grant(conn, kind, req, lease_id, entry)
+
+    async def _grant_gpu(
+        self, conn: Connection, kind: int, req: int, lease_id: int, entry: Entry
+    ) -> None:
         try:
-            if entry.region.on_gpu:
-                # Work queued on the buffer before the transfer was asked for comes first.
-                _cuda.sync(entry.region.device)
+            await trio.to_thread.run_sync(_cuda.sync, entry.region.device)
+        except Exception as exc:
+            self._leases.discard(lease_id)
+            self._registry.release(lease_id)
+            reason = _as_rdma_error(exc)
+            self._send_quietly(conn, lambda: self._refuse(req, reason))
+            return
+        if lease_id not in self._leases:  # the connection closed meanwhile
+            return
+        self._send_quietly(conn, lambda: self._grant(conn, kind, req, lease_id, entry))
+
+    def _grant(self, conn: Connection, kind: int, req: int, lease_id: int, entry: Entry) -> None:
+        """Answer a lease taken on ``entry`` (a VLEASE with the verbs address and rkey)."""
+        try:
             if kind == _VLEASE:
                 from ._ibverbs import remote_key
 

@@ -41,15 +41,21 @@ class RDMAManager(Actor):
         return await accept_queue_pair(current_state(), peer, info)
 
     @endpoint
-    async def cuda_export(self, buf_id: int, nbytes: int, write: bool) -> tuple[Any, ...]:
-        """A CUDA IPC handle for GPU buffer ``buf_id``, for one requesting process."""
+    async def cuda_export(
+        self, buf_id: int, nbytes: int, write: bool, mapped: tuple[int, ...] = ()
+    ) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+        """A CUDA IPC handle for GPU buffer ``buf_id``, for one requesting process, and which
+        of the buffers that process still maps (``mapped``) are dropped: it unmaps them, so
+        their memory can be freed here (torch keeps an exported block until every mapping of
+        it is closed)."""
         from . import _cuda
         from ._errors import RDMAError
 
-        entry = current_state().registry.check(buf_id, nbytes, write=write)
+        registry = current_state().registry
+        entry = registry.check(buf_id, nbytes, write=write)
         if not entry.region.on_gpu:
             raise RDMAError(f"RDMABuffer #{buf_id} is not GPU memory")
-        return _cuda.export(entry.region)
+        return _cuda.export(entry.region), tuple(b for b in mapped if not registry.live(b))
 
 
 _lock = threading.Lock()

@@ -127,6 +127,12 @@ class Registry:
             self._expire_locked()
         self._close_forgotten()
 
+    def live(self, buf_id: int) -> bool:
+        """Whether ``buf_id`` is registered and not dropped."""
+        with self._lock:
+            entry = self._entries.get(buf_id)
+            return entry is not None and not entry.dropped
+
     def leases_of(self, buf_id: int) -> int:
         """How many live leases pin ``buf_id`` (for tests and diagnostics)."""
         with self._lock:

@@ -15,7 +15,10 @@ copy.
 GPU memory on either side: a buffer in GPU memory is mapped once per reader process through
 CUDA IPC (:mod:`~regency.rdma._cuda`) and copied with one device copy, to or from local CPU
 or GPU memory; a CPU buffer read into (or written from) local GPU memory goes through a host
-staging buffer. Neither could be run where this was written (no GPU).
+staging buffer. A mapping is closed when the buffer turns out dropped or its owner gone, when
+this process drops the handle, or when it maps another buffer of the same owner and learns
+which of its mapped ones were dropped (torch frees an exported block only once every mapping
+of it is closed). ``tests/rdma/test_cuda.py`` runs all of it where a GPU is present.
 
 Bulk copies run on worker threads (ctypes releases the GIL), in 4 MiB pieces that up to one
 thread per core take in turn: one thread moves about 5-7 GB/s here, two about 9-12 GB/s.
@@ -34,7 +37,7 @@ import trio
 
 from . import _cuda
 from ._backend import Backend, BufferRef, FallBack, Transfer, call_manager
-from ._errors import RDMAError, RDMAOwnerLostError, owner_lost
+from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError, owner_lost
 from ._host import host_identity, same_host_supported
 from ._link import link_to
 from ._memory import Region
@@ -122,7 +125,16 @@ class SameHostBackend(Backend):
         pidfd = self._pidfd(transfer, key)
         self._check_alive(transfer, key, pidfd)
         link = await link_to(ref)
-        lease_id = await link.lease(ref, nbytes, transfer.write, transfer.ttl)
+        try:
+            lease_id = await link.lease(ref, nbytes, transfer.write, transfer.ttl)
+        except RDMABufferDroppedError:
+            # A GPU buffer mapped here must not stay mapped: the mapping keeps the owner's
+            # allocation from being freed (torch's IPC reference count).
+            self.forget_mapping(ref)
+            raise
+        except RDMAOwnerLostError:
+            self.forget_owner(ref)
+            raise
         try:
             self._check_alive(transfer, key, pidfd)
             if ref.device != "cpu":
@@ -147,7 +159,13 @@ class SameHostBackend(Backend):
         key = (ref.pid, ref.proc_id, ref.buf_id)
         remote = self._mapped.get(key)
         if remote is None:
-            handle = await call_manager(ref, "cuda_export", ref.buf_id, ref.size, False)
+            owner = (ref.pid, ref.proc_id)
+            mine = tuple(k[2] for k in list(self._mapped) if k[:2] == owner)
+            handle, gone = await call_manager(
+                ref, "cuda_export", ref.buf_id, ref.size, False, mine
+            )
+            for buf_id in gone:  # dropped since we mapped them: let the owner free them
+                self._mapped.pop((*owner, buf_id), None)
             remote = _cuda.open_export(handle, ref.size)
             self._mapped[key] = remote
         local = _cuda.as_tensor(transfer.local, nbytes)
@@ -158,7 +176,7 @@ class SameHostBackend(Backend):
         """CPU buffer, local GPU memory: through a pinned host buffer."""
         ref = transfer.ref
         if transfer.write:
-            staging = _cuda.host_copy(transfer.local, 0, nbytes)
+            staging = await trio.to_thread.run_sync(_cuda.host_copy, transfer.local, 0, nbytes)
         else:
             staging = _cuda.host_staging(nbytes, pinned=True)[0]
         move = functools.partial(
@@ -172,7 +190,17 @@ class SameHostBackend(Backend):
             await trio.to_thread.run_sync(_cuda.put, transfer.local, 0, staging)
 
     def forget_mapping(self, ref: BufferRef) -> None:
+        """Unmap ``ref``'s GPU memory if this process mapped it (the buffer was dropped)."""
         self._mapped.pop((ref.pid, ref.proc_id, ref.buf_id), None)
+
+    def forget_owner(self, ref: BufferRef) -> None:
+        """Unmap every GPU buffer of ``ref``'s owner (it is gone)."""
+        for key in [k for k in self._mapped if k[:2] == (ref.pid, ref.proc_id)]:
+            del self._mapped[key]
+
+    def mapped(self) -> int:
+        """How many GPU buffers of other processes this process maps (for tests)."""
+        return len(self._mapped)
 
     def _pidfd(self, transfer: Transfer, key: tuple[int, str]) -> int | None:
         fd = self._pidfds.get(key)
@@ -194,6 +222,7 @@ class SameHostBackend(Backend):
         if readable:  # the owner exited
             del self._pidfds[key]
             os.close(pidfd)
+            self.forget_owner(transfer.ref)
             raise self._gone(transfer)
 
     @staticmethod

@@ -18,7 +18,10 @@ class TcpBackend(Backend):
         link = await link_to(transfer.ref)
         local, n = transfer.local, transfer.nbytes
         if transfer.write:
-            data = _cuda.host_copy(local, 0, n)  # the memory itself, unless on a GPU
+            if local.on_gpu:  # a host copy, made off the event loop
+                data = await trio.to_thread.run_sync(_cuda.host_copy, local, 0, n)
+            else:
+                data = local.view[:n]
             await link.write(transfer.ref, data)
         elif local.on_gpu:
             staging = _cuda.host_staging(n, pinned=True)[0]

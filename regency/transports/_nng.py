@@ -183,6 +183,15 @@ def _send_now(sock: Any, pipe: Any, data: bytes) -> int:
     return rv
 
 
+def _has_peer(pipe: Any) -> bool:
+    """Whether nng still knows the pipe's peer address (see _Endpoint._housekeeping)."""
+    try:
+        pipe.remote_address  # noqa: B018 - the query is the check
+    except pynng.NNGException:
+        return False
+    return True
+
+
 def _close_pipe(pipe: Any) -> None:
     try:
         pipe.close()
@@ -721,17 +730,24 @@ class _Endpoint:
         nng 1.11's TLS transport can lose a peer's close: when the last data and the close
         arrive together it shuts the TCP connection but never fails the pipe, so no removal
         event ever comes. Such a pipe no longer has a peer address, which is cheap to ask.
+        A pipe still in its handshake is checked too: a listener that stops accepting closes
+        new pipes at once, and a dialer that lost that close would otherwise wait out the
+        whole handshake timeout.
         """
         if self.scheme != "nng+tls+tcp":
             return math.inf
         now = trio.current_time()
         if now >= self._next_liveness_check:
             for conn in list(self.conns.values()):
-                try:
-                    conn._pipe.remote_address  # noqa: B018 - the query is the check
-                except pynng.NNGException as exc:
-                    log.info("connection to %s lost: its TLS pipe has no peer (%s)", conn.peer, exc)
+                if not _has_peer(conn._pipe):
+                    log.info("connection to %s lost: its TLS pipe has no peer", conn.peer)
                     conn._fail(ConnectionBroken("peer closed the connection"))
+            for pipe_id, pipe in list(self._pipes.items()):
+                if pipe_id not in self.conns and not _has_peer(pipe):
+                    log.info("a %s pipe lost its peer during the handshake", self.scheme)
+                    self._pipes.pop(pipe_id, None)
+                    _close_pipe(pipe)
+                    self._pipe_removed(pipe)
             self._next_liveness_check = now + _TLS_LIVENESS_INTERVAL
         return self._next_liveness_check
 

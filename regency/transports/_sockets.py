@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import stat
+import struct
 import threading
 import time
 from collections import deque
@@ -43,6 +44,8 @@ from ._base import (
 log = logging.getLogger("regency.transports")
 
 _HEADER = 4
+#: A frame's length, read in place (no slice of the receive buffer per frame).
+_size_at = struct.Struct("<I").unpack_from
 _RECV_BUFFER = 256 * 1024
 # Frames at or above this size are sent with sendmsg([header, frame]) to avoid a copy.
 _GATHER_THRESHOLD = 16 * 1024
@@ -227,7 +230,7 @@ class SocketConnection(Connection):
         self._lock = threading.Lock()
         # Bytes accepted by send_nowait but not yet taken by the kernel, oldest first. While it
         # is non-empty, new frames queue behind it (order) and the writer task owns flushing.
-        self._pending: deque[memoryview] = deque()
+        self._pending: deque[bytes | memoryview] = deque()
         self._writer_wakeup = trio.Event()
         # True while the writer task has been asked to flush and has not started yet.
         self._kicked = False
@@ -283,7 +286,7 @@ class SocketConnection(Connection):
                     self._pending.append(memoryview(header))
                     self._pending.extend(memoryview(part) for part in frame)
                 elif size < _GATHER_THRESHOLD:
-                    self._pending.append(memoryview(header + frame))
+                    self._pending.append(header + frame)  # (bytes: no view to make per frame)
                 else:
                     self._pending.append(memoryview(header))
                     self._pending.append(memoryview(frame))
@@ -396,7 +399,12 @@ class SocketConnection(Connection):
                     self._kicked = False
                     if self._closed or not self._pending:
                         break
-                    batch = [self._pending.popleft() for _ in range(min(len(self._pending), _MAX_IOV))]
+                    pending = self._pending
+                    if len(pending) <= _MAX_IOV:  # the whole queue (a copy in C, no loop)
+                        batch = list(pending)
+                        pending.clear()
+                    else:
+                        batch = [pending.popleft() for _ in range(_MAX_IOV)]
                     self._writing = True
                 try:
                     sent = self._sock.sendmsg(batch)
@@ -407,7 +415,7 @@ class SocketConnection(Connection):
                         self._writing = False
                         self._fail_locked(exc)
                     break
-                blocked = sent < sum(len(b) for b in batch)
+                blocked = sent < sum(map(len, batch))
                 with self._lock:
                     self._writing = False
                     if blocked:
@@ -458,6 +466,7 @@ class SocketConnection(Connection):
         while instead (:meth:`lead`); the buffer and position are shared with it."""
         assert self.sink is not None
         sock = self._sock
+        received, limit = self.sink.frame_received, self._size_limit  # (per frame: no lookups)
         buf = bytearray(_RECV_BUFFER)
         view = self._rview = memoryview(buf)
         big: mmap.mmap | None = None
@@ -478,13 +487,13 @@ class SocketConnection(Connection):
                     raise ConnectionBroken("peer closed the connection")
                 end += n
             while end - start >= _HEADER:
-                size = int.from_bytes(view[start : start + _HEADER], "little")
-                if size > self._size_limit:
+                (size,) = _size_at(view, start)
+                if size > limit:
                     lane = self._lane_of_descriptor(size)
                     if end - start < _shm.WIRE_BYTES:
                         break
                     frame = lane.take(view[start + _HEADER : start + _shm.WIRE_BYTES])
-                    self.sink.frame_received(self, frame)
+                    received(self, frame)
                     frame.release()
                     lane.free()
                     start += _shm.WIRE_BYTES
@@ -504,11 +513,11 @@ class SocketConnection(Connection):
                         self._rstart = self._rend = 0
                         await self._recv_into_exactly(frame[have:])
                         start = end = 0
-                        self.sink.frame_received(self, frame)
+                        received(self, frame)
                         frame.release()
                         big_used = trio.current_time()
                     break
-                self.sink.frame_received(self, view[start + _HEADER : start + _HEADER + size])
+                received(self, view[start + _HEADER : start + _HEADER + size])
                 start += _HEADER + size
                 if self._closed:
                     return
@@ -611,7 +620,7 @@ class SocketConnection(Connection):
         sink = self.sink
         try:
             while end - start >= _HEADER:
-                size = int.from_bytes(view[start : start + _HEADER], "little")
+                (size,) = _size_at(view, start)
                 if size > self._size_limit:
                     if not self._take_led(view, start, end):
                         handled = (  # only a descriptor not yet whole: read on
@@ -1144,7 +1153,7 @@ def _fresh_memory(size: int) -> mmap.mmap:
     return memory
 
 
-def _unsent(batch: list[memoryview], sent: int) -> list[memoryview]:
+def _unsent(batch: list[bytes | memoryview], sent: int) -> list[bytes | memoryview]:
     """What is left of ``batch`` after the kernel took ``sent`` bytes."""
     for i, buf in enumerate(batch):
         if sent < len(buf):

@@ -88,3 +88,31 @@ class AsyncMortal(Actor):
 
 def nothing(*_: Any) -> None:
     return None
+
+
+class Plain(Actor):
+    """A threaded actor whose plain methods (no ``@endpoint``) are called through
+    ``as_endpoint``: an async one, and a sync one that hands back a coroutine."""
+
+    @endpoint
+    def where(self) -> tuple[int, int | None]:
+        """This actor's rank, and its rank along ``gpus`` in the slice called."""
+        from regency.actor import context
+
+        ctx = context()
+        return ctx.actor_instance.rank.rank, dict(ctx.message_rank).get("gpus")
+
+    async def later(self, x: int) -> int:
+        await trio.sleep(0)
+        if x < 0:
+            raise ValueError(f"later({x})")
+        return x
+
+    def hands_back(self, x: int) -> Any:
+        return self.later(x)  # a coroutine, awaited by the mailbox
+
+    @endpoint
+    def frozen(self) -> int:
+        import gc
+
+        return gc.get_freeze_count()

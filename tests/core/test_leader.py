@@ -204,10 +204,11 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
             "a mesh call never set its connections aside for its get(): "
             f"{held_after_call}, {_held(leadable)}, {leader.holds - before} holds"
         )
-    # A call to one rank's get() leads them too, and gives them back (pipelined calls
-    # keep the loop reading while they issue).
+    # A call to one rank's get() gives back what it leads (pipelined calls keep the loop
+    # reading while they issue), and sets nothing aside.
+    before = leader.holds
     assert seq.slice(gpus=0).take.call_one(-2).get(T) == -2
-    assert not any(_held(leadable))
+    assert leader.holds == before and not leader._local.fanned_out
     # Later calls, from this thread and with the loop reading, go on as before.
     for i in range(50):
         assert list(seq.take.call(i).get(T).values()) == [i, i]
@@ -318,3 +319,59 @@ def test_awaiting_a_call_gives_the_loop_the_connections_its_fan_out_set_aside(
     got = asyncio.run(main())
     assert reclaimed_here, "an await never gave back the connections set aside"
     assert got == list(range(len(got)))
+
+
+def test_a_thread_that_waits_for_one_rank_reads_only_that_procs_connection(
+    spawn_procs: SpawnProcs, leader: Leader
+) -> None:
+    seq = spawn_procs(per_host={"gpus": 3}).spawn("lead_one", Seq)
+    assert list(seq.take.call(-1).get(T).values()) == [-1, -1, -1]
+    ranks = [seq.slice(gpus=g) for g in range(3)]
+    leadable = current_runtime().leadable
+    assert len(leadable) >= 3  # one inbound connection per proc (and any older ones)
+    polled: list[int] = []
+    leader.on_lead = lambda: polled.append(len(leader._local.sets[_last_set(leader)][1]))
+    before = leader.led_one
+    for i in range(150):
+        assert ranks[i % 3].take.call_one(i).get(T) == i
+    leader.on_lead = None
+    # After a reply from each proc was read on this thread, a wait leads that proc's
+    # connection alone (a few waits lose to the machine's load: the loop was reading).
+    assert leader.led_one - before >= 30
+    assert polled.count(1) >= 30
+    for g in range(3):
+        assert seq.slice(gpus=g).taken.call_one().get(T) == [-1, *range(g, 150, 3)]
+
+
+def test_a_wrong_guess_of_the_reply_connection_costs_time_not_the_reply(
+    spawn_procs: SpawnProcs, leader: Leader
+) -> None:
+    seq = spawn_procs(per_host={"gpus": 2}).spawn("lead_guess", Seq)
+    first, second = seq.slice(gpus=0), seq.slice(gpus=1)
+    for i in range(20):  # both procs' connections learned (most waits read their reply)
+        assert first.take.call_one(i).get(T) == i
+        assert second.take.call_one(i).get(T) == i
+    known = leader._from
+    addresses = [first._route().addresses[0], second._route().addresses[0]]
+    if not all(a in known for a in addresses):
+        pytest.skip("the loop read every reply of a proc (machine too loaded to learn)")
+    # Swap them: each wait now leads the other proc's connection, while the loop reads
+    # the reply (left to it) and the future's bell wakes the thread.
+    known[addresses[0]], known[addresses[1]] = known[addresses[1]], known[addresses[0]]
+    wrong = known[addresses[0]]
+    assert first.take.call_one(100).get(T) == 100
+    # That wait forgot the wrong guess (or, if the reply was already in when the thread
+    # came to wait, kept it untested); within a few more calls the right one is learned.
+    for i in range(101, 121):
+        assert first.take.call_one(i).get(T) == i
+        if known.get(addresses[0]) not in (None, wrong):
+            break
+    else:
+        pytest.fail("the wrong guess was never corrected")
+    assert first.taken.call_one().get(T) == [*range(20), *range(100, i + 1)]
+
+
+def _last_set(leader: Leader) -> tuple[object, ...]:
+    """The connections of the poll set this thread used last."""
+    sets = leader._local.sets
+    return next(k for k, (poller, _) in sets.items() if poller is leader._local.poller)

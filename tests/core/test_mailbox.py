@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from regency.actor import ActorError, HostMesh, SupervisionError, this_host
+from regency.actor import ActorError, HostMesh, SupervisionError, as_endpoint, this_host
 from regency.core._executor import ThreadExecutor
 from regency.sim import simulate
 from regency.sim._lockstep import _LockstepMailbox
 
-from .mailbox_actors import AsyncMortal, FailsInit, Mortal, Overlap
+from .mailbox_actors import AsyncMortal, FailsInit, Mortal, Overlap, Plain
 
 T = 30
 Run = Callable[[Callable[[HostMesh], Any]], Any]
@@ -57,6 +57,63 @@ def test_sync_and_async_handlers_never_overlap_and_keep_order(run: Run) -> None:
     most, order = run(program)
     assert most == 1
     assert order == list(range(12))
+
+
+def test_plain_methods_through_as_endpoint_async_or_handing_back_a_coroutine(run: Run) -> None:
+    """A sync endpoint's call runs without a generator of its own; what must be awaited
+    (an async plain method, a coroutine a sync one returns) still is, errors included."""
+
+    def program(hosts: HostMesh) -> list[Any]:
+        actor = hosts.spawn_procs(per_host={"gpus": 1}).spawn("plain", Plain)
+        got: list[Any] = [
+            as_endpoint(actor.later).call_one(3).get(T),
+            as_endpoint(actor.hands_back).call_one(4).get(T),
+        ]
+        for method in (actor.later, actor.hands_back):
+            try:
+                as_endpoint(method).call_one(-1).get(T)
+            except ActorError as exc:
+                got.append(str(exc).splitlines()[0])
+        got.append(actor.where.call_one().get(T))  # the actor lives on
+        return got
+
+    assert run(program) == [
+        3,
+        4,
+        "Actor call plain.later failed on rank 0: builtins.ValueError: later(-1)",
+        "Actor call plain.hands_back failed on rank 0: builtins.ValueError: later(-1)",
+        (0, 0),
+    ]
+
+
+def test_message_rank_follows_each_call_of_a_burst(run: Run) -> None:
+    """Calls to the whole mesh and to a slice, interleaved and issued before any is
+    awaited: each handler sees its own call's message rank (a context is shared only
+    between consecutive calls to the same slice)."""
+
+    def program(hosts: HostMesh) -> list[Any]:
+        actors = hosts.spawn_procs(per_host={"gpus": 2}).spawn("where", Plain)
+        futures = []
+        for i in range(40):
+            target = actors if i % 3 else actors.slice(gpus=slice(1, 2))
+            futures.append((i % 3 != 0, target.where.call()))
+        return [(whole, f.get(T).values()) for whole, f in futures]
+
+    for whole, values in run(program):
+        if whole:
+            assert values == [(0, 0), (1, 1)]
+        else:
+            assert values == [(1, 0)]
+
+
+@pytest.mark.slow
+def test_a_proc_freezes_its_import_time_heap(roots: Any) -> None:
+    """Full collections in a proc skip what it imported (pipelined calls trigger several)."""
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        assert procs.spawn("plain", Plain).frozen.call_one().get(T) > 10_000
+    finally:
+        procs.stop().get(T)
 
 
 def test_a_failed_init_bounces_what_was_queued(run: Run) -> None:

@@ -10,6 +10,14 @@ from regency.rdma import RDMAAction, RDMABuffer, set_backend
 from regency.rdma._state import current_state
 
 
+def gpu_pattern(n: int, seed: int) -> Any:
+    """``n`` pseudo-random bytes on the GPU, the same for the same ``seed`` in any process."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
+
+
 class Peer(Actor):
     """Owns memory (registered as RDMABuffers) and reads or writes other peers' buffers."""
 
@@ -52,6 +60,107 @@ class Peer(Actor):
         self.memory[name] = bytearray(data)
         self.buffers[name] = RDMABuffer(memoryview(self.memory[name]))
         return self.buffers[name]
+
+    @endpoint
+    def make_gpu(self, name: str, n: int, seed: int, at: int = 0) -> RDMABuffer:
+        """Register ``n`` bytes of :func:`gpu_pattern` ``seed`` that start ``at`` bytes into a
+        larger CUDA tensor (a view with an offset), the bytes around it poisoned."""
+        import torch
+
+        whole = torch.full((at + n + 77,), 0xEE, dtype=torch.uint8, device="cuda")
+        whole[at : at + n] = gpu_pattern(n, seed)
+        self.memory[name] = whole
+        self.buffers[name] = RDMABuffer(whole[at : at + n])
+        return self.buffers[name]
+
+    @endpoint
+    def gpu_matches(self, name: str, n: int, seed: int, at: int = 0, flip: bool = False) -> bool:
+        """Whether GPU buffer ``name`` holds pattern ``seed`` (reversed when ``flip``) and the
+        poison around it is intact."""
+        import torch
+
+        whole = self.memory[name]
+        want = gpu_pattern(n, seed)
+        if flip:
+            want = torch.flip(want, (0,))
+        return bool(
+            torch.equal(whole[at : at + n], want)
+            and bool((whole[:at] == 0xEE).all())
+            and bool((whole[at + n :] == 0xEE).all())
+        )
+
+    @endpoint
+    def read_gpu(self, buf: RDMABuffer, seed: int, where: str = "cuda") -> bool:
+        """Read ``buf`` into fresh memory on ``where`` here; whether it holds pattern ``seed``."""
+        import torch
+
+        dst = torch.zeros(buf.size(), dtype=torch.uint8, device=where)
+        buf.read_into(dst).get(60)
+        return bool(torch.equal(dst.cuda(), gpu_pattern(buf.size(), seed)))
+
+    @endpoint
+    def cuda_used(self) -> bool:
+        """Whether this process has initialised CUDA."""
+        import torch
+
+        return bool(torch.cuda.is_initialized())
+
+    @endpoint
+    def mapped(self) -> int:
+        """GPU buffers of other processes this process maps through CUDA IPC."""
+        from regency.rdma._transfer import SAME_HOST
+
+        return SAME_HOST.mapped()
+
+    @endpoint
+    def forget(self, name: str) -> int:
+        """Drop buffer ``name`` and its memory; free what torch can. Returns the bytes
+        torch's allocator still has allocated on the GPU."""
+        import torch
+
+        self.buffers.pop(name).drop().get(10)  # idempotent: another process may have dropped it
+        del self.memory[name]
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        return int(torch.cuda.memory_allocated())
+
+    @endpoint
+    def gpu_allocated(self) -> int:
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        return int(torch.cuda.memory_allocated())
+
+    @endpoint
+    def fill_late(self, name: str, value: int) -> None:
+        """Queue, on a side stream, a long computation that ends by filling GPU buffer
+        ``name`` with ``value``, and return without waiting for it."""
+        import torch
+
+        t = self.memory[name]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            m = torch.rand(4096, 4096, device="cuda")
+            for _ in range(20):
+                m = m @ m
+                m = m / m.norm()
+            t.fill_(value)
+            t.add_((m.sum() * 0).to(torch.uint8))  # depends on the computation
+
+    @endpoint
+    def busy_then_fill(self, name: str, value: int, cycles: int) -> None:
+        """Queue, on a side stream, ``cycles`` GPU clock cycles of spinning and then a fill
+        of GPU buffer ``name`` with ``value``; return without waiting."""
+        import torch
+
+        t = self.memory[name]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(cycles)
+            t.fill_(value)
 
     @endpoint
     def contents(self, name: str) -> bytes:

@@ -24,7 +24,7 @@ from regency.sim import current, simulate
 MAILBOX_LOOP = {"_main", "_call", "_supervise", "_die", "_stop", "_wind_down"}
 #: The thread driver (every actor with a sync endpoint, in production) and the loop driver.
 THREAD_PATH = {"_thread_main"} | MAILBOX_LOOP
-LOOP_PATH = {"_task_main", "_main", "_call", "_stop", "_wind_down"}
+LOOP_PATH = {"_task_main", "_main", "_call", "_call_async", "_stop", "_wind_down"}
 
 
 @contextmanager

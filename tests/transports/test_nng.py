@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -158,6 +159,53 @@ async def test_closing_the_transport_closes_nng_sockets() -> None:
         listener = await transport.listen("nng+tcp://127.0.0.1:0", Server())
     with pynng.Pair1() as raw, pytest.raises(pynng.ConnectionRefused):
         raw.dial(listener.address.removeprefix("nng+"), block=True)
+
+
+def _tls_server_that_negotiates_and_leaves(ready: list[int], rounds: int) -> None:
+    """A raw TLS listener that completes nng's protocol negotiation as a Pair1 peer, then
+    closes at once: its last data and its close reach the dialer together, which nng 1.11's
+    TLS transport can lose (no removal event for the pipe ever comes)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(os.environ["REGENCY_TLS_CERT"], os.environ["REGENCY_TLS_KEY"])
+    pair1_header = b"\x00SP\x00\x00\x11\x00\x00"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+        ready.append(server.getsockname()[1])
+        for _ in range(rounds):
+            raw, _ = server.accept()
+            raw.settimeout(10)
+            with context.wrap_socket(raw, server_side=True) as tls:
+                header = b""
+                while len(header) < len(pair1_header):
+                    header += tls.recv(len(pair1_header) - len(header))
+                tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                tls.sendall(pair1_header)
+
+
+async def test_tls_listener_that_leaves_during_the_handshake_fails_the_dial_quickly() -> None:
+    rounds = 3
+    ready: list[int] = []
+    async with open_transport(SECRET) as transport, trio.open_nursery() as nursery:
+        nursery.start_soon(
+            functools.partial(
+                trio.to_thread.run_sync,
+                _tls_server_that_negotiates_and_leaves,
+                ready,
+                rounds,
+                abandon_on_cancel=True,
+            )
+        )
+        while not ready:
+            await trio.sleep(0.01)
+        address = f"nng+tls+tcp://127.0.0.1:{ready[0]}"
+        for _ in range(rounds):
+            # Without the handshake's liveness check this waited out the 10 s timeout.
+            with trio.fail_after(5), pytest.raises(
+                ConnectionBroken, match=r"connection closed during handshake|cannot connect"
+            ):
+                await transport.connect(address, Recorder())
 
 
 async def test_tls_peer_that_sends_and_leaves_is_reported_lost() -> None:
