@@ -3,7 +3,9 @@
 Run through ``make bench`` (``benchmarks/run.py``), or directly:
 ``python -m benchmarks.bench_actors``. ``python -m benchmarks.bench_actors --compare [BLOCKS]``
 measures threads reading their own messages against the loop reading everything, in one
-process against the same procs, in alternating short blocks (docs/performance.md).
+process against the same procs, in alternating short blocks (docs/performance.md);
+``--compare-spin`` and ``--compare-hold`` do the same for spinning before sleeping and for
+holding connections between waits.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def _switch(on: bool, switch: str = "thread_reads") -> None:
     """Turn ``switch`` on or off in this process's runtime (a proc's, through
     :meth:`Echo.switch`): ``"thread_reads"`` (``--compare``), threads reading their own
     messages; ``"spin"`` (``--compare-spin``), their spinning before they sleep, at the
-    default ``spin_us``."""
+    default ``spin_us``; ``"hold"`` (``--compare-hold``), their setting connections aside
+    between waits (``Leader.holding``) instead of giving them back."""
     from regency.core._config import Config
     from regency.core._controller import current_runtime
     from regency.core._spin import spin_limit
@@ -129,6 +132,8 @@ def _switch(on: bool, switch: str = "thread_reads") -> None:
         raise RuntimeError("this runtime has no leader: thread_reads was off at its start")
     if switch == "spin":
         leader.spin = spin_limit(Config().spin_us) if on else 0.0
+    elif switch == "hold":
+        leader.holding = on
     else:
         leader.enabled = on
 
@@ -217,7 +222,10 @@ def _cold_start() -> float:
 
 
 if __name__ == "__main__":
-    if "--compare-spin" in sys.argv:
+    if "--compare-hold" in sys.argv:
+        tail = sys.argv[sys.argv.index("--compare-hold") + 1 :]
+        compare(int(tail[0]) if tail else 20, "hold")
+    elif "--compare-spin" in sys.argv:
         tail = sys.argv[sys.argv.index("--compare-spin") + 1 :]
         compare(int(tail[0]) if tail else 20, "spin")
     elif "--compare" in sys.argv:

@@ -232,7 +232,7 @@ def round_trip_cpu(n: int = 2000, rounds: int = 5) -> list[tuple[str, str, float
     process, as CPU time of the thread that does it (best of ``rounds`` means of ``n``):
     the user thread's ``call_one()`` (arguments, future, port, encode, outbox, the socket
     write) and ``get()`` (taking the sockets over, ``poll``, reading, decoding, resolving,
-    handing them back), and the proc's actor thread per call (the same reading, the mailbox,
+    setting them aside for the next wait), and the proc's actor thread per call (the same reading, the mailbox,
     the endpoint, the reply's encoding and write). A thread that spins before it sleeps
     (``core/_spin.py``, when a CPU is free) counts its spinning here too."""
     from regency.actor import this_host

@@ -8,20 +8,27 @@ the parts one by one). Run ``python -m benchmarks.bench_fanout``; ``--callgrind 
 runs N calls of each kind (or of one) once, for ``valgrind --tool=callgrind``: instruction
 counts do not move with the machine's load (docs/performance.md); ``send`` and ``reply`` are
 the two halves of ``one``, the reply as a thread that read it takes it (the inbound session's
-``frame_on_thread``).
+``frame_on_thread``). ``--callgrind-mesh [N]`` counts the controller's instructions per call
+over a 4-proc mesh of real procs, its connections set aside between calls
+(``Leader.holding``, the default) and given back.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import timeit
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.bench_dispatch import _callgrind_control, _per_thread
 from regency.core import _codec
 from regency.core._actor_mesh import ActorMesh
 from regency.core._config import Config
@@ -184,8 +191,67 @@ def run() -> list[tuple[str, str, float, str]]:
     )
 
 
+class _Pinger(Actor):
+    @endpoint
+    def ping(self) -> None:
+        return None
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _mesh_calls(n: int, holding: bool) -> None:
+    """Under callgrind (:func:`callgrind_mesh`): ``n`` calls over a 4-proc mesh of real
+    procs, the controller's connections set aside between them (``Leader.holding``) or
+    given back; the counters cover the calls only."""
+    import regency
+    from regency.actor import this_host
+    from regency.core._controller import current_runtime
+
+    # Under valgrind the controller runs some 50x slower: nothing may time out meanwhile.
+    regency.configure(heartbeat_timeout=600.0, spawn_timeout=600.0, delivery_timeout=600.0)
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    pinger = procs.spawn("pinger", _Pinger)
+    leader = current_runtime().leader
+    assert leader is not None
+    leader.holding = holding
+    for _ in range(200):
+        pinger.ping.call().get()
+    _callgrind_control("-z", str(os.getpid()))
+    for _ in range(n):
+        pinger.ping.call().get()
+    _callgrind_control("-d", str(os.getpid()))
+    procs.stop().get(60)
+
+
+def callgrind_mesh(n: int = 1000) -> None:
+    """Instructions per 4-proc mesh call of the controller's threads (the user thread, the
+    loop), with its connections set aside between calls and without. The controller runs
+    under callgrind (so slowly that every reply is in before it polls: this counts the
+    work of a call, not its waits); the procs run as usual."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--callgrind-mesh needs valgrind (apt-get install valgrind)")
+    me = [sys.executable, "-m", "benchmarks.bench_fanout"]
+    for mode in ("give_back", "hold"):
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/ctl.out",
+                "--dump-instr=no", "--separate-threads=yes", "-q",
+                *me, "--mesh-side", mode, str(n),
+            ], check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+            threads = _per_thread(f"{tmp}/ctl.out.1-*", n)
+        print(f"{mode:9s}: instructions per mesh call by controller thread {threads[:2]}, in all {sum(threads)}")
+
+
 if __name__ == "__main__":
-    if "--callgrind" in sys.argv:
+    if "--mesh-side" in sys.argv:
+        tail = sys.argv[sys.argv.index("--mesh-side") + 1 :]
+        _mesh_calls(int(tail[1]), tail[0] == "hold")
+    elif "--callgrind-mesh" in sys.argv:
+        tail = sys.argv[sys.argv.index("--callgrind-mesh") + 1 :]
+        callgrind_mesh(int(tail[0]) if tail else 1000)
+    elif "--callgrind" in sys.argv:
         tail = sys.argv[sys.argv.index("--callgrind") + 1 :]
         n, kinds = int(tail[0]), tail[1:] or ["one", "four"]
         for kind in kinds:

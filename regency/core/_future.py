@@ -13,6 +13,7 @@ The result or exception is cached, so every observer sees the same outcome.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
@@ -43,6 +44,11 @@ notebook: Any = None
 #: Returns False when it cannot (the loop is reading, no connection to lead...): the thread
 #: then waits on a lock as before.
 reader: Callable[[Future[Any], float | None], bool] | None = None
+
+#: Set with ``reader``: ``with loop_waiting():`` around a wait in which the loop resolves the
+#: future (an ``await``), so that connections a thread set aside for its next wait
+#: (``Leader.sending``) go back to the loop for its duration.
+loop_waiting: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
 
 class Future(Generic[R]):
@@ -165,12 +171,14 @@ class Future(Generic[R]):
     async def wait_on_loop(self) -> None:
         """Wait for resolution on the running trio or asyncio loop (no lockstep)."""
         library = sniffio.current_async_library()
-        if library == "trio":
-            await self._wait_trio()
-        elif library == "asyncio":
-            await self._wait_asyncio()
-        else:  # pragma: no cover
-            raise RuntimeError(f"cannot await a Regency Future from {library}")
+        waiting = loop_waiting
+        with contextlib.nullcontext() if waiting is None else waiting():
+            if library == "trio":
+                await self._wait_trio()
+            elif library == "asyncio":
+                await self._wait_asyncio()
+            else:  # pragma: no cover
+                raise RuntimeError(f"cannot await a Regency Future from {library}")
 
     async def _wait_trio(self) -> None:
         token = trio.lowlevel.current_trio_token()

@@ -11,7 +11,11 @@ runtime's dispatch lock. Only replies are handled on the thread; any other frame
 big for the buffer, end of stream or an error hands that connection back to the loop at
 once, unconsumed, so the loop handles it in order. When the future resolves (by a frame this
 thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread
-gives every connection back; the loop is woken only where bytes are left for it.
+gives every connection back; the loop is woken only where bytes are left for it. A thread
+that sent a call to several ranks (``Leader.sending``) sets them aside for the ``get()``
+that follows instead, and that wait for the next fan-out (``Leader._hold``: still silenced,
+any thread may lead them again without a syscall); the loop takes them back if no thread
+comes for them, and at once when a thread waits for the loop to read for it.
 
 Guarantees kept: frames of one connection are handled in order by exactly one reader at a
 time (the connection's baton); the delivery session's numbering and acknowledgements run in
@@ -35,6 +39,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
@@ -47,6 +53,12 @@ if TYPE_CHECKING:
 #: A thread leads at most this many connections (one poll over them); beyond that it waits
 #: on its lock, as every thread did before.
 MAX_LED = 16
+#: Seconds connections a thread set aside (``SocketConnection.hold``) may stay away from
+#: the loop once threads stop setting them aside: the loop takes them back between one and
+#: two of these later (while threads go on, it costs one loop wake-up per ``HOLD``). Frames
+#: for the loop on those connections wait that long at most, and only while no thread
+#: waits on its lock for the loop (such a thread takes them back at once).
+HOLD = 0.01
 #: Poll sets a thread keeps (one per set of connections it led).
 _POLL_SETS = 8
 #: Procs whose reply connection a runtime remembers (beyond that it forgets them all).
@@ -110,6 +122,9 @@ class _Reading(threading.local):
     #: A few are kept: a thread that calls several procs in turn leads one connection for
     #: each call (:meth:`Leader.wait`), and reuses that connection's set.
     sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]]
+    #: This thread's last fan-out set its connections aside and no wait has come since:
+    #: that wait (its ``get()``, mostly) sets them aside again for the next fan-out.
+    fanned_out = False
 
     def __init__(self) -> None:
         self.sets = {}
@@ -140,6 +155,19 @@ class Leader:
         #: proc address -> (its key in ``runtime.leadable``, the inbound connection its
         #: replies came on), learned by waiting threads (:meth:`_lead`'s ``via``).
         self._from: dict[str, tuple[int, Any]] = {}
+        #: A fan-out's sender sets its connections aside for its ``get()``, and that wait
+        #: for the next fan-out, instead of giving them back (``_hold``). False: they go
+        #: back at once (benchmarks compare both in one run: bench_actors --compare-hold,
+        #: bench_fanout --callgrind-mesh).
+        self.holding = True
+        #: Times threads set connections aside so far, and whether a loop task is watching
+        #: to take them back (:meth:`_reclaim`).
+        self.holds = 0
+        self._reclaiming = False
+        #: Threads waiting for the loop to read for them (on a lock, or awaiting a future):
+        #: while there are any, nothing is set aside.
+        self._loop_waiters = 0
+        self._waiters_lock = threading.Lock()
 
     def _spinner(self) -> SpinPolicy:
         spinner = self._local.spinner
@@ -154,8 +182,9 @@ class Leader:
         return bell
 
     def wait(self, fut: Future[Any], timeout: float | None) -> bool:
-        """Wait for ``fut`` reading this runtime's inbound connections on this thread;
-        False (having waited for nothing) when no connection could be led."""
+        """Wait for ``fut``, reading this runtime's inbound connections on this thread
+        where it can, else on the future's lock while the loop reads (always True: it
+        waited)."""
 
         def arm(bell: Bell | None) -> bool:
             with fut._lock:
@@ -176,7 +205,13 @@ class Leader:
 
         # A call to one rank: its reply comes on the connection from that proc.
         via = fut.addresses[0] if type(fut) is OneReply else None
-        return self._lead(fut.done, arm, timeout, rest, via)
+        local = self._local
+        after_fan_out, local.fanned_out = local.fanned_out, False
+        if self._lead(fut.done, arm, timeout, rest, via, hold=after_fan_out):
+            return True
+        with self.loop_waiting():
+            rest(timeout)
+        return True
 
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
@@ -219,11 +254,11 @@ class Leader:
 
     def sending(self, send: Callable[[], None]) -> None:
         """Run ``send()`` (a call's fan-out to several ranks) leading this runtime's
-        inbound connections, then read on this thread what came meanwhile, and give them
-        back. The first ranks' replies can come before the last rank's frame is sent: the
-        loop would wake up to read them (at about twice a waiting thread's cost), where the
-        caller, about to wait, reads them here. Nothing is held past ``send()`` and one
-        poll that does not wait."""
+        inbound connections, read on this thread what came meanwhile, and set them aside
+        for the ``get()`` that usually follows (:meth:`_hold`). The first ranks' replies
+        can come before the last rank's frame is sent, and the rest while the caller is on
+        its way to ``get()``: the loop would wake up to read them (at about twice a waiting
+        thread's cost), where the caller reads them itself."""
         taken = self._take() if self._may_lead() else []
         try:
             send()
@@ -231,9 +266,83 @@ class Leader:
                 bell = self._bell()
                 poller, by_fd = self._poll_set(taken, bell)
                 self._read(poller.poll(0), poller, by_fd, taken, bell)
+                self._hold(taken)
+                taken = []
+                self._local.fanned_out = self.holding
         finally:
             for conn in taken:
                 conn.give_back()
+
+    def _hold(self, taken: list[Any]) -> None:
+        """Done reading ``taken`` for now: set them aside (``SocketConnection.hold``) for
+        this thread's next wait, which leads them again without a syscall
+        (giving them back re-arms the loop's interest in each, an ``epoll_ctl``, and leading
+        them silences it again, another), and the loop is not woken by frames that come
+        in between: the next wait reads them. Any thread may lead them meanwhile. A thread
+        that does not come back soon loses them to the loop (:meth:`_reclaim`); while a
+        thread waits for the loop to read for it they go back at once."""
+        if not self.holding:
+            for conn in taken:
+                conn.give_back()
+            return
+        for conn in taken:
+            conn.hold()
+        # After the holds: a thread that starts waiting for the loop counts itself, then
+        # takes back what is held (loop_waiting); one of the two sees the other.
+        if self._loop_waiters:
+            for conn in taken:
+                conn.reclaim()
+            return
+        self.holds += 1
+        if not self._reclaiming:  # (read after the count: see _reclaim)
+            self._reclaiming = True
+            try:
+                self._rt.call_soon(self._start_reclaiming)
+            except trio.RunFinishedError:  # the runtime is gone, and its connections
+                pass
+
+    def _start_reclaiming(self) -> None:
+        try:
+            self._rt.nursery.start_soon(self._reclaim)
+        except RuntimeError:  # the runtime is closing: its connections close with it
+            self._reclaiming = False
+
+    async def _reclaim(self) -> None:
+        """On the loop: once no thread has set connections aside for ``HOLD`` seconds,
+        take back those still set aside (one a thread leads is left to it). Ends when
+        nothing was set aside meanwhile."""
+        rt = self._rt
+        seen = self.holds
+        while True:
+            await trio.sleep(HOLD)
+            if self.holds != seen:  # threads still hold: look again later
+                seen = self.holds
+                continue
+            for conn in list(rt.leadable.values()):
+                conn.reclaim()
+            # Cleared before the last look at the count, which a holder bumps before it
+            # reads the flag: a hold after that look starts a new task (never none).
+            self._reclaiming = False
+            if self.holds == seen:
+                return
+            self._reclaiming = True
+            seen = self.holds
+
+    @contextlib.contextmanager
+    def loop_waiting(self) -> Iterator[None]:
+        """Around a wait in which the loop must read for this thread (it could lead no
+        connection, the ones it led went back, or it awaits the future on an event loop:
+        ``_future.loop_waiting``): connections set aside go back to the loop now, and none
+        is set aside until the wait ends."""
+        with self._waiters_lock:
+            self._loop_waiters += 1
+        try:
+            for conn in list(self._rt.leadable.values()):
+                conn.reclaim()
+            yield
+        finally:
+            with self._waiters_lock:
+                self._loop_waiters -= 1
 
     def _take(self) -> list[Any]:
         """Lead this runtime's inbound connections whose reader is idle: those taken ([]
@@ -314,11 +423,14 @@ class Leader:
         timeout: float | None,
         rest: Callable[[float | None], None],
         via: str | None = None,
+        *,
+        hold: bool = False,
     ) -> bool:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
-        read here. False when no connection could be led (nothing was waited for).
+        read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
+        else given back. False when no connection could be led (nothing was waited for).
 
         ``via``: the address of the one proc whose frame will make ``done()`` true (a
         call to one rank). Once a reply from it has been read here, later waits lead only
@@ -398,7 +510,8 @@ class Leader:
                     read_by = resolver
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
-                    rest(None if deadline is None else deadline - time.monotonic())
+                    with self.loop_waiting():
+                        rest(None if deadline is None else deadline - time.monotonic())
                     break
             if via is not None:
                 if read_by is not None:
@@ -406,6 +519,9 @@ class Leader:
                         self._learn(via, read_by)
                 elif only_via and waited:
                     self._from.pop(via, None)  # it came another way: lead all next time
+            if hold and taken:
+                self._hold(taken)
+                taken = []
             return True
         finally:
             if mine:

@@ -197,6 +197,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 nursery.start_soon(self._watchdog)
                 if self.leader is not None and _future.reader is None:
                     _future.reader = self.leader.wait
+                    _future.loop_waiting = self.leader.loop_waiting
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -205,7 +206,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             clean = True
         finally:
             if self.leader is not None and _future.reader == self.leader.wait:
-                _future.reader = None
+                _future.reader = _future.loop_waiting = None
             runtime_threads.discard(self.thread_id)
             for cell in list(self.actors.values()):
                 cell.abandon()

@@ -71,8 +71,10 @@ _NEVER = 1 << 62  # the lane threshold of a connection without a lane
 
 # Who reads an unprotected connection (see SocketConnection.lead): the loop's reader task
 # (reading, or about to), the reader task waiting in wait_readable (a thread may take over),
-# a thread, or the reader task woken while a thread read (it waits to be handed back).
-_LOOP, _LOOP_WAITING, _THREAD, _PARKED = 0, 1, 2, 3
+# a thread, the reader task woken while a thread read (it waits to be handed back), or no
+# one: a thread set it aside still silenced, to lead it again soon (``hold``; any thread
+# may lead it, the loop takes it back with ``reclaim``).
+_LOOP, _LOOP_WAITING, _THREAD, _PARKED, _HELD = 0, 1, 2, 3, 4
 
 
 def _loop_epoll() -> Any:
@@ -552,7 +554,7 @@ class SocketConnection(Connection):
             if self._baton == _THREAD:  # woken while a thread reads: wait for it
                 handed = self._handed_back = trio.Event()
                 self._baton = _PARKED
-            else:  # still ours, or handed back with frames to handle (baton _LOOP)
+            else:  # still ours, handed back with frames to handle, or held by no reader
                 self._baton = _LOOP
                 return
         await handed.wait()
@@ -561,15 +563,21 @@ class SocketConnection(Connection):
 
     def lead(self) -> bool:
         """From a thread other than the loop's: take over reading this connection while the
-        reader task waits for data. False when it cannot (the loop is reading, another
-        thread leads, the connection is sealed, closed, or has writes queued). After True
-        the caller reads with :meth:`read_led` when ``fileno()`` polls readable, and must
-        :meth:`give_back`."""
+        reader task waits for data, or one a thread set aside (:meth:`hold`: no syscall).
+        False when it cannot (the loop is reading, another thread leads, the connection is
+        sealed, closed, or has writes queued). After True the caller reads with
+        :meth:`read_led` when ``fileno()`` polls readable, and must :meth:`give_back` (or
+        :meth:`hold`)."""
         epoll = self._epoll
-        if epoll is None or self._baton != _LOOP_WAITING:
+        if epoll is None or (self._baton != _LOOP_WAITING and self._baton != _HELD):
             return False
         with self._read_lock:
-            if self._baton != _LOOP_WAITING or self._closed:
+            if self._closed:
+                return False
+            if self._baton == _HELD:  # set aside by a thread (hold): still silenced
+                self._baton = _THREAD
+                return True
+            if self._baton != _LOOP_WAITING:
                 return False
             with self._lock:
                 if self._pending or self._writing:
@@ -669,8 +677,36 @@ class SocketConnection(Connection):
     def give_back(self) -> None:
         """The leading thread is done: the reader task reads again."""
         with self._read_lock:
-            if self._baton in (_THREAD, _PARKED):
+            if self._baton in (_THREAD, _PARKED, _HELD):
                 self._give_back_locked(self._rstart != self._rend)
+
+    def hold(self) -> None:
+        """The leading thread stops reading for now but means to lead the connection again
+        soon (a mesh call's sender, between its fan-out and its ``get()``): the loop's
+        interest stays silenced, with no syscall now and none when a thread leads it again.
+        Any thread may :meth:`lead` it; the loop takes it back with :meth:`reclaim` (the
+        runtime does, a few ms after the last hold). Given back at once instead when bytes
+        are left in the buffer, the reader task waits for it, or it is closed."""
+        with self._read_lock:
+            if self._baton == _THREAD and self._rstart == self._rend and not self._closed:
+                self._baton = _HELD
+            elif self._baton in (_THREAD, _PARKED):
+                self._give_back_locked(self._rstart != self._rend)
+
+    @property
+    def held(self) -> bool:
+        """Set aside by a thread (:meth:`hold`) and not led since."""
+        return self._baton == _HELD
+
+    def reclaim(self) -> bool:
+        """The loop takes back a connection a thread set aside (:meth:`hold`): the socket's
+        interest is re-armed (the reader task wakes if data came meanwhile). False when it
+        was not set aside."""
+        with self._read_lock:
+            if self._baton != _HELD:
+                return False
+            self._give_back_locked(self._rstart != self._rend)
+        return True
 
     def _give_back_locked(self, wake: bool) -> None:
         """Hand reading back to the loop (``_read_lock`` held). With ``wake`` (bytes left in

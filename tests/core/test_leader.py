@@ -3,6 +3,7 @@ controller's thread in ``Future.get`` reads its reply, an idle actor thread its 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -14,7 +15,8 @@ import pytest
 
 from regency.actor import ProcMesh, SupervisionError
 from regency.core._controller import current_runtime
-from regency.core._leader import Leader
+from regency.core._leader import Leader, loop_reads
+from regency.transports._sockets import SocketConnection
 
 from ..conftest import SpawnProcs
 from .leader_actors import Gate, Opener, Seq
@@ -73,8 +75,11 @@ def test_a_proc_killed_while_the_waiting_thread_reads_fails_the_call(
     leader.on_lead = leading.set
 
     def kill_once_the_thread_reads() -> None:
-        if leading.wait(T):
-            os.kill(pid, signal.SIGKILL)
+        # A wait that found every connection busy (the loop reading one just then) waits
+        # on its lock instead and never leads: killed all the same after a while, so that
+        # the call still fails rather than block for good.
+        leading.wait(5)
+        os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_once_the_thread_reads)
     killer.start()
@@ -173,6 +178,147 @@ def test_a_fan_out_that_raises_gives_the_connections_back(
     # a waiting thread cannot lead them): these would time out.
     for i in range(20):
         assert seq.take.call_one(i).get(T) == i
+
+
+def _held(rt_leadable: dict[int, object]) -> list[bool]:
+    return [bool(getattr(conn, "held", False)) for conn in rt_leadable.values()]
+
+
+def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_seq", Seq)
+    assert list(seq.take.call(-1).get(T).values()) == [-1, -1]
+    leadable = current_runtime().leadable
+    for attempt in range(20):  # (the loop may be reading one just then; load may delay us)
+        before = leader.holds
+        fut = seq.take.call(attempt)
+        held_after_call = _held(leadable)
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        # Set aside by the fan-out, then by get() for the next fan-out.
+        # (A connection of another test's procs may be busy: not every one is taken.)
+        if any(held_after_call) and leader.holds == before + 2 and any(_held(leadable)):
+            break
+    else:
+        pytest.fail(
+            "a mesh call never set its connections aside for its get(): "
+            f"{held_after_call}, {_held(leadable)}, {leader.holds - before} holds"
+        )
+    # A call to one rank's get() gives back what it leads (pipelined calls keep the loop
+    # reading while they issue), and sets nothing aside.
+    before = leader.holds
+    assert seq.slice(gpus=0).take.call_one(-2).get(T) == -2
+    assert leader.holds == before and not leader._local.fanned_out
+    # Later calls, from this thread and with the loop reading, go on as before.
+    for i in range(50):
+        assert list(seq.take.call(i).get(T).values()) == [i, i]
+        assert seq.slice(gpus=i % 2).take.call_one(i).get(T) == i
+    expected = [j for i in range(50) for j in ((i, i) if i % 2 == 0 else (i,))]
+    assert seq.slice(gpus=0).taken.call_one().get(T)[-len(expected) :] == expected
+
+
+def test_connections_set_aside_go_back_to_the_loop_when_no_thread_comes_back(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_back", Seq)
+    leadable = current_runtime().leadable
+    for attempt in range(20):
+        replied = threading.Event()
+        fut = seq.take_slowly.call(attempt)  # the replies come after the fan-out
+        fut.add_done_callback(replied.set)
+        held = any(_held(leadable))
+        # Its replies come on connections set aside, and no thread waits for them: the
+        # loop takes the connections back and reads them (the callback runs there).
+        assert replied.wait(T)
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        if held:
+            break
+    else:
+        pytest.fail("a fan-out never set its connections aside")
+
+
+def test_a_thread_waiting_on_the_loop_takes_back_what_threads_set_aside(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_lock", Seq)
+    leadable = current_runtime().leadable
+    for attempt in range(20):
+        fut = seq.take_slowly.call(attempt)
+        if any(_held(leadable)):
+            break
+        fut.get(T)
+    else:
+        pytest.fail("a fan-out never set its connections aside")
+    with leader.loop_waiting():  # as a thread that waits on its lock does
+        assert not any(_held(leadable))
+        assert list(fut.get(T).values()) == [attempt, attempt]
+        fut = seq.take.call(1)  # and this fan-out sets nothing aside
+        assert not any(_held(leadable))
+        assert list(fut.get(T).values()) == [1, 1]
+    fut = seq.take_slowly.call(2)
+    with loop_reads():  # a thread that may not read waits on its lock: the loop reads
+        assert list(fut.get(T).values()) == [2, 2]
+
+
+def test_threads_calling_meshes_at_once_all_get_their_replies(
+    pm: ProcMesh, leader: Leader
+) -> None:
+    seq = pm.spawn("hold_many", Seq)
+    errors: list[BaseException] = []
+
+    def caller(k: int) -> None:
+        try:
+            for i in range(150):
+                if k == 2 and i % 10 == 0:
+                    with loop_reads():  # now and then a thread that waits on its lock
+                        assert seq.slice(gpus=i % 2).take.call_one(i).get(T) == i
+                if i % 3:
+                    assert list(seq.take.call(i).get(T).values()) == [i, i]
+                else:
+                    assert seq.slice(gpus=(i + k) % 2).take.call_one(i).get(T) == i
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+
+
+def test_awaiting_a_call_gives_the_loop_the_connections_its_fan_out_set_aside(
+    pm: ProcMesh, leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seq = pm.spawn("hold_await", Seq)
+    me = threading.get_ident()
+    reclaimed_here: list[bool] = []
+    reclaim = SocketConnection.reclaim
+
+    def recording(conn: SocketConnection) -> bool:
+        taken = reclaim(conn)
+        if taken and threading.get_ident() == me:
+            reclaimed_here.append(True)
+        return taken
+
+    monkeypatch.setattr(SocketConnection, "reclaim", recording)
+
+    async def main() -> list[int]:
+        got = []
+        for i in range(20):
+            # Its fan-out sets the connections aside (the replies come later)...
+            fut = seq.take_slowly.call(i)
+            values = list((await fut).values())  # ...which the loop needs: it resolves it
+            assert values == [i, i]
+            got.append(values[0])
+            if reclaimed_here:
+                break
+        return got
+
+    got = asyncio.run(main())
+    assert reclaimed_here, "an await never gave back the connections set aside"
+    assert got == list(range(len(got)))
 
 
 def test_a_thread_that_waits_for_one_rank_reads_only_that_procs_connection(

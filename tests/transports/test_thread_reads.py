@@ -153,3 +153,76 @@ async def test_sealed_connections_are_never_led() -> None:
         await sink.wait_for(lambda: len(sink.seen) == 1)
         await trio.testing.wait_all_tasks_blocked()
         assert sink.conn is not None and not await trio.to_thread.run_sync(sink.conn.lead)
+
+
+async def test_a_held_connection_stays_silent_until_a_thread_or_the_loop_takes_it(
+    sockdir: str,
+) -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        await trio.testing.wait_all_tasks_blocked()
+        assert await trio.to_thread.run_sync(server.lead)
+        await trio.to_thread.run_sync(server.hold)
+        assert server.held
+        conn.send_nowait(b"T1")  # nobody reads it: the loop's interest is still silenced
+        await trio.testing.wait_all_tasks_blocked()
+        # Another lead takes it as it is (a thread, not the loop, reads T1).
+        assert await trio.to_thread.run_sync(server.lead)
+        assert not server.held
+        conn.send_nowait(b"T2")
+        poller = select.poll()
+        poller.register(server.fileno(), select.POLLIN)
+        assert await trio.to_thread.run_sync(poller.poll, 10_000)
+        assert await trio.to_thread.run_sync(server.read_led)
+        await trio.to_thread.run_sync(server.hold)
+        assert sink.seen == [("loop", b"L0"), ("thread", b"T1"), ("thread", b"T2")]
+        # The loop takes it back: what came while it was held is the loop's.
+        conn.send_nowait(b"T3")
+        assert server.reclaim() and not server.held
+        assert not server.reclaim()  # once
+        await sink.wait_for(lambda: len(sink.seen) == 4)
+        assert sink.seen[-1] == ("loop", b"T3")
+        # Given back (not reclaimed) from held, the loop reads on as after any give_back.
+        await trio.testing.wait_all_tasks_blocked()
+        assert await trio.to_thread.run_sync(server.lead)
+        await trio.to_thread.run_sync(server.hold)
+        await trio.to_thread.run_sync(server.give_back)
+        conn.send_nowait(b"T4")
+        await sink.wait_for(lambda: len(sink.seen) == 5)
+        assert sink.seen[-1] == ("loop", b"T4")
+
+
+async def test_a_connection_the_loop_must_read_is_given_back_not_held(sockdir: str) -> None:
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        await trio.testing.wait_all_tasks_blocked()
+        assert await trio.to_thread.run_sync(server.lead)
+        conn.send_nowait(b"N1")  # the loop's: the thread stops at it, unread
+        await trio.to_thread.run_sync(read_until_handed_back, server)
+        await trio.to_thread.run_sync(server.hold)  # handed back already: nothing to hold
+        assert not server.held
+        await sink.wait_for(lambda: len(sink.seen) == 2)
+        # Closed while led: held would leave the end unreported; it goes back instead.
+        await trio.testing.wait_all_tasks_blocked()
+        assert await trio.to_thread.run_sync(server.lead)
+        conn.close()
+        poller = select.poll()
+        poller.register(server.fileno(), select.POLLIN)
+        assert await trio.to_thread.run_sync(poller.poll, 10_000)
+        assert not await trio.to_thread.run_sync(server.read_led)  # end of stream
+        await trio.to_thread.run_sync(server.hold)
+        assert not server.held
+        await sink.wait_for(lambda: len(sink.lost) == 1)
+        assert sink.seen == [("loop", b"L0"), ("loop", b"N1")]
