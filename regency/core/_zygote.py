@@ -33,6 +33,7 @@ import select
 import shutil
 import signal
 import sys
+import time
 from typing import Any
 
 from . import _bootstrap
@@ -49,7 +50,7 @@ def _report(out: int, message: dict[str, Any]) -> None:
 
 #: Seconds the zygote, on its way out, waits for the spawner to exit before leaving the job
 #: directory to it.
-_PARENT_EXIT_WAIT = 2.0
+_PARENT_EXIT_WAIT = 10.0
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -79,11 +80,18 @@ def _remove_orphaned_jobdir(jobdir: str, parent_fd: int | None) -> None:
     if not ready:
         return  # still alive: its own exit removes the directory
     name = os.path.basename(jobdir.rstrip("/"))
-    try:
-        if name.startswith("regency-") and os.stat(jobdir).st_uid == os.getuid():
-            shutil.rmtree(jobdir, ignore_errors=True)
-    except OSError:
-        pass
+    # A few tries: a file created while the removal listed the directory (a dying
+    # process's last write) leaves it behind, and nobody else would remove it.
+    for _ in range(5):
+        try:
+            if not (name.startswith("regency-") and os.stat(jobdir).st_uid == os.getuid()):
+                return
+        except OSError:
+            return  # gone
+        shutil.rmtree(jobdir, ignore_errors=True)
+        if not os.path.exists(jobdir):
+            return
+        time.sleep(0.05)
 
 
 def main() -> None:
