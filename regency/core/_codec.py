@@ -574,10 +574,21 @@ def load_pickled(payload: M.Unpickled) -> Any:
 
 
 def _load(parts: list[memoryview]) -> Any:
+    """Unpickle a pickle and its out-of-band buffers; an ``Undecodable`` when that fails."""
+    if len(parts) == 1:
+        return _load_one(parts[0])
     try:
-        if len(parts) == 1:
-            return pickle.loads(parts[0])
         return pickle.loads(parts[0], buffers=parts[1:])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a value's __reduce__ runs arbitrary code: SystemExit too
+        return undecodable(exc)
+
+
+def _load_one(data: memoryview) -> Any:
+    """Unpickle one in-band pickle (the compact layouts); an ``Undecodable`` when that fails."""
+    try:
+        return pickle.loads(data)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a value's __reduce__ runs arbitrary code: SystemExit too
@@ -802,13 +813,7 @@ def decode_reply(frame: memoryview) -> tuple[int, int, int, Any]:
         _, port_id, index, status = _PORT_HEAD.unpack_from(frame)
     except struct.error:
         raise ValueError(f"reply frame of {len(frame)} bytes is too short") from None
-    try:
-        value = pickle.loads(frame[_PORT_BODY:])
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        value = undecodable(exc)
-    return port_id, index, status, value
+    return port_id, index, status, _load_one(frame[_PORT_BODY:])
 
 
 def decode_call_to(frame: memoryview, wanted: Callable[[str], bool]) -> Call | None:
@@ -850,12 +855,7 @@ def _compact_call(frame: memoryview, wanted: Callable[[str], bool] | None) -> Ca
     actor, method, address, labels, sizes = route
     if wanted is not None and not wanted(actor):
         return None
-    try:
-        args = pickle.loads(frame[end:])
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        args = undecodable(exc)
+    args = _load_one(frame[end:])
     return Call(
         actor, method, None if address is None else (address, port_id), rank, labels, sizes, args
     )
@@ -889,16 +889,7 @@ def _load_route(raw: bytes) -> tuple[Any, ...]:
 
 def _call(env: tuple[Any, ...], parts: list[memoryview]) -> Call:
     _, actor, method, port, rank, labels, sizes, _ = env
-    try:
-        if len(parts) == 1:
-            args = pickle.loads(parts[0])
-        else:
-            args = pickle.loads(parts[0], buffers=parts[1:])
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        args = undecodable(exc)
-    return Call(actor, method, port, rank, labels, sizes, args)
+    return Call(actor, method, port, rank, labels, sizes, _load(parts))
 
 
 def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:

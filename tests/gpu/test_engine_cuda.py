@@ -15,13 +15,7 @@ torch = pytest.importorskip("torch")
 import regency  # noqa: E402
 from regency.actor import this_host  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (this machine has none; torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = pytest.mark.slow  # and skipped without a GPU (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""CUDA tensors as plain endpoint arguments and replies (pickled as torch pickles them: they
+"""CUDA tensors as plain endpoint arguments and replies (out of band, as one host copy: they
 arrive on the same CUDA device, which the receiving proc must see). Skips without a GPU."""
 
 from __future__ import annotations
@@ -13,13 +13,7 @@ from regency.actor import this_host  # noqa: E402
 
 from .helpers import Echo  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU (this machine has none; torch.cuda.is_available() is False)",
-    ),
-]
+pytestmark = pytest.mark.slow  # and skipped without a GPU (conftest.py)
 
 
 @pytest.fixture(scope="module")
