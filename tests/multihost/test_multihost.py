@@ -90,8 +90,12 @@ def hosts(
 
 @pytest.fixture(scope="module")
 def mesh(hosts: list[VirtualHost]) -> Iterator[HostMesh]:
-    """The first three hosts, attached to this test process (the controller)."""
-    attached = attach_to_workers([h.worker_address for h in hosts[:3]], lease=5.0)
+    """The first three hosts, attached to this test process (the controller). The lease
+    outlasts the links the tests cut: a cut held until a heartbeat timeout is detected, plus
+    TCP's retransmission back-off after it heals, took a 5 s lease's renewals past it under
+    CI load, and the worker dropped this controller for the tests that follow. Leases
+    themselves are tested with attachments of their own (below)."""
+    attached = attach_to_workers([h.worker_address for h in hosts[:3]], lease=30.0)
     yield attached
     attached.shutdown().get(T)
 
