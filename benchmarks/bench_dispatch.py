@@ -15,6 +15,10 @@ under callgrind: its actor thread, which reads the call, runs it and writes the 
 loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips. With
 ``PROCS`` > 1 the controller has that many procs (the calls go to the first), as in
 ``side_by_side``'s tiny round trip; ``ctl`` or ``proc`` measures one side only.
+
+``python -m benchmarks.bench_dispatch --threads [N [PROCS]]`` makes ``N`` round trips and
+prints each busy thread's user and system CPU per round trip on both sides, and how many
+waits read their own reply, set its connection aside and spun (see :func:`threads`).
 """
 
 from __future__ import annotations
@@ -266,6 +270,69 @@ def round_trip_cpu(n: int = 2000, rounds: int = 5) -> list[tuple[str, str, float
     ]
 
 
+def _thread_ticks(pid: int) -> dict[str, tuple[int, int]]:
+    """``(utime, stime)`` clock ticks of each thread of ``pid``, by ``tid:name``."""
+    ticks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        ticks[f"{tid}:{name}"] = (int(fields[11]), int(fields[12]))
+    return ticks
+
+
+def threads(n: int = 20000, procs_n: int = 1) -> None:
+    """``n`` ``call_one`` round trips (to the first of ``procs_n`` procs) from this thread,
+    and what each busy thread of both processes spent on them: user and system CPU per
+    round trip (``/proc/<pid>/task/*/stat``, whole process lifetimes of the threads, so
+    spinning, loop wake-ups and the kernel's part all count), how many waits read their own
+    reply (``Leader.led``; the rest the loop read: a wake-up and a hop each), set the
+    connection aside for the next call (``Leader.holds``) and spun. Load-robust where wall
+    clock is not: run alternating fresh processes of two trees to compare them."""
+    from regency.actor import this_host
+    from regency.core._controller import current_runtime
+
+    procs = this_host().spawn_procs(per_host={"gpus": procs_n})
+    echo = procs.spawn("echo", _Echo)
+    echo.ping.call().get()
+    one = echo.slice(gpus=0)
+    ping = one.ping
+    for _ in range(1000):
+        ping.call_one().get()
+    proc_pid = one.pid.call_one().get()
+    leader = current_runtime().leader
+    assert leader is not None
+    counts = (leader.led, leader.holds, leader.spun)
+    proc_led = one.led.call_one().get()
+    me = os.getpid()
+    before = (_thread_ticks(me), _thread_ticks(proc_pid))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ping.call_one().get()
+    wall = time.perf_counter() - t0
+    after = (_thread_ticks(me), _thread_ticks(proc_pid))
+    proc_led = one.led.call_one().get() - proc_led - 1  # (less the call that asks)
+    led, holds, spun = (b - a for a, b in zip(counts, (leader.led, leader.holds, leader.spun), strict=True))
+    hz = os.sysconf("SC_CLK_TCK")
+    print(f"{n} round trips ({procs_n} procs; load {os.getloadavg()[0]:.1f}): "
+          f"{wall / n * 1e6:.1f} us each; waits that read their reply {led / n:.1%}, "
+          f"set it aside {holds / n:.1%}, spun {spun / n:.1%}; calls read by the proc's "
+          f"actor thread {proc_led / n:.1%}")
+    for side, (start, end) in zip(("controller", "proc"), zip(before, after, strict=True), strict=True):
+        for thread, (user, system) in end.items():
+            if thread not in start:
+                continue
+            u = (user - start[thread][0]) / hz / n * 1e6
+            k = (system - start[thread][1]) / hz / n * 1e6
+            if u + k >= 0.5:
+                print(f"  {side} thread {thread}: user {u:.1f} us, system {k:.1f} us a round trip")
+    procs.stop().get(30)
+
+
 class _Echo(Actor):
     @endpoint
     def ping(self) -> None:
@@ -282,6 +349,14 @@ class _Echo(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def led(self) -> int:
+        """How many waits of this proc's threads read their messages themselves."""
+        from regency.core._current import current_runtime_or_none
+
+        rt = current_runtime_or_none()
+        return 0 if rt is None or rt.leader is None else rt.leader.led
 
 
 def _callgrind_control(*args: str) -> None:
@@ -390,6 +465,9 @@ if __name__ == "__main__":
     argv = [a for a in sys.argv if a != "--pipelined"]
     if argv[1:2] == ["--side"]:
         _round_trips(argv[2], int(argv[3]), argv[4], int(argv[5]), pipelined=bool(flags))
+    elif argv[1:2] == ["--threads"]:
+        # --threads [N [PROCS]]
+        threads(int(argv[2]) if len(argv) > 2 else 20000, int(argv[3]) if len(argv) > 3 else 1)
     elif argv[1:2] == ["--steps"]:
         steps_callgrind(int(argv[2]) if len(argv) > 2 else 3000)
     elif argv[1:2] == ["--callgrind"]:

@@ -10,7 +10,9 @@ counts do not move with the machine's load (docs/performance.md); ``send`` and `
 the two halves of ``one``, the reply as a thread that read it takes it (the inbound session's
 ``frame_on_thread``). ``--callgrind-mesh [N]`` counts the controller's instructions per call
 over a 4-proc mesh of real procs, its connections set aside between calls
-(``Leader.holding``, the default) and given back.
+(``Leader.holding``, the default) and given back. ``--mesh-cpu [N [BLOCKS]]`` runs blocks of
+N calls over a 4-proc mesh and prints, per call, the CPU and the voluntary/involuntary
+context switches of each thread of the controller and of the procs (from ``/proc``).
 """
 
 from __future__ import annotations
@@ -244,8 +246,83 @@ def callgrind_mesh(n: int = 1000) -> None:
         print(f"{mode:9s}: instructions per mesh call by controller thread {threads[:2]}, in all {sum(threads)}")
 
 
+def _thread_stats(pid: int) -> dict[str, tuple[int, int, int]]:
+    """CPU nanoseconds and voluntary/involuntary context switches of each thread of ``pid``
+    (by thread name; same-named threads summed), from ``/proc``."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                cpu = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = f.read()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # the thread ended meanwhile
+        vol = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+        key = "main" if tid == str(pid) else name
+        c, v, i = out.get(key, (0, 0, 0))
+        out[key] = (c + cpu, v + vol, i + invol)
+    return out
+
+
+def mesh_cpu(n: int = 2000, blocks: int = 5) -> None:
+    """Where a 4-proc mesh call's CPU goes: ``blocks`` blocks of ``n`` calls over a mesh of 4
+    real procs; per call, the CPU and the voluntary/involuntary context switches of the
+    controller's threads and of the 4 procs' threads (summed over the procs), from
+    ``/proc/<pid>/task/*``; the median block. Measures under whatever load the machine has:
+    say it with the figures."""
+    import statistics
+
+    from regency.actor import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    pinger = procs.spawn("pinger", _Pinger)
+    pids = list(pinger.pid.call().get(30).values())
+    for _ in range(500):
+        pinger.ping.call().get()
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    walls = []
+    for _ in range(blocks):
+        before = {("ctl", k): v for k, v in _thread_stats(os.getpid()).items()}
+        for pid in pids:
+            for k, v in _thread_stats(pid).items():
+                c0, v0, i0 = before.get(("procs", k), (0, 0, 0))
+                before["procs", k] = (c0 + v[0], v0 + v[1], i0 + v[2])
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pinger.ping.call().get()
+        walls.append((time.perf_counter() - t0) / n * 1e6)
+        after = {("ctl", k): v for k, v in _thread_stats(os.getpid()).items()}
+        for pid in pids:
+            for k, v in _thread_stats(pid).items():
+                c0, v0, i0 = after.get(("procs", k), (0, 0, 0))
+                after["procs", k] = (c0 + v[0], v0 + v[1], i0 + v[2])
+        for key, (c1, v1, i1) in after.items():
+            c0, v0, i0 = before.get(key, (0, 0, 0))
+            rows.setdefault(f"{key[0]} {key[1]}", []).append(
+                ((c1 - c0) / n / 1000, (v1 - v0) / n, (i1 - i0) / n)
+            )
+    procs.stop().get(60)
+    print(f"load {os.getloadavg()[0]:.2f}; wall per call: median {statistics.median(walls):.0f} us "
+          f"({min(walls):.0f}-{max(walls):.0f}) over {blocks} blocks of {n}")
+    print(f"{'thread (per call, median block)':32s} {'CPU us':>8s} {'vol':>7s} {'invol':>7s}")
+    for name, values in sorted(rows.items()):
+        cpu = statistics.median(v[0] for v in values)
+        if cpu < 0.05:
+            continue
+        vol = statistics.median(v[1] for v in values)
+        invol = statistics.median(v[2] for v in values)
+        print(f"{name:32s} {cpu:8.1f} {vol:7.3f} {invol:7.3f}")
+
+
 if __name__ == "__main__":
-    if "--mesh-side" in sys.argv:
+    if "--mesh-cpu" in sys.argv:
+        tail = sys.argv[sys.argv.index("--mesh-cpu") + 1 :]
+        mesh_cpu(*(int(t) for t in tail[:2]))
+    elif "--mesh-side" in sys.argv:
         tail = sys.argv[sys.argv.index("--mesh-side") + 1 :]
         _mesh_calls(int(tail[1]), tail[0] == "hold")
     elif "--callgrind-mesh" in sys.argv:

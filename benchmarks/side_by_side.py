@@ -157,7 +157,10 @@ def _cell(values: list[float], unit: str) -> str:
     if not values:
         return "n/a"
     lo, hi = min(values), max(values)
-    return _fmt(lo, unit) if _fmt(lo, unit) == _fmt(hi, unit) else f"{_fmt(lo, unit)}\u2013{_fmt(hi, unit)}"
+    if _fmt(lo, unit) == _fmt(hi, unit):
+        return _fmt(lo, unit)
+    middle = sorted(values)[len(values) // 2]  # the one the ratio column uses
+    return f"{_fmt(lo, unit)}\u2013{_fmt(hi, unit)} (median {_fmt(middle, unit)})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         load = " (load average {:.1f}, {:.1f}, {:.1f})".format(*os.getloadavg())
     except OSError:
         load = ""
-    print(f"\n{os.cpu_count()} cores{load}; range over {args.rounds} rounds, fresh interpreters\n")
+    print(f"\n{os.cpu_count()} cores{load}; range and median over {args.rounds} rounds, fresh interpreters\n")
     names = [name for name, _ in runtimes]
     titles = {"regency": "Regency", "monarch": "Monarch 0.7", "ray": "Ray"}
     ratio = "monarch" in names

@@ -195,7 +195,7 @@ class Casting:
         # Every frame is encoded before the first is sent: the sends then follow each other
         # closely, and the first ranks' replies less often arrive before the caller waits
         # for them (where the loop, not the waiting thread, would read them).
-        frames = [encode(actor, method, port, local, labels, sizes, payload) for local in local_ranks]
+        frames = _codec.encode_calls(actor, method, port, local_ranks, labels, sizes, payload)
         if self._fenced or self._held:  # a tree cast of ours in flight: check each target
             for local, frame in zip(local_ranks, frames, strict=True):
                 post(addresses[local], actor, frame)

@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
+import attrs
 import cloudpickle
 
 from . import _messages as M
@@ -640,17 +641,7 @@ def encode_call(
         address, port_id = None, 0
     else:
         address, port_id = port
-    key = (actor, method, address, labels, sizes)
-    try:
-        route = _routes_out.get(key)
-    except TypeError:  # labels or sizes in a list: not cached
-        route = pickle.dumps(key, protocol=5)
-    else:
-        if route is None:
-            route = pickle.dumps(key, protocol=5)
-            if len(_routes_out) >= _ROUTES_MAX:
-                _routes_out.clear()
-            _routes_out[key] = route
+    route = _call_route((actor, method, address, labels, sizes))
     try:
         head = _CALL_HEAD.pack(_CALL_MARK, len(route), port_id, rank) + route
     except struct.error:  # a rank or port id beyond the fixed fields: the envelope holds any
@@ -659,6 +650,48 @@ def encode_call(
     if len(body) >= _SCAN_LIMIT:
         return [head, body]
     return head + body
+
+
+def _call_route(key: tuple[Any, ...]) -> bytes:
+    """The pickled route of a compact call (actor, method, reply address, labels, sizes),
+    cached: a caller sends the same few over and over."""
+    try:
+        route = _routes_out.get(key)
+    except TypeError:  # labels or sizes in a list: not cached
+        return pickle.dumps(key, protocol=5)
+    if route is None:
+        route = pickle.dumps(key, protocol=5)
+        if len(_routes_out) >= _ROUTES_MAX:
+            _routes_out.clear()
+        _routes_out[key] = route
+    return route
+
+
+def encode_calls(
+    actor: str,
+    method: str,
+    port: M.PortRef | None,
+    ranks: Sequence[int],
+    labels: Sequence[str],
+    sizes: Sequence[int],
+    payload: Sequence[bytes | memoryview],
+) -> list[Frame]:
+    """``[encode_call(..., rank, ...) for rank in ranks]`` (the same frames), for a call to
+    several ranks: the route is looked up once, and only each frame's fixed header (its
+    rank) is packed per rank."""
+    if len(payload) != 1 or len(payload[0]) >= _SCAN_LIMIT:
+        return [encode_call(actor, method, port, r, labels, sizes, payload) for r in ranks]
+    if port is None:
+        address, port_id = None, 0
+    else:
+        address, port_id = port
+    route = _call_route((actor, method, address, labels, sizes))
+    tail = route + payload[0]
+    pack, n = _CALL_HEAD.pack, len(route)
+    try:
+        return [pack(_CALL_MARK, n, port_id, r) + tail for r in ranks]
+    except struct.error:  # a rank or port id beyond the fixed fields: the envelope holds any
+        return [encode_call(actor, method, port, r, labels, sizes, payload) for r in ranks]
 
 
 def encode_reply(port_id: int, index: int, status: int, value: Any) -> Frame:
@@ -855,10 +888,25 @@ def _compact_call(frame: memoryview, wanted: Callable[[str], bool] | None) -> Ca
     actor, method, address, labels, sizes = route
     if wanted is not None and not wanted(actor):
         return None
-    args = _load_one(frame[end:])
-    return Call(
-        actor, method, None if address is None else (address, port_id), rank, labels, sizes, args
-    )
+    # The record built without its ``__init__`` (a frozen attrs class's looks up its
+    # setattr hook first): the same fields, stored straight into its ``__dict__``
+    # (``_CALL_FIELDS`` checks the names against the class once, at import).
+    call = _new(Call)
+    fields = call.__dict__
+    fields["actor"] = actor
+    fields["method"] = method
+    fields["port"] = None if address is None else (address, port_id)
+    fields["rank"] = rank
+    fields["labels"] = labels
+    fields["sizes"] = sizes
+    fields["payload"] = _load_one(frame[end:])
+    return call
+
+
+_new = object.__new__
+_CALL_FIELDS = ("actor", "method", "port", "rank", "labels", "sizes", "payload")
+if tuple(f.name for f in attrs.fields(Call)) != _CALL_FIELDS:  # pragma: no cover
+    raise AssertionError(f"_compact_call builds a Call of fields {_CALL_FIELDS}")
 
 
 def _load_route(raw: bytes) -> tuple[Any, ...]:

@@ -37,13 +37,15 @@ log = logging.getLogger("regency.transports")
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
 _CALL_HEAD = _codec.CALL_MARK_BYTES
 
-#: Acknowledge after this many frames, or after ``_ACK_DELAY`` seconds, whichever is first.
-_ACK_EVERY = 64
-_ACK_DELAY = 0.05
-#: A frame this big is acknowledged at once: until then the sender keeps it for a resend,
-#: and a sender holding many big frames allocates fresh memory for every new payload
-#: (a page fault per 4 KiB: a 1 MiB echo cost 2 ms instead of 0.5).
-_ACK_BYTES = 256 * 1024
+#: Acknowledge after this many frames or ``Receiver.ack_bytes`` bytes, or after ``_ACK_DELAY``
+#: seconds, whichever is first. While calls and replies stream, every acknowledgement is a
+#: frame that wakes the peer's loop to read it, and a delayed one also wakes this side's
+#: loop twice (the timer's start and its end): 64 frames and 50 ms cost the 4-proc mesh
+#: call about 0.16 loop wake-ups a call on the two sides (docs/performance.md, "The 4-proc
+#: mesh call, session 7"). What a sender keeps meanwhile stays small: at most this many
+#: frames below ``Receiver.ack_bytes`` in all (``_delivery.ACK_BYTES``).
+_ACK_EVERY = 1024
+_ACK_DELAY = 0.25
 
 
 class InboundSink:
@@ -63,14 +65,14 @@ class InboundSink:
             if receiver.state is None or frame[:4] == _SESSION_MARK:
                 self._session_frame(conn, frame)
                 return
-            index = receiver.frame()
+            index = receiver.frame(len(frame))
             if index is None:
                 return  # handled before the reconnect: a resend
             if self._probe is not None:
                 self._count(index)
             self._rt.on_frame(frame)
-            if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
-                self._acknowledge(frame, on_loop=True)  # (else one is on its way)
+            if receiver.ack_due or not self._ack_pending:
+                self._acknowledge(on_loop=True)  # (else one is on its way)
 
     def frame_on_thread(self, conn: transports.Connection, frame: memoryview) -> bool:
         """A frame read by a thread (``core/_leader.py``), not by the loop: a thread blocked
@@ -125,7 +127,7 @@ class InboundSink:
                 if call is None:
                     return False
         with rt.dispatch_lock:
-            index = receiver.frame()
+            index = receiver.frame(len(frame))
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).
             # An error after this point (a KeyboardInterrupt on the main thread) is raised
             # once the frame counts as handled.
@@ -150,8 +152,8 @@ class InboundSink:
                             )
                             rt.call_soon(conn.close)
                             return True
-                if receiver.ack_due or not self._ack_pending or len(frame) >= _ACK_BYTES:
-                    self._acknowledge(frame, on_loop=False)  # (else one is on its way)
+                if receiver.ack_due or not self._ack_pending:
+                    self._acknowledge(on_loop=False)  # (else one is on its way)
             except BaseException as exc:
                 self._raise_later(conn, exc)
         return True
@@ -191,17 +193,17 @@ class InboundSink:
             assert self._receiver.session is not None
             probe.frame_handled(self._rt, self._receiver.session, index)
 
-    def _acknowledge(self, frame: memoryview, *, on_loop: bool) -> None:
-        """Acknowledge now (every ``ack_every`` frames, or a big frame: until acknowledged
-        the sender keeps it for a resend) or within ``_ACK_DELAY``."""
-        if self._receiver.ack_due or len(frame) >= _ACK_BYTES:
+    def _acknowledge(self, *, on_loop: bool) -> None:
+        """Acknowledge now (every ``ack_every`` frames or ``ack_bytes`` bytes: until
+        acknowledged the sender keeps them for a resend) or within the delay."""
+        if self._receiver.ack_due:
             self.ack()
         elif not self._ack_pending:
             self._ack_pending = True
             rt = self._rt
             if on_loop:
                 rt.ack_later(self)
-            else:
+            elif not rt.join_scheduled_ack(self):
                 rt.call_soon(lambda: rt.ack_later(self))
 
     def ack(self) -> None:
@@ -295,14 +297,28 @@ class InboundSessions:
 
     def ack_later(self, sink: InboundSink) -> None:
         """Acknowledge ``sink``'s frames within ``ack_delay`` (on the trio thread)."""
-        self._to_ack[id(sink)] = sink
-        if not self._ack_scheduled:
+        with self.dispatch_lock:  # (a thread that reads may join a scheduled flush)
+            self._to_ack[id(sink)] = sink
+            if self._ack_scheduled:
+                return
             self._ack_scheduled = True
-            self.nursery.start_soon(self._flush_acks)
+        self.nursery.start_soon(self._flush_acks)
+
+    def join_scheduled_ack(self, sink: InboundSink) -> bool:
+        """From a thread that read ``sink``'s frames, holding the dispatch lock: add it to
+        the flush already scheduled (which takes that lock to collect its sinks), without
+        waking the loop; False when none is (the caller schedules one on the loop). While
+        frames flow, a thread that acknowledges every ``ack_every`` frames would otherwise
+        wake the loop once per that many frames to schedule the next one."""
+        if not self._ack_scheduled:
+            return False
+        self._to_ack[id(sink)] = sink
+        return True
 
     async def _flush_acks(self) -> None:
         await trio.sleep(self.env.ack_delay)
-        self._ack_scheduled = False
-        sinks, self._to_ack = self._to_ack, {}
+        with self.dispatch_lock:  # sinks that joined on a thread are in, or see it unscheduled
+            self._ack_scheduled = False
+            sinks, self._to_ack = self._to_ack, {}
         for sink in sinks.values():
             sink.ack()

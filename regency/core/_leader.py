@@ -14,8 +14,10 @@ thread read, or by the loop: a reply on another connection, a lost link, a stop)
 gives every connection back; the loop is woken only where bytes are left for it. A thread
 that sent a call to several ranks (``Leader.sending``) sets them aside for the ``get()``
 that follows instead, and that wait for the next fan-out (``Leader._hold``: still silenced,
-any thread may lead them again without a syscall); the loop takes them back if no thread
-comes for them, and at once when a thread waits for the loop to read for it.
+any thread may lead them again without a syscall), as does a wait for one rank's reply that
+led that proc's connection alone, for the next call's reply (which the loop then cannot
+read before the caller waits for it); the loop takes them back if no thread comes for
+them, and at once when a thread waits for the loop to read for it.
 
 Guarantees kept: frames of one connection are handled in order by exactly one reader at a
 time (the connection's baton); the delivery session's numbering and acknowledgements run in
@@ -53,11 +55,12 @@ if TYPE_CHECKING:
 #: A thread leads at most this many connections (one poll over them); beyond that it waits
 #: on its lock, as every thread did before.
 MAX_LED = 16
-#: Seconds connections a thread set aside (``SocketConnection.hold``) may stay away from
-#: the loop once threads stop setting them aside: the loop takes them back between one and
-#: two of these later (while threads go on, it costs one loop wake-up per ``HOLD``). Frames
-#: for the loop on those connections wait that long at most, and only while no thread
-#: waits on its lock for the loop (such a thread takes them back at once).
+#: Seconds a connection a thread set aside (``SocketConnection.hold``) may stay away from
+#: the loop once no thread sets it aside again: the loop takes it back between one and two
+#: of these later (while threads go on setting connections aside, it costs one loop wake-up
+#: per ``HOLD``). Frames for the loop on it wait that long at most, also while a thread
+#: goes on calling other procs, and only while no thread waits on its lock for the loop
+#: (such a thread takes them all back at once).
 HOLD = 0.01
 #: Poll sets a thread keeps (one per set of connections it led).
 _POLL_SETS = 8
@@ -163,6 +166,8 @@ class Leader:
         #: Times threads set connections aside so far, and whether a loop task is watching
         #: to take them back (:meth:`_reclaim`).
         self.holds = 0
+        #: Per connection (by id): the value of ``holds`` when a thread last set it aside.
+        self._held_in: dict[int, int] = {}
         self._reclaiming = False
         #: Threads waiting for the loop to read for them (on a lock, or awaiting a future):
         #: while there are any, nothing is set aside.
@@ -274,8 +279,9 @@ class Leader:
                 conn.give_back()
 
     def _hold(self, taken: list[Any]) -> None:
-        """Done reading ``taken`` for now: set them aside (``SocketConnection.hold``) for
-        this thread's next wait, which leads them again without a syscall
+        """Done reading ``taken`` for now (after a fan-out, its ``get()``, or a wait for one
+        rank's reply): set them aside (``SocketConnection.hold``) for this thread's next wait,
+        which leads them again without a syscall
         (giving them back re-arms the loop's interest in each, an ``epoll_ctl``, and leading
         them silences it again, another), and the loop is not woken by frames that come
         in between: the next wait reads them. Any thread may lead them meanwhile. A thread
@@ -293,7 +299,10 @@ class Leader:
             for conn in taken:
                 conn.reclaim()
             return
-        self.holds += 1
+        self.holds = count = self.holds + 1
+        stamps = self._held_in
+        for conn in taken:
+            stamps[id(conn)] = count
         if not self._reclaiming:  # (read after the count: see _reclaim)
             self._reclaiming = True
             try:
@@ -308,25 +317,31 @@ class Leader:
             self._reclaiming = False
 
     async def _reclaim(self) -> None:
-        """On the loop: once no thread has set connections aside for ``HOLD`` seconds,
-        take back those still set aside (one a thread leads is left to it). Ends when
-        nothing was set aside meanwhile."""
+        """On the loop: every ``HOLD`` seconds, take back each connection no thread has set
+        aside again since the last look (one a thread leads is left to it): a thread that
+        goes on waiting for one proc's replies keeps only that proc's connection, not the
+        others it set aside earlier. Ends when nothing was set aside meanwhile."""
         rt = self._rt
-        seen = self.holds
+        stamps = self._held_in
         while True:
+            seen = self.holds
             await trio.sleep(HOLD)
+            conns = list(rt.leadable.values())
+            for conn in conns:
+                if stamps.get(id(conn), 0) <= seen:
+                    conn.reclaim()
+            if len(stamps) > len(conns):  # forget closed connections
+                live = {id(conn) for conn in conns}
+                for key in [key for key in stamps if key not in live]:
+                    del stamps[key]
             if self.holds != seen:  # threads still hold: look again later
-                seen = self.holds
                 continue
-            for conn in list(rt.leadable.values()):
-                conn.reclaim()
             # Cleared before the last look at the count, which a holder bumps before it
             # reads the flag: a hold after that look starts a new task (never none).
             self._reclaiming = False
             if self.holds == seen:
                 return
             self._reclaiming = True
-            seen = self.holds
 
     @contextlib.contextmanager
     def loop_waiting(self) -> Iterator[None]:
@@ -429,8 +444,9 @@ class Leader:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
         ``arm(None)`` undoes that; ``rest(time_left)`` waits on once nothing is left to
-        read here. With ``hold`` the connections are set aside when done (:meth:`_hold`),
-        else given back. False when no connection could be led (nothing was waited for).
+        read here. With ``hold``, or when only ``via``'s connection was led, the connections
+        are set aside when done (:meth:`_hold`), else given back. False when no connection
+        could be led (nothing was waited for).
 
         ``via``: the address of the one proc whose frame will make ``done()`` true (a
         call to one rank). Once a reply from it has been read here, later waits lead only
@@ -471,9 +487,12 @@ class Leader:
             spinner = local.spinner or self._spinner()
             spin = spinner.budget(self.spin)
             spin_until = 0.0
-            if spin and not self._gauge.crowded():
-                self.spun += 1
-                spin_until = time.perf_counter() + spin
+            if spin:
+                if self._gauge.crowded():
+                    spinner.missed()  # no CPU to spare: reads the gauge less from now on
+                else:
+                    self.spun += 1
+                    spin_until = time.perf_counter() + spin
             learn = done if via is not None else None
             waited = False
             read_by = None
@@ -519,7 +538,12 @@ class Leader:
                         self._learn(via, read_by)
                 elif only_via and waited:
                     self._from.pop(via, None)  # it came another way: lead all next time
-            if hold and taken:
+            if (hold or only_via) and taken:
+                # A fan-out's wait sets its connections aside for the next fan-out; a
+                # wait for one rank's reply sets that proc's connection aside for the next
+                # call's reply: it leads it again without a syscall, and the loop cannot
+                # read that reply in between (a caller preempted right after its write
+                # would leave it to the loop: a loop wake-up and a hop).
                 self._hold(taken)
                 taken = []
             return True

@@ -181,7 +181,7 @@ class Outbox:
     async def _dial(self, within: float, *, retry_refused: bool) -> transports.Connection:
         """Connect, retrying for ``within`` seconds. While a proc starts nothing listens yet
         (``retry_refused``: a sibling may still be starting); a refused reconnect means the
-        proc is gone. A wrong secret fails at once."""
+        proc is gone. A wrong secret or wire version fails at once."""
         deadline = trio.current_time() + within
         delay = 0.001
         while True:
@@ -193,7 +193,7 @@ class Outbox:
                 raise transports.ConnectionBroken(
                     f"cannot connect to {self.address}: no answer within {within} s"
                 )
-            except transports.AuthenticationError:
+            except (transports.AuthenticationError, transports.IncompatiblePeer):
                 raise
             except transports.ConnectionRefused:
                 if not retry_refused or trio.current_time() + delay > deadline:

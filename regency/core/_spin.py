@@ -12,7 +12,10 @@ busy while it spins, so the policy spins only where spinning pays:
 * only while the machine has a CPU to spare: a wait starts spinning only if no more tasks are
   runnable right now than there are CPUs (the kernel's instant count in ``/proc/loadavg``,
   read in about 2 us), so spinners never crowd out work that is waiting for a CPU, and at
-  most about one spinner per idle CPU starts (the spinners count as runnable);
+  most about one spinner per idle CPU starts (the spinners count as runnable). A wait that
+  finds every CPU taken counts as a spin that caught nothing (below): on a crowded machine
+  (a 4-proc mesh call on 2 CPUs keeps 5 processes busy) a thread reads the count on one wait
+  in ``PROBE_EVERY``, not on every one;
 * only while spinning keeps catching: after ``MISSES_TO_STOP`` waits in a row that spun and
   caught nothing (a slow endpoint, an idle actor), the thread goes straight to sleep, probing
   again once every ``PROBE_EVERY`` waits, so an idle proc spins for a few us in thousands
@@ -26,7 +29,10 @@ spin caught something.
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from collections.abc import Callable
 
 #: Waits in a row whose spin caught nothing, after which a thread stops spinning.
 MISSES_TO_STOP = 3
@@ -47,15 +53,31 @@ def spin_limit(spin_us: float) -> float:
     return spin_us * 1e-6 if usable_cpus() > 1 else 0.0
 
 
+#: Seconds a reading of the gauge answers for (a round trip's waits, one per side every
+#: 50-150 us, share one ``pread`` of ``/proc/loadavg`` and its parsing, about 2 us each).
+REREAD = 0.001
+
+
 class CpuGauge:
     """Whether every CPU is taken right now: more tasks runnable, machine-wide, than this
     process may use CPUs (``/proc/loadavg``'s fourth field, ``runnable/total``, counts the
-    reader itself). Without the file (not Linux), never crowded."""
+    reader itself). Without the file (not Linux), never crowded. One reading answers for
+    ``reread`` seconds (``clock``'s), for every thread of the process."""
 
-    __slots__ = ("_cpus", "_fd")
+    __slots__ = ("_clock", "_cpus", "_crowded", "_fd", "_reread", "_until")
 
-    def __init__(self, path: str = "/proc/loadavg", cpus: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str = "/proc/loadavg",
+        cpus: int | None = None,
+        *,
+        reread: float = REREAD,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cpus = usable_cpus() if cpus is None else cpus
+        self._reread, self._clock = reread, clock
+        self._until = -math.inf
+        self._crowded = False
         try:
             self._fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -72,8 +94,13 @@ class CpuGauge:
             return None
 
     def crowded(self) -> bool:
+        now = self._clock()
+        if now < self._until:
+            return self._crowded
         runnable = self.runnable()
-        return runnable is not None and runnable > self._cpus
+        crowded = self._crowded = runnable is not None and runnable > self._cpus
+        self._until = now + self._reread
+        return crowded
 
     def close(self) -> None:
         if self._fd is not None:
@@ -121,5 +148,6 @@ class SpinPolicy:
         self._skipped = 0
 
     def missed(self) -> None:
-        """The spin ran out with nothing to read; the thread sleeps."""
+        """The spin ran out with nothing to read, or the wait could not spin (every CPU
+        was taken); the thread sleeps."""
         self._misses += 1

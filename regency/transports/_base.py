@@ -59,6 +59,11 @@ class AuthenticationError(ConnectionBroken):
     """The peer failed the challenge-response handshake on the job secret."""
 
 
+class IncompatiblePeer(ConnectionBroken):
+    """The peer is a Regency process of another wire version (``transports._auth``): it
+    would misread our frames and we its, so the handshake refuses it. Retrying cannot help."""
+
+
 class FrameSink(Protocol):
     """Receives what arrives on one connection. Called on the transport's trio thread."""
 

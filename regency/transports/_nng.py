@@ -58,6 +58,7 @@ from ._base import (
     ConnectionRefused,
     Frame,
     FrameSink,
+    IncompatiblePeer,
     Listener,
     SinkFactory,
     Transport,
@@ -846,7 +847,7 @@ class _ListenEndpoint(_Endpoint):
         peer = self._peer(pipe)
         protection = None
         if self.protect:
-            nonce_c = data[len(_auth.MAGIC) : len(_auth.MAGIC) + _auth.NONCE_BYTES]
+            nonce_c = data[len(_auth.PREFIX) : len(_auth.PREFIX) + _auth.NONCE_BYTES]
             protection = _protect.keys_for(
                 "server", self._secret, pending.nonce, nonce_c, self.max_frame
             )
@@ -932,8 +933,11 @@ class _DialEndpoint(_Endpoint):
                 self._send_handshake(pipe, proof)
                 return
             assert self._nonce_c is not None
-            nonce_s = self._hello[len(_auth.MAGIC) :]
+            nonce_s = self._hello[len(_auth.PREFIX) :]
             _auth.check_server_proof(self._secret, self._nonce_c, nonce_s, data)
+        except _auth.VersionMismatch as exc:
+            self._settle(IncompatiblePeer(f"{where}: {exc}"))
+            return
         except ValueError as exc:
             self._settle(AuthenticationError(f"{where}: {exc}"))
             return
@@ -944,7 +948,7 @@ class _DialEndpoint(_Endpoint):
         if self.protect:
             assert self._hello is not None and self._nonce_c is not None
             protection = _protect.keys_for(
-                "client", self._secret, self._hello[len(_auth.MAGIC) :], self._nonce_c,
+                "client", self._secret, self._hello[len(_auth.PREFIX) :], self._nonce_c,
                 self.max_frame,
             )
         # The server's proof is the first message of its window: it is acknowledged with

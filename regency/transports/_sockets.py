@@ -35,6 +35,7 @@ from ._base import (
     ConnectionRefused,
     Frame,
     FrameSink,
+    IncompatiblePeer,
     Listener,
     SinkFactory,
     Transport,
@@ -1077,6 +1078,7 @@ class SocketTransport(Transport):
         scheme, where = parse_address(address)
         offered: _shm.OutRing | None = None
         fds: list[int] = []
+        sock: socket.socket | None = None
         try:
             if scheme == "tcp":
                 infos = await trio.socket.getaddrinfo(
@@ -1110,21 +1112,29 @@ class SocketTransport(Transport):
                     raise ValueError(
                         "server refused our proof: this side does not have the job secret"
                     ) from None
-            _auth.check_server_proof(self._secret, nonce_c, hello[len(_auth.MAGIC) :], answer)
+            _auth.check_server_proof(self._secret, nonce_c, hello[len(_auth.PREFIX) :], answer)
             lane, offered = _lane_of(offered, fds), None
         except ValueError as exc:
             _lane_of(offered, fds)
-            sock.close()
-            raise AuthenticationError(f"cannot connect to {address}: {exc}") from None
+            if sock is not None:
+                sock.close()
+            refusal: type[ConnectionBroken] = AuthenticationError
+            if isinstance(exc, _auth.VersionMismatch):
+                refusal = IncompatiblePeer
+            raise refusal(f"cannot connect to {address}: {exc}") from None
         except (OSError, ConnectionBroken, trio.TooSlowError) as exc:
             _lane_of(offered, fds)
+            if sock is not None:
+                sock.close()
             refused = isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
             kind = ConnectionRefused if refused else ConnectionBroken
             raise kind(f"cannot connect to {address}: {exc or 'timed out'}") from None
         except BaseException:  # cancelled: no descriptor outlives the attempt
             _lane_of(offered, fds)
+            if sock is not None:
+                sock.close()
             raise
-        protection = self._protection(scheme, "client", hello[len(_auth.MAGIC) :], nonce_c)
+        protection = self._protection(scheme, "client", hello[len(_auth.PREFIX) :], nonce_c)
         conn = SocketConnection(
             sock, address, trio.lowlevel.current_trio_token(), self._max_frame, protection,
             lane, self._lane_min,

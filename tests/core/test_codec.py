@@ -107,6 +107,36 @@ def test_a_call_with_one_payload_part_has_the_compact_layout() -> None:
     assert _codec.decode(_wire(frame_parts)).payload == ((bytes(1 << 17),), {})
 
 
+def _joined(frame: Any) -> bytes:
+    return b"".join(bytes(p) for p in frame) if isinstance(frame, list) else bytes(frame)
+
+
+def _same_frame(a: Any, b: Any) -> bool:
+    return _joined(a) == _joined(b)
+
+
+@pytest.mark.parametrize(
+    "port, ranks, labels, sizes, payload",
+    [
+        (("unix:///x.sock", 9), range(4), ("gpus",), (4,), _codec.dumps(((1, "two"), {}))),
+        (None, [3, 1, 2], ["a", "b"], [2, 2], _codec.dumps(((), {}))),  # lists: not cached
+        (None, [0, 1 << 40], ("a",), (1 << 41,), _codec.dumps(((), {}))),  # beyond the field
+        (None, range(2), ("a",), (2,), _codec.dumps(((list(range(40000)),), {}))),  # big
+        (None, range(2), ("a",), (2,), _codec.dumps(((_codec.out_of_band(bytes(1 << 17)),), {}))),
+    ],
+)
+def test_a_call_to_several_ranks_encodes_as_one_call_per_rank(
+    port: Any, ranks: Any, labels: Any, sizes: Any, payload: Any
+) -> None:
+    frames = _codec.encode_calls("k", "m", port, ranks, labels, sizes, payload)
+    one_by_one = [_codec.encode_call("k", "m", port, r, labels, sizes, payload) for r in ranks]
+    assert len(frames) == len(one_by_one)
+    assert all(_same_frame(a, b) for a, b in zip(frames, one_by_one, strict=True))
+    for rank, frame in zip(ranks, frames, strict=True):
+        got = _codec.decode(_wire(frame))
+        assert isinstance(got, M.Call) and (got.rank, got.port) == (rank, port)
+
+
 def test_the_route_tables_stay_bounded_and_every_call_decodes() -> None:
     payload = _codec.dumps(((), {}))
     frames = [

@@ -31,6 +31,13 @@ from regency.core._delivery import (
 
 TIMEOUT = 10.0
 ACK_EVERY = 3
+ACK_BYTES = 100
+
+
+def _size(frame: int) -> int:
+    """The size of a frame (frames are numbers here): 1 to 60 bytes, so that acknowledgements
+    come by count (``ACK_EVERY``) and by bytes (``ACK_BYTES``), in varying mixes."""
+    return 1 + (frame * 7) % 60
 
 
 class _Link:
@@ -39,7 +46,7 @@ class _Link:
     def __init__(self, number: int) -> None:
         self.number = number
         self.in_flight: deque[tuple[str, Any, Any]] = deque()
-        self.receiver = Receiver(ACK_EVERY)
+        self.receiver = Receiver(ACK_EVERY, ACK_BYTES)
         self.broken = False
 
     def __repr__(self) -> str:
@@ -136,10 +143,14 @@ class DeliveryMachine(RuleBasedStateMachine):
             if previous is not None:
                 self.table.closed(previous, self.now)
             return
-        index = receiver.frame()
+        index = receiver.frame(_size(a))
         if index is not None:
             assert index == len(self.delivered), "handed on out of order"
             self.delivered.append(a)
+            # Due by count or by bytes: never more held back than either bound allows.
+            assert receiver.ack_due or (
+                receiver.unacked_bytes < ACK_BYTES and index + 1 - receiver.acked < ACK_EVERY
+            )
         if receiver.ack_due:
             self.acknowledge(link)
 
@@ -199,7 +210,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             if previous is not None:
                 self.table.closed(previous, self.now)
             return
-        index = link.receiver.frame()
+        index = link.receiver.frame(_size(a))
         if index is not None:
             self.delivered.append(a)
 
@@ -253,6 +264,27 @@ def test_a_connection_that_overtakes_the_old_one_sees_what_it_handled() -> None:
     assert new.frame() is None  # frame 1 again: dropped
     assert new.frame() == 2
     assert old.frame() is None  # the old connection's late frame 2: dropped
+
+
+def test_acknowledgements_fall_due_by_count_or_by_bytes() -> None:
+    table = SessionTable()
+    receiver = Receiver(4, ack_bytes=1000)
+    receiver.started("s", 0, table.opened("s", 0))
+    # Small frames: due at the fourth.
+    assert [receiver.frame(10) for _ in range(3)] == [0, 1, 2] and not receiver.ack_due
+    assert receiver.frame(10) == 3 and receiver.ack_due
+    assert receiver.ack() == 4 and (receiver.ack_due, receiver.unacked_bytes) == (False, 0)
+    # Bytes add up across frames: due once they reach ack_bytes, before the count does.
+    assert receiver.frame(600) == 4 and not receiver.ack_due
+    assert receiver.frame(400) == 5 and receiver.ack_due
+    assert receiver.ack() == 6
+    # One frame that big is due at once.
+    assert receiver.frame(1000) == 6 and receiver.ack_due
+    assert receiver.ack() == 7
+    # A resend counts nothing.
+    again = Receiver(4, ack_bytes=1000)
+    again.started("s", 6, table.opened("s", 6))
+    assert again.frame(5000) is None and not again.ack_due and again.unacked_bytes == 0
 
 
 def test_a_failed_session_refuses_frames_and_closes_a_late_connection() -> None:

@@ -4,6 +4,7 @@ controller's thread in ``Future.get`` reads its reply, an idle actor thread its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import signal
@@ -143,7 +144,9 @@ def test_replies_that_come_during_a_fan_out_are_read_by_the_sending_thread(
     assert list(seq.take.call(0).get(T).values()) == [0, 0]
     leadable = current_runtime().leadable
     me = threading.get_ident()
-    for attempt in range(10):  # a connection the loop was reading just then is not led
+    # A connection the loop was reading just then is not led, and a frame on another one
+    # may end the select early: under load a few attempts may not see it.
+    for attempt in range(50):
         resolved_on: list[int] = []
 
         def send(attempt: int = attempt, resolved_on: list[int] = resolved_on) -> None:
@@ -190,22 +193,25 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
     seq = pm.spawn("hold_seq", Seq)
     assert list(seq.take.call(-1).get(T).values()) == [-1, -1]
     leadable = current_runtime().leadable
-    for attempt in range(20):  # (the loop may be reading one just then; load may delay us)
+    for attempt in range(100):  # (the loop may be reading one just then; load may delay us)
         before = leader.holds
         fut = seq.take.call(attempt)
         held_after_call = _held(leadable)
+        # (Under load both replies may come while the fan-out still reads: get() then has
+        # nothing to wait for, and the attempt shows only the fan-out's part.)
+        waits = not fut.done()
         assert list(fut.get(T).values()) == [attempt, attempt]
         # Set aside by the fan-out, then by get() for the next fan-out.
         # (A connection of another test's procs may be busy: not every one is taken.)
-        if any(held_after_call) and leader.holds == before + 2 and any(_held(leadable)):
+        if waits and any(held_after_call) and leader.holds == before + 2 and any(_held(leadable)):
             break
     else:
         pytest.fail(
             "a mesh call never set its connections aside for its get(): "
             f"{held_after_call}, {_held(leadable)}, {leader.holds - before} holds"
         )
-    # A call to one rank's get() gives back what it leads (pipelined calls keep the loop
-    # reading while they issue), and sets nothing aside.
+    # A first call to one rank's get() leads every connection (to learn which one that
+    # proc's replies come on), gives them back and sets nothing aside.
     before = leader.holds
     assert seq.slice(gpus=0).take.call_one(-2).get(T) == -2
     assert leader.holds == before and not leader._local.fanned_out
@@ -375,3 +381,134 @@ def _last_set(leader: Leader) -> tuple[object, ...]:
     """The connections of the poll set this thread used last."""
     sets = leader._local.sets
     return next(k for k, (poller, _) in sets.items() if poller is leader._local.poller)
+
+
+def test_a_one_rank_wait_sets_its_connection_aside_so_the_next_reply_is_the_callers(
+    pm: ProcMesh, leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a wait for one rank's reply its connection stays silenced for the loop (set
+    aside): the next call's reply is read by the thread that waits for it, however late it
+    comes to wait, never by the loop."""
+    import regency.core._leader as leader_module
+
+    seq = pm.spawn("hold_one", Seq)
+    ranks = [seq.slice(gpus=g) for g in range(2)]
+    before = leader.led_one
+    for i in range(40):  # each proc's connection learned (a few waits may lose to load)
+        assert ranks[i % 2].take.call_one(i).get(T) == i
+    assert leader.led_one > before
+    monkeypatch.setattr(leader_module, "HOLD", 60.0)  # no reclaim during the test
+    me = threading.get_ident()
+    by: list[int] = []
+    for i in range(20):
+        holds = leader.holds
+        fut = ranks[0].take.call_one(i)
+        fut.add_done_callback(lambda: by.append(threading.get_ident()))
+        # Meanwhile the first reply comes, on a connection nobody reads...
+        assert ranks[1].take.call_one(i).get(T) == i
+        # ...until this wait: the callback runs here, never on the loop.
+        assert fut.get(T) == i
+        assert leader.holds == holds + 2
+    assert by == [me] * 20
+    monkeypatch.undo()
+    # The loop takes the connections back once threads stop coming (HOLD again).
+    assert ranks[0].taken.call_one().get(T)[-20:] == list(range(20))
+
+
+def test_frames_read_on_a_thread_join_the_scheduled_acknowledgement_without_a_wake_up(
+    pm: ProcMesh, leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that reads replies acknowledges every ``ack_every`` frames itself; the
+    delayed acknowledgement of the frames after that joins the flush already scheduled on
+    the loop instead of waking it each time (at most one wake-up per flush), and every
+    frame is still acknowledged (the proc's side, where its actor thread reads the calls:
+    the controller's outbox empties)."""
+    rt = current_runtime()
+    seq = pm.spawn("ack_join", Seq).slice(gpus=0)
+    assert seq.take.call_one(-1).get(T) == -1
+    wakes: list[bool] = []  # whether a flush was scheduled when a thread woke the loop
+    call_soon = rt.call_soon
+
+    def counting_call_soon(fn: object) -> None:
+        if "_acknowledge" in getattr(fn, "__qualname__", ""):
+            wakes.append(rt._ack_scheduled)
+        call_soon(fn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rt, "call_soon", counting_call_soon)
+    before = leader.led
+    # Every ack_every frames acknowledged on the thread (twice), then a few more.
+    n = 2 * rt.env.ack_every + 7
+    for i in range(n):
+        assert seq.take.call_one(i).get(T) == i
+    assert leader.led - before > n // 2  # most replies were read on this thread
+    # Never while a flush is on its way (the thread checks under the dispatch lock, which
+    # the flush takes to collect its sinks), so about one per flush, not one per ack_every
+    # frames. (Whether a flush starts within the loop depends on the delay and the pace:
+    # one scheduled before it may cover every frame.)
+    assert not any(wakes), f"{sum(wakes)} of {len(wakes)} wake-ups with a flush scheduled"
+    monkeypatch.undo()
+    boxes = [b for b in list(rt._outboxes.values()) if b._machine.unacked]
+    deadline = time.monotonic() + T
+    while any(b._machine.unacked for b in boxes):  # acknowledged within ack_delay
+        assert time.monotonic() < deadline, "frames read on a thread were never acknowledged"
+        time.sleep(0.01)
+
+
+def test_a_connection_set_aside_goes_back_to_the_loop_while_the_thread_calls_another_proc(
+    pm: ProcMesh, leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that waited for one proc's reply and then goes on calling another keeps only
+    the other's connection set aside: the loop's reclaim task takes the first back within
+    HOLD or two (frames only the loop handles on it, such as log lines, are not left unread
+    for as long as the thread goes on). Before, only a thread waiting for the loop (about
+    once a second here, when a heartbeat came on a led connection) took it back."""
+    import regency.core._leader as leader_module
+
+    seq = pm.spawn("hold_other", Seq)
+    first, other = seq.slice(gpus=0), seq.slice(gpus=1)
+    address = first.take.call_one(-1).addresses[0]
+    for i in range(40):  # each proc's connection learned (a few waits may lose to load)
+        assert first.take.call_one(i).get(T) == i
+        assert other.take.call_one(i).get(T) == i
+    known = leader._from.get(address)
+    assert known is not None, "the first proc's connection was never learned"
+    conn = known[1]
+    loop_waits: list[int] = []
+    real_loop_waiting = leader.loop_waiting
+
+    def counting_loop_waiting() -> contextlib.AbstractContextManager[None]:
+        loop_waits.append(1)
+        return real_loop_waiting()
+
+    monkeypatch.setattr(leader, "loop_waiting", counting_loop_waiting)
+    # A thread waiting for the loop takes everything back, a wait that leads every
+    # connection gives them all back, and the reclaim task did after HOLD without any hold:
+    # an attempt with such a wait, or such a pause between two calls (preempted, a
+    # collection), shows nothing; a few attempts see one without.
+    for _attempt in range(5):
+        for i in range(20):  # until a wait for the first proc sets its connection aside
+            assert first.take.call_one(i).get(T) == i
+            if conn.held:
+                break
+        else:
+            pytest.fail("a wait for one proc's reply never set its connection aside")
+        del loop_waits[:]
+        led_all = leader.led - leader.led_one  # (a wait that led every connection gave
+        deadline = last = time.monotonic()  # back the first one too)
+        deadline += T
+        calls, pause = 0, 0.0
+        while conn.held:
+            assert last < deadline, f"still set aside after {calls} calls to another"
+            assert other.take.call_one(calls).get(T) == calls
+            calls += 1
+            now = time.monotonic()
+            pause, last = max(pause, now - last), now
+        if not loop_waits and pause < leader_module.HOLD and leader.led - leader.led_one == led_all:
+            break
+    else:
+        pytest.fail(
+            "the connection went back only with a wait for the loop, a wait that led every "
+            "connection, or a pause of HOLD between two calls"
+        )
+    monkeypatch.undo()
+    assert first.taken.call_one().get(T)[-1] == i

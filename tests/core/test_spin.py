@@ -78,6 +78,24 @@ def test_the_gauge_reads_the_runnable_count(tmp_path: Path) -> None:
     gauge.close()
 
 
+def test_one_reading_of_the_gauge_answers_for_a_while(tmp_path: Path) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("3.55 2.92 2.40 3/109 24334\n")
+    now = [10.0]
+    gauge = CpuGauge(str(loadavg), cpus=2, reread=0.001, clock=lambda: now[0])
+    assert gauge.crowded()
+    loadavg.write_text("3.55 2.92 2.40 1/109 24334\n")
+    now[0] += 0.0009
+    assert gauge.crowded()  # the reading of 3 runnable still answers
+    now[0] += 0.0002
+    assert not gauge.crowded()  # read again: 1 runnable
+    loadavg.write_text("3.55 2.92 2.40 5/109 24334\n")
+    assert not gauge.crowded()
+    now[0] += 0.001
+    assert gauge.crowded()
+    gauge.close()
+
+
 def test_an_unreadable_gauge_is_never_crowded(tmp_path: Path) -> None:
     assert CpuGauge(str(tmp_path / "missing"), cpus=2).runnable() is None
     assert not CpuGauge(str(tmp_path / "missing"), cpus=2).crowded()
@@ -148,3 +166,41 @@ def test_with_spinning_off_no_thread_spins_and_calls_keep_their_order(
     assert seq.taken.call_one().get(T) == list(range(500))
     assert leader.spun == before
     assert seq.spun.call_one().get(T) == 0
+
+
+class _CountingGauge(CpuGauge):
+    """A real gauge over a file, counting its reads."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, cpus=2)
+        self.reads = 0
+
+    def runnable(self) -> int | None:
+        self.reads += 1
+        return super().runnable()
+
+
+@pytest.mark.slow
+def test_on_a_crowded_machine_a_thread_reads_the_gauge_now_and_then(
+    pm: ProcMesh, leader: Leader, tmp_path: Path
+) -> None:
+    """Every CPU taken (a 4-proc mesh call on 2 CPUs): a wait that cannot spin counts as a
+    miss, so a thread stops reading ``/proc/loadavg`` (2 us) on every wait and only probes
+    one wait in ``PROBE_EVERY``; it never spins meanwhile."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("5.10 4.80 4.00 6/109 24334\n")  # 6 runnable on 2 CPUs
+    gauge = _CountingGauge(str(loadavg))
+    seq = pm.spawn("spin_crowded", Seq)
+    seq.take.call_one(0).get(T)
+    leader.spin, real = LIMIT, leader._gauge
+    leader._gauge = gauge
+    try:
+        before = leader.spun
+        calls = 4 * PROBE_EVERY
+        for i in range(1, calls + 1):
+            seq.take.call_one(i).get(T)
+        assert leader.spun == before
+        assert 1 <= gauge.reads <= MISSES_TO_STOP + calls // PROBE_EVERY + 1, gauge.reads
+    finally:
+        leader._gauge = real
+        gauge.close()

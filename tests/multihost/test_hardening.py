@@ -42,6 +42,10 @@ WORKER = textwrap.dedent(
     nofile = int(os.environ.pop("TEST_NOFILE", "0"))
     if nofile:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    version = int(os.environ.pop("TEST_WIRE_VERSION", "0"))
+    if version:  # a worker of another Regency release
+        from regency.transports import _auth
+        _auth.WIRE_VERSION, _auth.PREFIX = version, _auth.MAGIC + bytes((version,))
     from regency.__main__ import main
     sys.exit(main(["worker", "--listen", sys.argv[1]]))
     """
@@ -523,3 +527,30 @@ def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_
     worker.proc.send_signal(signal.SIGTERM)
     worker.proc.wait(T)
     assert not [d for d in os.listdir(worker.tmp) if d.startswith("regency-worker-")]
+
+
+def test_a_worker_of_another_wire_version_is_named_at_once(
+    hosts: list[VirtualHost], worker_factory: list[Worker]
+) -> None:
+    """A controller attaching to a worker of another Regency release learns which, at once,
+    instead of either side misreading the other's frames."""
+    worker = _start(worker_factory, hosts[0], TEST_WIRE_VERSION="1")
+    controller = _controller(
+        """
+        started = time.monotonic()
+        try:
+            hosts = attach_to_workers([sys.argv[1]], lease=5.0)
+            hosts.spawn_procs(per_host={"gpus": 1}).spawn("r", Returner).pid.call_one().get(60)
+            say("ATTACHED")
+        except Exception as exc:
+            say("REFUSED", round(time.monotonic() - started), type(exc).__name__, exc)
+        """,
+        worker.address,
+    )
+    try:
+        refused = _expect(controller, "REFUSED")
+        assert "wire version 1" in refused and "version 2" in refused, refused
+        assert int(refused.split()[0]) < 10, refused  # no retrying until a timeout
+    finally:
+        controller.kill()
+        controller.wait()

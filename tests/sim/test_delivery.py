@@ -122,8 +122,9 @@ class _Echo(Actor):
 
 def test_a_big_frame_is_acknowledged_at_once() -> None:
     # Until acknowledged, a sender keeps each frame for a resend: with acknowledgements
-    # every 64 frames or 50 ms only, a loop of 1 MiB calls kept dozens of MiB alive and every
-    # payload landed in fresh memory (page faults: a 1 MiB echo cost 4x its floor).
+    # every 64 frames or 50 ms only (now 1,024 frames, 256 KiB or 250 ms), a loop of 1 MiB
+    # calls kept dozens of MiB alive and every payload landed in fresh memory (page faults: a
+    # 1 MiB echo cost 4x its floor).
     async def program(hosts: Any) -> list[int]:
         from regency.core._controller import current_runtime
 
@@ -132,10 +133,34 @@ def test_a_big_frame_is_acknowledged_at_once() -> None:
         kept = []
         for data in (b"x", bytes(300 * 1024)):
             assert await echo.echo.call_one(data) == data
-            await trio.sleep(0.01)  # a fifth of the acknowledgement delay
+            await trio.sleep(0.01)  # well within the acknowledgement delay
             kept.append(sum(len(box._unacked) for box in rt._outboxes.values()))
         return kept
 
     small, big = simulate(program, seed=3, hosts=1).value
     assert small > 0  # small frames wait for a batch
     assert big == 0  # the big call frame (and all before it) was acknowledged at once
+
+
+def test_frames_are_acknowledged_once_their_bytes_add_up() -> None:
+    # Acknowledgements come every 1,024 frames or 250 ms (rarely: each is a frame that wakes
+    # the peer's loop); what a sender keeps meanwhile is bounded by bytes too: 100 KiB
+    # frames are acknowledged every third one (256 KiB), not kept by the hundred.
+    async def program(hosts: Any) -> list[int]:
+        from regency.core._controller import current_runtime
+
+        echo = hosts.spawn_procs().spawn("echo", _Echo)
+        rt = current_runtime()
+        data = bytes(100 * 1024)
+        assert await echo.echo.call_one(b"x") == b"x"  # spawned, connected
+        kept = []
+        for _ in range(12):
+            assert await echo.echo.call_one(data) == data
+            await trio.sleep(0.01)  # well within the acknowledgement delay
+            kept.append(sum(len(box._unacked) for box in rt._outboxes.values()))
+        return kept
+
+    kept = simulate(program, seed=3, hosts=1).value
+    # (The first ones still count the small frames before them.) Then: every third big
+    # frame is acknowledged at once, with all before it.
+    assert kept[2:] == [0, 1, 2] * 3 + [0], kept

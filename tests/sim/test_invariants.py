@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from regency.actor import Actor, ActorError, SupervisionError, endpoint
 from regency.core import _oversight, _runtime
+from regency.core._inbound import _ACK_DELAY
 from regency.sim import (
     CrashProcFault,
     Faults,
@@ -275,7 +276,7 @@ def test_buggify_is_switched_on_by_the_seed_and_reaches_the_runtime() -> None:
         assert total == 4
         if not switched:
             seen["off"] = seen.get("off", 0) + 1
-            assert (timeout, ack_delay) == (10.0, 0.05)
+            assert (timeout, ack_delay) == (10.0, _ACK_DELAY)
             continue
         seen["on"] = seen.get("on", 0) + 1
         (detail,) = switched

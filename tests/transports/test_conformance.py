@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +20,9 @@ from regency.transports import (
     AuthenticationError,
     Connection,
     ConnectionBroken,
+    IncompatiblePeer,
     MultiTransport,
+    _auth,
     open_transport,
 )
 from regency.transports._sockets import LANE_MIN
@@ -207,6 +212,91 @@ async def test_wrong_secret_is_refused_and_server_keeps_serving(
     await client.wait_for(lambda: client.frames == [b"ok"])
 
 
+@pytest.mark.slow
+async def test_a_peer_of_another_wire_version_is_refused_by_name(
+    transport: MultiTransport, sockdir: str
+) -> None:
+    """A process whose wire version differs (an older `regency worker`, say) is refused in the
+    handshake with both versions named, on every authenticated backend, at once (no retry can
+    help); a peer of our own version still connects after it."""
+    older = _auth.WIRE_VERSION - 1
+    addresses = [address_for(kind, sockdir).replace("listener.sock", "old.sock")
+                 .replace("nng.sock", "old-nng.sock") for kind in AUTHENTICATED]
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [sys.executable, "-m", "tests.transports.other_version", str(older), *addresses],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        bound: list[str] = []
+        buffered = b""
+        with trio.fail_after(60):
+            while len(bound) < len(addresses):
+                buffered += await proc.stdout.receive_some()
+                *lines, rest = buffered.split(b"\n")
+                bound += [line.decode() for line in lines]
+                buffered = rest
+        for address in bound:
+            with trio.fail_after(10):
+                with pytest.raises(IncompatiblePeer) as caught:
+                    await transport.connect(address, Recorder())
+            message = str(caught.value)
+            assert address in message
+            assert f"wire version {older}" in message
+            assert f"version {_auth.WIRE_VERSION}" in message
+        await proc.stdin.aclose()
+    server = Server()
+    listener = await transport.listen(address_for("unix", sockdir), server)
+    client = Recorder()
+    conn = await transport.connect(listener.address, client)
+    conn.send_nowait(b"ok")
+    await client.wait_for(lambda: client.frames == [b"ok"])
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("kind", STREAM)
+async def test_a_dial_that_fails_or_is_cancelled_in_the_handshake_leaves_no_socket_open(
+    kind: str, transport: MultiTransport, sockdir: str
+) -> None:
+    """A peer that accepts and never greets (the dial is cancelled), and one that accepts and
+    hangs up: each failed dial closes its socket then, not when the garbage collector finds it."""
+    if kind == "tcp":
+        mute = socket.create_server(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{mute.getsockname()[1]}"
+    else:
+        mute = socket.socket(socket.AF_UNIX)
+        mute.bind(f"{sockdir}/mute.sock")
+        mute.listen()
+        address = f"unix://{sockdir}/mute.sock"
+    with mute:
+        before = _open_fds()
+        for _ in range(3):
+            with trio.move_on_after(0.05) as attempt:
+                await transport.connect(address, Recorder())
+            assert attempt.cancelled_caught
+        accepted = [mute.accept()[0] for _ in range(3)]
+        for peer in accepted:
+            peer.close()
+        assert _open_fds() == before
+
+        async def hang_up() -> None:
+            peer, _ = await trio.to_thread.run_sync(mute.accept)
+            peer.close()
+
+        for _ in range(2):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hang_up)
+                with pytest.raises(ConnectionBroken, match="cannot connect to"):
+                    await transport.connect(address, Recorder())
+        assert _open_fds() == before
+
+
 def _raw_connect(address: str) -> socket.socket:
     scheme, rest = address.split("://", 1)
     if scheme == "tcp":
@@ -220,8 +310,13 @@ def _raw_connect(address: str) -> socket.socket:
 @pytest.mark.parametrize("kind", STREAM)
 @pytest.mark.parametrize(
     "garbage",
-    [b"GET / HTTP/1.1\r\n\r\n" * 10, b"RGCY\x01" + b"\x00" * 64, b"\xff" * 4096],
-    ids=["http", "bad-proof", "noise"],
+    [
+        b"GET / HTTP/1.1\r\n\r\n" * 10,
+        _auth.PREFIX + b"\x00" * 64,
+        _auth.MAGIC + bytes((_auth.WIRE_VERSION + 1,)) + b"\x00" * 64,
+        b"\xff" * 4096,
+    ],
+    ids=["http", "bad-proof", "other-version", "noise"],
 )
 async def test_garbage_before_handshake_unpickles_nothing(
     kind: str, garbage: bytes, transport: MultiTransport, sockdir: str

@@ -360,7 +360,7 @@ def test_peers_cannot_make_a_listener_buffer_more_than_a_message() -> None:
             hello = raw.recv()
             proof, nonce_c = _auth.client_proof(SECRET, hello)
             raw.send(proof)
-            nonce_s = hello[len(_auth.MAGIC) :]
+            nonce_s = hello[len(_auth.PREFIX) :]
             _auth.check_server_proof(SECRET, nonce_c, nonce_s, raw.recv())
             # nng+tcp seals every message with the connection's keys.
             sealer, _ = _protect.keys_for("client", SECRET, nonce_s, nonce_c)
