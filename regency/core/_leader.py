@@ -560,7 +560,7 @@ class LeadingMailbox:
     the runtime's sockets itself while the mailbox is empty, so a call to an idle actor
     reaches it without a hop from the loop."""
 
-    __slots__ = ("_bell", "_get", "_leader", "_queue", "get_nowait")
+    __slots__ = ("_bell", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait")
 
     def __init__(self, leader: Leader) -> None:
         self._leader = leader
@@ -568,6 +568,10 @@ class LeadingMailbox:
         self._get = self._queue.get
         self.get_nowait = self._queue.get_nowait
         self._bell: Bell | None = None
+        # What ``get`` hands ``Leader._lead``, made once (not three closures per wait).
+        self._lead = leader._lead
+        empty = self._queue.empty
+        self._nonempty = lambda: not empty()
 
     def put(self, item: Any) -> None:
         self._queue.put(item)
@@ -575,19 +579,18 @@ class LeadingMailbox:
         if bell is not None:
             bell.ring()
 
+    def _arm(self, bell: Bell | None) -> bool:
+        self._bell = bell
+        return True
+
     def get(self) -> Any:
-        q = self._queue
-        if q.empty():
-
-            def arm(bell: Bell | None) -> bool:
-                self._bell = bell
-                return True
-
-            def nonempty() -> bool:
-                return not q.empty()
-
-            self._leader._lead(nonempty, arm, None, lambda _left: None)
+        if self._queue.empty():
+            self._lead(self._nonempty, self._arm, None, _rest_nowhere)
         return self._get()
+
+
+def _rest_nowhere(_left: float | None) -> None:
+    """A mailbox's ``get`` waits on its queue once ``Leader._lead`` gives up."""
 
 
 blocked_in.add(Leader._lead.__code__)  # a thread that reads while it waits blocks here
