@@ -363,9 +363,13 @@ class Leader:
         """Lead this runtime's inbound connections whose reader is idle: those taken ([]
         when there are none, or more than ``MAX_LED``)."""
         conns = list(self._rt.leadable.values())
-        if not conns or len(conns) > MAX_LED:
+        if len(conns) > MAX_LED:
             return []
-        return [conn for conn in conns if conn.lead()]
+        taken = []
+        for conn in conns:  # (a loop, not a comprehension: no frame of its own on 3.11)
+            if conn.lead():
+                taken.append(conn)
+        return taken
 
     def _take_from(self, address: str) -> list[Any] | None:
         """Lead only the inbound connection from the proc at ``address`` (learned from an
@@ -416,7 +420,7 @@ class Leader:
                 if not kept:  # handed back to the loop
                     self._unpoll(poller, by_fd, fd)
                     taken.remove(conn)
-            error = getattr(deferred, "error", None)
+            error = deferred.error
             if error is not None:  # raised handling a frame it took (see _inbound)
                 deferred.error = None
                 raise error
