@@ -106,12 +106,7 @@ class InboundSink:
         # bytes of its head to each mark cost about 1,500 instructions a frame.
         head, port_id, rank, status = _reply_fields(frame)
         if head == _REPLY_HEAD:
-            compact = True
-            # Only port handlers that say so run off the loop (an endpoint call's replies,
-            # acknowledgements); the others (log sink, channels, ...) expect the trio thread.
-            handler = rt.ports.get(port_id)
-            if handler is None or not getattr(handler, "on_any_thread", False):
-                return False
+            compact = True  # (its port is looked up under the lock, below)
         elif head == _CALL_HEAD:
             # Only a call to an actor with a thread (a proc's actor thread); any other is left
             # to the loop unread past its route (its payload is decoded once, there).
@@ -146,6 +141,14 @@ class InboundSink:
             if call is None:
                 return False
         with rt.dispatch_lock:
+            if compact:
+                # Only port handlers that say so run off the loop (an endpoint call's
+                # replies, acknowledgements); the others (log sink, channels, ...) expect the
+                # trio thread. Looked up once, under the lock, and handed to ``_reply`` (as
+                # the loop's ``_reply`` looks it up under the lock before it delivers).
+                handler = rt.ports.get(port_id)
+                if handler is None or not getattr(handler, "on_any_thread", False):
+                    return False
             index = receiver.frame(size)
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).
             # An error after this point (a KeyboardInterrupt on the main thread) is raised
@@ -161,7 +164,7 @@ class InboundSink:
                         else:
                             rt._to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)
-                        rt._reply(port_id, rank, status, _reply_value(frame))
+                        rt._reply(port_id, rank, status, _reply_value(frame), handler)
                     else:
                         try:
                             rt.on_frame(frame)
@@ -282,7 +285,9 @@ class InboundSessions:
     ports: dict[int, Any]
     actors: dict[str, Any]
 
-    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:  # by PortTable
+    def _reply(  # provided by PortTable
+        self, port_id: int, index: int, status: int, value: Any, handler: Any = None
+    ) -> None:
         raise NotImplementedError
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime

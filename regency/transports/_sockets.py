@@ -606,7 +606,8 @@ class SocketConnection(Connection):
                 self._give_back_locked(True)
                 return False
             try:
-                n = self._sock.recv_into(view[end:])
+                # (an empty buffer, the common case, is received into without a slice)
+                n = self._sock.recv_into(view[end:] if end else view)
             except BlockingIOError:
                 return True
             except OSError:
