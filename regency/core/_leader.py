@@ -68,6 +68,9 @@ _POLL_SETS = 8
 _KNOWN_PROCS = 4096
 
 
+_get_ident = threading.get_ident
+
+
 class _Here(threading.local):
     declined = 0
 
@@ -580,7 +583,9 @@ class LeadingMailbox:
     def put(self, item: Any) -> None:
         self._queue.put(item)
         bell = self._bell  # after the put: a getter that armed sees the item, or is rung
-        if bell is not None:
+        # (Not the getter's own bell when the getter put it, reading for itself, the common
+        # case: it is awake, and ``ring`` would only check that.)
+        if bell is not None and bell.owner != _get_ident():
             bell.ring()
 
     def _arm(self, bell: Bell | None) -> bool:
