@@ -71,6 +71,7 @@ class InboundSink:
         self._conn: transports.Connection | None = None
         self._receiver = Receiver(runtime.env.ack_every)
         self._ack_pending = False
+        self._threaded = runtime.threaded_actor  # (bound once, not per call frame)
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
@@ -111,7 +112,7 @@ class InboundSink:
             # Only a call to an actor with a thread (a proc's actor thread); any other is left
             # to the loop unread past its route (its payload is decoded once, there).
             try:
-                call = _decode_compact_call(frame, rt.threaded_actor)
+                call = _decode_compact_call(frame, self._threaded)
             except ValueError:
                 return False  # malformed: the loop meets it and closes the connection
             if call is None:
@@ -185,7 +186,7 @@ class InboundSink:
         for any other frame, or a malformed one (the loop meets it and closes the
         connection)."""
         try:
-            return _codec.decode_envelope_call(frame, env_len, self._rt.threaded_actor)
+            return _codec.decode_envelope_call(frame, env_len, self._threaded)
         except ValueError:
             return None
 

@@ -114,26 +114,34 @@ class Bell:
         os.close(self.fd)
 
 
-class _Reading(threading.local):
+class _Reading:
     """What one thread keeps between the waits in which it reads: its doorbell, and the
     poll set of the connections it led last time with that bell (kept while the same
-    connections are led again, which is the common case: a wait costs no poll set)."""
+    connections are led again, which is the common case: a wait costs no poll set).
+    A plain object, one per thread (``Leader._reading``): a wait reads the thread-local
+    once, then these fields as plain attributes (each field of a ``threading.local`` costs
+    a per-thread dictionary lookup)."""
 
-    bell: Bell | None = None
-    #: How this thread spins before it sleeps (core/_spin.py).
-    spinner: SpinPolicy | None = None
-    #: The poll set this thread used last (tests look at it).
-    poller: Any = None
-    #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
-    #: A few are kept: a thread that calls several procs in turn leads one connection for
-    #: each call (:meth:`Leader.wait`), and reuses that connection's set.
-    sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]]
-    #: This thread's last fan-out set its connections aside and no wait has come since:
-    #: that wait (its ``get()``, mostly) sets them aside again for the next fan-out.
-    fanned_out = False
+    __slots__ = ("bell", "fanned_out", "poller", "sets", "spinner")
 
     def __init__(self) -> None:
-        self.sets = {}
+        self.bell: Bell | None = None
+        #: How this thread spins before it sleeps (core/_spin.py).
+        self.spinner: SpinPolicy | None = None
+        #: The poll set this thread used last (tests look at it).
+        self.poller: Any = None
+        #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
+        #: A few are kept: a thread that calls several procs in turn leads one connection
+        #: for each call (:meth:`Leader.wait`), and reuses that connection's set.
+        self.sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]] = {}
+        #: This thread's last fan-out set its connections aside and no wait has come
+        #: since: that wait (its ``get()``, mostly) sets them aside again for the next
+        #: fan-out.
+        self.fanned_out = False
+
+
+class _Threads(threading.local):
+    reading: _Reading | None = None
 
 
 class Leader:
@@ -141,7 +149,7 @@ class Leader:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._local = _Reading()
+        self._threads = _Threads()
         #: False: threads wait as before, the loop reads everything (``thread_reads=False``
         #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
         self.enabled = True
@@ -177,16 +185,28 @@ class Leader:
         self._loop_waiters = 0
         self._waiters_lock = threading.Lock()
 
-    def _spinner(self) -> SpinPolicy:
-        spinner = self._local.spinner
+    def _reading(self) -> _Reading:
+        """This thread's :class:`_Reading` (made on its first wait)."""
+        reading = self._threads.reading
+        if reading is None:
+            reading = self._threads.reading = _Reading()
+        return reading
+
+    @property
+    def _local(self) -> _Reading:
+        """This thread's :class:`_Reading` (tests look at it)."""
+        return self._reading()
+
+    def _spinner(self, local: _Reading) -> SpinPolicy:
+        spinner = local.spinner
         if spinner is None:
-            spinner = self._local.spinner = SpinPolicy()
+            spinner = local.spinner = SpinPolicy()
         return spinner
 
-    def _bell(self) -> Bell:
-        bell = self._local.bell
+    def _bell(self, local: _Reading) -> Bell:
+        bell = local.bell
         if bell is None:
-            bell = self._local.bell = Bell()
+            bell = local.bell = Bell()
         return bell
 
     def wait(self, fut: Future[Any], timeout: float | None) -> bool:
@@ -213,7 +233,7 @@ class Leader:
 
         # A call to one rank: its reply comes on the connection from that proc.
         via = fut.addresses[0] if type(fut) is OneReply else None
-        local = self._local
+        local = self._threads.reading or self._reading()
         after_fan_out, local.fanned_out = local.fanned_out, False
         if self._lead(fut.done, arm, timeout, rest, via, hold=after_fan_out):
             return True
@@ -225,10 +245,12 @@ class Leader:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
         return LeadingMailbox(self)
 
-    def _poll_set(self, taken: list[Any], bell: Bell) -> tuple[Any, dict[int, Any]]:
-        """A poll set of ``taken`` and ``bell``: the one this thread made when it last polled
-        the same connections (a thread that unregisters from one, below, forgets it)."""
-        local = self._local
+    def _poll_set(
+        self, taken: list[Any], bell: Bell, local: _Reading
+    ) -> tuple[Any, dict[int, Any]]:
+        """A poll set of ``taken`` and ``bell``: the one this thread (``local``) made when
+        it last polled the same connections (a thread that unregisters from one, below,
+        forgets it)."""
         polled = tuple(taken)
         kept = local.sets.get(polled)
         if kept is not None:
@@ -271,12 +293,13 @@ class Leader:
         try:
             send()
             if taken:
-                bell = self._bell()
-                poller, by_fd = self._poll_set(taken, bell)
+                local = self._threads.reading or self._reading()
+                bell = local.bell or self._bell(local)
+                poller, by_fd = self._poll_set(taken, bell, local)
                 self._read(poller.poll(0), poller, by_fd, taken, bell)
                 self._hold(taken)
                 taken = []
-                self._local.fanned_out = self.holding
+                local.fanned_out = self.holding
         finally:
             for conn in taken:
                 conn.give_back()
@@ -431,7 +454,7 @@ class Leader:
 
     def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
         """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
-        sets = self._local.sets
+        sets = self._reading().sets
         for polled, kept in list(sets.items()):
             if kept[1] is by_fd:
                 del sets[polled]
@@ -471,8 +494,8 @@ class Leader:
         if not taken:
             self.declined += 1
             return False
-        local = self._local
-        bell = local.bell or self._bell()
+        local = self._threads.reading or self._reading()
+        bell = local.bell or self._bell(local)
         mine = arm(bell)
         try:
             if not mine:
@@ -485,13 +508,13 @@ class Leader:
             if only_via:
                 self.led_one += 1
             deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-            poller, by_fd = self._poll_set(taken, bell)
+            poller, by_fd = self._poll_set(taken, bell, local)
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
             notebook = _future.notebook
             ms: int | None = None
-            spinner = local.spinner or self._spinner()
+            spinner = local.spinner or self._spinner(local)
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin:
