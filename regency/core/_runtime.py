@@ -105,6 +105,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: says HELLO, so it may use the runtime (spawn actors on ``this_proc()``, call them).
         self.boot: Callable[[], Any] | None = None
         self.thread_id: int | None = None
+        #: The kernel's id of that thread (``_logs._tee`` reads what it is blocked in).
+        self.native_thread_id: int | None = None
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
         self.executor: Executor = self.env.executor(self)
@@ -158,6 +160,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`stop`. Signals readiness once listening."""
         self.thread_id = threading.get_ident()
+        self.native_thread_id = threading.get_native_id()
         runtime_threads.add(self.thread_id)
         clean = False
         self.token = trio.lowlevel.current_trio_token()
@@ -562,8 +565,14 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         cell.start()
 
     def poison(self, failure: RemoteFailure) -> None:
-        """An actor here failed: refuse new actors from now on (Monarch's poisoned proc)."""
-        if self.poisoned is None:
+        """An actor here failed: refuse new actors from now on (Monarch's poisoned proc).
+
+        Not the controller's own process (the root runtime): it runs the user's program and
+        the job's infrastructure actors (singleton controllers, the debugger's, RDMA
+        managers), and no one can replace it; one failed actor there (a singleton whose
+        failure its registry handled) would break those for the rest of the run, where a
+        worker proc is simply not used again."""
+        if self.poisoned is None and self.parent_address is not None:
             self.poisoned = failure
 
     def actor_gone(self, cell: ActorCell, failure: RemoteFailure) -> None:
