@@ -20,8 +20,8 @@ Two rules keep that from deadlocking: the reader never writes to this proc's fds
 drains them; nothing it logs goes there while it holds back), and it never holds back while
 the runtime's loop thread is the one blocked writing to them (an async endpoint that prints),
 since only that thread handles ``Printed``: it reads on for as long as the loop is in such a
-write, or blocked elsewhere without running (behind a lock a held-back writer holds), as
-``/proc/self/task/<loop>/syscall`` and ``schedstat`` say.
+write (read from ``/proc/self/task/<loop>/syscall``, where the kernel says what a thread is
+blocked in).
 """
 
 from __future__ import annotations
@@ -73,14 +73,9 @@ _CHUNK = 65536
 WINDOW = 512 * 1024
 #: Seconds between looks at the loop thread while the reader holds back.
 _HOLD_LOOK = 0.05
-#: System call numbers as ``/proc/<pid>/task/<tid>/syscall`` shows them, per machine: those
-#: of ``write`` and ``writev``, and those trio's loop waits in when idle (epoll, poll,
-#: select). None elsewhere: the reader cannot tell what the loop does, so it never holds back.
-_SYSCALLS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "x86_64": (frozenset({"1", "20"}), frozenset({"7", "23", "232", "270", "271", "281", "441"})),
-    "aarch64": (frozenset({"64", "66"}), frozenset({"22", "72", "73", "441"})),
-}
-_WRITES, _IDLE = _SYSCALLS.get(platform.machine(), (None, None))
+#: The numbers of ``write`` and ``writev`` in ``/proc/<pid>/task/<tid>/syscall``, per machine
+#: (None elsewhere: the reader cannot tell, so it never holds back).
+_WRITES = {"x86_64": ("1", "20"), "aarch64": ("64", "66")}.get(platform.machine())
 
 
 class _Stream:
@@ -181,11 +176,9 @@ class ProcLogs:
         #: guards it; the reader waits on it while this reaches WINDOW).
         self.in_flight = 0
         self._credit = threading.Condition()
-        #: Times the reader held back, and times it read on because the loop was stuck.
+        #: Times the reader held back, and times it read on because the loop was writing.
         self.held_back = 0
-        self.loop_stuck = 0
-        #: What the loop thread was blocked in at the last look, and its CPU time then.
-        self._last_look: tuple[str, str] | None = None
+        self.loop_writes = 0
         #: Signals chunks queued for the host's output (its own lock, never held long).
         self._host_ready = threading.Condition()
         self._threads = [
@@ -252,43 +245,29 @@ class ProcLogs:
             if not self._holding():
                 return
             self.held_back += 1
-            self._last_look = None
             while self._holding():
-                if self._loop_stuck():
-                    self.loop_stuck += 1
+                if self._loop_writes_output():
+                    self.loop_writes += 1
                     return  # read on: the loop alone can take the sink's answers
                 self._credit.wait(_HOLD_LOOK)
 
     def _holding(self) -> bool:
         return self.in_flight >= WINDOW and self.mode.stream and self.sink is not None
 
-    def _loop_stuck(self) -> bool:
-        """Whether the runtime's loop thread may be waiting for this reader: in a ``write``
-        to fd 1 or 2 (a full pipe), or blocked in anything but its idle wait since the last
-        look without running (behind a lock a held-back writer holds: Python's stdout
-        buffer, a logging handler's). True when it cannot be told. A wrong True lets one more
-        read through, never a deadlock."""
+    def _loop_writes_output(self) -> bool:
+        """Whether the runtime's loop thread is in a ``write`` to fd 1 or 2 (blocked on a
+        full pipe, most likely); True when it cannot be told."""
         tid = self.rt.native_thread_id
         if tid is None:
             return False  # the loop has not started: it writes nothing yet
-        if _WRITES is None or _IDLE is None:
+        if _WRITES is None:
             return True
         try:
             with open(f"/proc/self/task/{tid}/syscall") as f:
                 fields = f.read().split()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ran = f.read().split()[0]
-        except (OSError, IndexError):
+        except OSError:
             return True
-        if not fields or fields[0] == "running" or fields[0] in _IDLE:
-            self._last_look = None
-            return False
-        if fields[0] in _WRITES and len(fields) > 1 and fields[1] in ("0x1", "0x2"):
-            return True
-        look = (fields[0], ran)
-        stuck = look == self._last_look  # the same call, not run for a look's interval
-        self._last_look = look
-        return stuck
+        return len(fields) > 1 and fields[0] in _WRITES and fields[1] in ("0x1", "0x2")
 
     def _host_writer(self) -> None:
         """Its own thread: a host output that blocks (a pipe nobody reads) stalls only this

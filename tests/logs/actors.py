@@ -104,13 +104,3 @@ class Pinger(Actor):
     @endpoint
     async def ping(self) -> str:
         return "pong"
-
-
-class LoudPinger(Actor):
-    """All async, and prints on the proc's loop thread at each ping: behind the stdout
-    buffer's lock when another thread of the proc is blocked writing through it."""
-
-    @endpoint
-    async def ping(self) -> str:
-        print("pinged")
-        return "pong"

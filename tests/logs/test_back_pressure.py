@@ -30,15 +30,15 @@ regency.configure(enable_log_forwarding=True)
 from regency.actor import this_host
 from regency._logs import sink_of
 from regency.core import current_runtime
-from tests.logs.actors import Flooder, LoudPinger, Pinger
+from tests.logs.actors import Flooder, Pinger
 
 mode, n = sys.argv[3], int(sys.argv[4])
 pm = this_host().spawn_procs(per_host={"gpus": 1})
 pm.logging_option(stream_to_client=True, aggregate_window_sec=None).get(30)
 flooder = pm.spawn("flooder", Flooder)
-pinger = pm.spawn("pinger", LoudPinger if mode == "loud" else Pinger)
+pinger = pm.spawn("pinger", Pinger)
 sink = sink_of(current_runtime())
-fut = (flooder.aflood if mode == "async" else flooder.flood).call_one(n)
+fut = (flooder.flood if mode == "sync" else flooder.aflood).call_one(n)
 err = sys.stderr
 while not fut.done():
     err.write(f"PENDING {sink.pending}\\n")
@@ -108,9 +108,7 @@ class Controller:
         self._err_reader.join(T)
 
     def flood_lines(self) -> list[int]:
-        # (Not anchored at the line's start: a print on another thread may land between a
-        # flood line's text and its newline, as Python's print writes them apart.)
-        return [int(m[1]) for m in re.finditer(r"flood (\d{8}) x{100}", self.out)]
+        return [int(m[1]) for m in re.finditer(r"\] flood (\d{8}) x+$", self.out, re.M)]
 
 
 @contextmanager
@@ -155,24 +153,5 @@ def test_output_printed_on_the_procs_loop_does_not_deadlock_it(tmp_path: object)
     with controller("async", n, str(tmp_path)) as c:
         c.wait_for("DONE")  # while nobody reads the controller's stdout
         assert sum(line == "PING pong" for line in c.err) >= 1
-        c.finish()
-        assert c.flood_lines() == list(range(n))
-
-
-@pytest.mark.slow
-def test_a_loop_behind_a_held_writers_lock_is_not_deadlocked(tmp_path: object) -> None:
-    """A sync endpoint floods while the controller's stdout is not read, and an async actor
-    on the same proc prints at each ping: on the loop thread, behind the lock of the stdout
-    buffer that the flooding thread holds while blocked in write. The loop is not in a
-    write itself, but blocked without running; the reader reads on, so pings keep being
-    answered while the flood is held back."""
-    n = 50_000
-    with controller("loud", n, str(tmp_path)) as c:
-        c.wait_for("PENDING")
-        before = sum(line == "PING pong" for line in c.err)
-        time.sleep(2.0)
-        during = sum(line == "PING pong" for line in c.err) - before
-        assert during >= 3, f"{during} pings answered in 2 s while the flood was held back"
-        c.read_stdout()
         c.finish()
         assert c.flood_lines() == list(range(n))
