@@ -72,35 +72,3 @@ class Printer(Actor):
     async def die_async(self, tag: str) -> None:
         print(f"last words {tag}")
         os._exit(3)
-
-
-FLOOD_PAD = "x" * 100
-
-
-class Flooder(Actor):
-    """Prints ``n`` numbered lines as fast as it can: from its actor thread (``flood``), or
-    on the runtime's loop thread (``aflood``, an async endpoint that yields now and then)."""
-
-    @endpoint
-    def flood(self, n: int) -> int:
-        for i in range(n):
-            print(f"flood {i:08d} {FLOOD_PAD}")
-        return n
-
-    @endpoint
-    async def aflood(self, n: int) -> int:
-        import asyncio
-
-        for i in range(n):
-            print(f"flood {i:08d} {FLOOD_PAD}")
-            if i % 100 == 99:
-                await asyncio.sleep(0)
-        return n
-
-
-class Pinger(Actor):
-    """All async: answered on the proc's loop, so only while the loop is not stuck."""
-
-    @endpoint
-    async def ping(self) -> str:
-        return "pong"
