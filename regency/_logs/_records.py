@@ -86,22 +86,6 @@ class LineBatch:
     #: When the lines were read (wall clock; virtual time in the simulator).
     timestamp: float
     window: float | None
-    #: Where the sink sends ``Printed`` once it is done with these lines (the proc's
-    #: control port; None: no one counts them, as for a dead proc's leftovers).
-    credit: tuple[str, int] | None = None
-
-
-def text_size(lines: tuple[str, ...] | list[str]) -> int:
-    """What a batch of lines counts against a proc's window (both ends count alike)."""
-    return sum(len(line) + 1 for line in lines)
-
-
-@attrs.frozen
-class Printed:
-    """To a proc's control port: the sink is done with ``size`` of its text (printed, or
-    grouped into a window), so the proc may send that much more (``text_size``)."""
-
-    size: int
 
 
 @attrs.frozen

@@ -29,10 +29,8 @@ from ._records import (
     STDOUT,
     Flushed,
     LineBatch,
-    Printed,
     PrintWindows,
     Streaming,
-    text_size,
 )
 
 if TYPE_CHECKING:
@@ -58,11 +56,6 @@ class LogSink:
         self._streaming: dict[str, Streaming] = {}
         #: Text (and acknowledgements) waiting for the writer thread, in order.
         self._writer: queue.SimpleQueue[tuple[int | Callable[[], None], str]] | None = None
-        #: Characters of text queued for the writer thread and not yet written. Bounded by
-        #: the procs' windows: each proc sends at most ``_tee.WINDOW`` of text the sink has
-        #: not answered with ``Printed``, and it answers a batch only once it is written.
-        self.pending = 0
-        self._pending_lock = threading.Lock()
 
     def leftovers(self, proc_id: str, stream: int, lines: list[str]) -> None:
         """What a dead proc had written and nobody had read (on the trio thread)."""
@@ -89,16 +82,6 @@ class LogSink:
             self._emit(lambda: self._ack(reply, None))
         return False
 
-    def _printed(self, batch: LineBatch) -> None:
-        """Tell the proc that sent ``batch`` the sink is done with it (on the loop, or on the
-        writer thread after writing it)."""
-        if batch.credit is None:
-            return
-        try:
-            self.rt.send_port(batch.credit, 0, M.OK, Printed(text_size(batch.lines)))
-        except Exception:
-            pass  # the proc is gone
-
     def _ack(self, reply: tuple[str, int], value: str | None) -> None:
         try:
             self.rt.send_port(reply, 0, M.OK, value)
@@ -113,12 +96,7 @@ class LogSink:
         if batch.window is None:
             prefix = f"[{batch.hostname} {batch.proc_id}] [{batch.rank}] "
             self._emit(batch.stream, "".join(f"{prefix}{line}\n" for line in batch.lines))
-            if batch.credit is not None:
-                # Once written (a controller output that blocks holds the proc back).
-                self._emit(lambda: self._printed(batch))
             return
-        # Grouped: done with the lines once the aggregator holds them.
-        self._printed(batch)
         entry = self._windows.get(batch.stream)
         if entry is not None and entry[1] != batch.window:
             self._print_window(batch.stream)  # the window changed: close the old one
@@ -147,9 +125,6 @@ class LogSink:
         that thread, not the runtime; at once otherwise (the simulator, deterministic)."""
         writer = self._writer
         if writer is not None:
-            if text:
-                with self._pending_lock:
-                    self.pending += len(text)
             writer.put((stream, text))
         elif callable(stream):
             stream()
@@ -168,8 +143,6 @@ class LogSink:
                 stream()
             else:
                 _write(_target(stream), text)
-                with self._pending_lock:
-                    self.pending -= len(text)
 
     def flush(self) -> None:
         """Print every open window now."""

@@ -11,24 +11,12 @@ Mode changes and flushes arrive on the control port and are applied as their fra
 dispatched (on the trio thread), after draining both pipes under the readers' lock: what was
 written before a change is forwarded under the old mode, what is written after under the new
 one.
-
-Back-pressure: the sink answers each batch with ``Printed`` once it has written it (or
-grouped it), and the reader stops reading the pipes while ``WINDOW`` of forwarded text is
-unanswered, so a proc that prints faster than the controller's output takes it blocks in
-``write``, as a program writing to a slow terminal does, and neither side's memory grows.
-Two rules keep that from deadlocking: the reader never writes to this proc's fds 1 and 2 (it
-drains them; nothing it logs goes there while it holds back), and it never holds back while
-the runtime's loop thread is the one blocked writing to them (an async endpoint that prints),
-since only that thread handles ``Printed``: it reads on for as long as the loop is in such a
-write, or blocked elsewhere without running (behind a lock a held-back writer holds), as
-``/proc/self/task/<loop>/syscall`` and ``schedstat`` say.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import platform
 import select
 import socket
 import sys
@@ -51,10 +39,8 @@ from ._records import (
     Init,
     LineBatch,
     Mode,
-    Printed,
     SetMode,
     Streaming,
-    text_size,
 )
 
 if TYPE_CHECKING:
@@ -68,19 +54,6 @@ _BACKLOG = 1000
 #: controller still gets every line).
 _HOST_BACKLOG = 16 << 20
 _CHUNK = 65536
-#: Characters of forwarded text (``text_size``) the sink may leave unanswered; beyond, the
-#: reader stops reading the pipes until it answers (``Printed``).
-WINDOW = 512 * 1024
-#: Seconds between looks at the loop thread while the reader holds back.
-_HOLD_LOOK = 0.05
-#: System call numbers as ``/proc/<pid>/task/<tid>/syscall`` shows them, per machine: those
-#: of ``write`` and ``writev``, and those trio's loop waits in when idle (epoll, poll,
-#: select). None elsewhere: the reader cannot tell what the loop does, so it never holds back.
-_SYSCALLS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "x86_64": (frozenset({"1", "20"}), frozenset({"7", "23", "232", "270", "271", "281", "441"})),
-    "aarch64": (frozenset({"64", "66"}), frozenset({"22", "72", "73", "441"})),
-}
-_WRITES, _IDLE = _SYSCALLS.get(platform.machine(), (None, None))
 
 
 class _Stream:
@@ -177,15 +150,6 @@ class ProcLogs:
         self.sink: str | None = None
         self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
         self._io = threading.Lock()
-        #: Text forwarded to the sink and not yet answered with ``Printed`` (``_credit``
-        #: guards it; the reader waits on it while this reaches WINDOW).
-        self.in_flight = 0
-        self._credit = threading.Condition()
-        #: Times the reader held back, and times it read on because the loop was stuck.
-        self.held_back = 0
-        self.loop_stuck = 0
-        #: What the loop thread was blocked in at the last look, and its CPU time then.
-        self._last_look: tuple[str, str] | None = None
         #: Signals chunks queued for the host's output (its own lock, never held long).
         self._host_ready = threading.Condition()
         self._threads = [
@@ -201,16 +165,8 @@ class ProcLogs:
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
         message = value
-        if isinstance(message, Printed):
-            # Not under _io: the reader may hold it while it reads (never while it waits).
-            with self._credit:
-                self.in_flight = max(0, self.in_flight - message.size)
-                self._credit.notify_all()
-            return False
         if not isinstance(message, (Init, SetMode, Flush)):
-            raise TypeError(
-                f"log control port takes Init, SetMode, Flush or Printed (got {message!r})"
-            )
+            raise TypeError(f"log control port takes Init, SetMode or Flush (got {message!r})")
         if isinstance(message, Flush):
             # Text Python still buffers (a print without a newline) belongs to the flush.
             # Only then: the loop must not wait on a pipe that a stuck host output filled.
@@ -229,7 +185,6 @@ class ProcLogs:
         fds = [s.read_fd for s in self.streams]
         by_fd = {s.read_fd: s for s in self.streams}
         while fds:
-            self._hold_back()
             try:
                 ready, _, _ = select.select(fds, [], [])
             except InterruptedError:
@@ -244,51 +199,6 @@ class ProcLogs:
                         fds.remove(fd)
                         continue
                     self._take(by_fd[fd], chunk)
-
-    def _hold_back(self) -> None:
-        """Wait while WINDOW of forwarded text is unanswered (writers fill the pipes and
-        block), unless the loop thread is one of them."""
-        with self._credit:
-            if not self._holding():
-                return
-            self.held_back += 1
-            self._last_look = None
-            while self._holding():
-                if self._loop_stuck():
-                    self.loop_stuck += 1
-                    return  # read on: the loop alone can take the sink's answers
-                self._credit.wait(_HOLD_LOOK)
-
-    def _holding(self) -> bool:
-        return self.in_flight >= WINDOW and self.mode.stream and self.sink is not None
-
-    def _loop_stuck(self) -> bool:
-        """Whether the runtime's loop thread may be waiting for this reader: in a ``write``
-        to fd 1 or 2 (a full pipe), or blocked in anything but its idle wait since the last
-        look without running (behind a lock a held-back writer holds: Python's stdout
-        buffer, a logging handler's). True when it cannot be told. A wrong True lets one more
-        read through, never a deadlock."""
-        tid = self.rt.native_thread_id
-        if tid is None:
-            return False  # the loop has not started: it writes nothing yet
-        if _WRITES is None or _IDLE is None:
-            return True
-        try:
-            with open(f"/proc/self/task/{tid}/syscall") as f:
-                fields = f.read().split()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ran = f.read().split()[0]
-        except (OSError, IndexError):
-            return True
-        if not fields or fields[0] == "running" or fields[0] in _IDLE:
-            self._last_look = None
-            return False
-        if fields[0] in _WRITES and len(fields) > 1 and fields[1] in ("0x1", "0x2"):
-            return True
-        look = (fields[0], ran)
-        stuck = look == self._last_look  # the same call, not run for a look's interval
-        self._last_look = look
-        return stuck
 
     def _host_writer(self) -> None:
         """Its own thread: a host output that blocks (a pipe nobody reads) stalls only this
@@ -349,23 +259,17 @@ class ProcLogs:
         if self.mode.stream:
             batch = LineBatch(
                 self.rt.proc_id, self.hostname, self.rank, number, tuple(lines), now,
-                self.mode.window, (self.rt.address, CONTROL_PORT),
+                self.mode.window,
             )
-            if self._send(batch):
-                with self._credit:
-                    self.in_flight += text_size(batch.lines)
+            self._send(batch)
 
-    def _send(self, message: Any) -> bool:
-        """Send to the sink: False when there is none, or it cannot be reached (the
-        controller is gone: keep teeing to the host). Nothing is logged: the reader must
-        not write to this proc's own output, which it alone drains."""
+    def _send(self, message: Any) -> None:
         if self.sink is None:
-            return False
+            return
         try:
             self.rt.send_port((self.sink, SINK_PORT), 0, M.OK, message)
-        except Exception:
-            return False
-        return True
+        except Exception as exc:  # the controller is gone: keep teeing to the host
+            log.debug("could not forward log lines: %s", exc)
 
     def _announce(self) -> None:
         """Tell the sink whether we stream (it prints a dead proc's leftovers only then)."""
@@ -377,10 +281,7 @@ class ProcLogs:
     def _obey(self, message: Init | SetMode | Flush) -> None:
         if isinstance(message, Init):
             logging.getLogger().setLevel(message.mode.level)
-            with self._credit:  # a new sink: what the old one owed is not coming
-                self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
-                self.in_flight = 0
-                self._credit.notify_all()
+            self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
             backlog, self._backlog = list(self._backlog), deque(maxlen=_BACKLOG)
             self._announce()
             if self.mode.stream:
@@ -390,14 +291,12 @@ class ProcLogs:
                         self._forward(number, lines)
         elif isinstance(message, SetMode):
             logging.getLogger().setLevel(message.mode.level)
-            with self._credit:  # streaming off: the reader stops holding back
-                self.mode = message.mode
-                self._credit.notify_all()
+            self.mode = message.mode
             self._announce()
             try:
                 self.rt.send_port(message.reply, self.rank or 0, M.OK, None)
-            except Exception:
-                pass  # whoever asked is gone (nothing logged: _io is held, see _hold_back)
+            except Exception as exc:
+                log.debug("could not acknowledge a log mode change: %s", exc)
         else:
             for stream in self.streams:
                 self._forward_rest(stream)

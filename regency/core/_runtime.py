@@ -105,8 +105,6 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: says HELLO, so it may use the runtime (spawn actors on ``this_proc()``, call them).
         self.boot: Callable[[], Any] | None = None
         self.thread_id: int | None = None
-        #: The kernel's id of that thread (``_logs._tee`` reads what it is blocked in).
-        self.native_thread_id: int | None = None
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
         self.executor: Executor = self.env.executor(self)
@@ -160,7 +158,6 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`stop`. Signals readiness once listening."""
         self.thread_id = threading.get_ident()
-        self.native_thread_id = threading.get_native_id()
         runtime_threads.add(self.thread_id)
         clean = False
         self.token = trio.lowlevel.current_trio_token()
