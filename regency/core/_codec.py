@@ -893,7 +893,11 @@ def decode_envelope_call(
     """:func:`decode_call_to` of a frame in the envelope layout (its first u32,
     ``env_len``, told already)."""
     env, parts = _unpack(frame, env_len)
-    if env[0] != _CALL or len(env) != 8 or not wanted(env[1]):
+    if env[0] != _CALL or len(env) != 8:
+        return None
+    if type(env[1]) is not str:  # (else wanted() may raise TypeError on a list)
+        raise ValueError(f"malformed frame envelope: actor key {env[1]!r} is not a str")
+    if not wanted(env[1]):
         return None
     try:
         return _call(env, parts)

@@ -7,7 +7,8 @@ loop's own round). Instead, a thread about to block takes over reading the runti
 inbound connections while the loop is idle on them (``SocketConnection.lead``: the loop's
 interest in those sockets is silenced, not woken), polls them itself, and hands each whole
 frame to the same sink code the loop runs (``InboundSink.frame_on_thread``), under the
-runtime's dispatch lock. Only replies are handled on the thread; any other frame, a frame too
+runtime's dispatch lock. Only replies (to ports that take them off the loop) and calls to
+actors with a thread are handled on the thread; any other frame, a frame too
 big for the buffer, end of stream or an error hands that connection back to the loop at
 once, unconsumed, so the loop handles it in order. When the future resolves (by a frame this
 thread read, or by the loop: a reply on another connection, a lost link, a stop) the thread

@@ -4,6 +4,7 @@ Undecodable), and malformed frames are refused with a clear ValueError."""
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 import types
 from typing import Any
@@ -210,6 +211,12 @@ def test_decode_call_to_reads_only_calls_to_wanted_actors() -> None:
         _codec.decode_call_to(memoryview(b"\x01"), lambda actor: True)
     with pytest.raises(ValueError, match="envelope length"):
         _codec.decode_call_to(memoryview(b"\x00\x00\x10\x00" + b"\x00" * 8), lambda actor: True)
+    # An envelope call whose actor key is not a str is malformed (ValueError, which a reading
+    # thread declines, leaving the loop to close the connection), not a TypeError out of the
+    # actor table that would reach the reading thread's caller.
+    bad = _codec._pack((_codec._CALL, ["x"], "m", None, 0, (), ()), _codec.dumps(((), {})))
+    with pytest.raises(ValueError, match=re.escape("actor key ['x'] is not a str")):
+        _codec.decode_call_to(memoryview(bytes(bad)), {}.get)  # type: ignore[arg-type]
 
 
 def test_replies_of_none_and_calls_without_arguments_are_told_by_their_bytes() -> None:
