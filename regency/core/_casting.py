@@ -122,8 +122,7 @@ class Casting:
     def _direct_now(self, address: str, frame: Any) -> None:
         rt = self._rt
         box = rt._outboxes.get(address) or rt.outbox(address)  # (made on first use)
-        box.send(frame)
-        self._direct[address] = box._machine.queued_count
+        self._direct[address] = box.send(frame)
 
     def send(
         self,
@@ -201,9 +200,13 @@ class Casting:
                 post(addresses[local], actor, frame)
             return
         # No fence (a cast this thread sent earlier would have left one): what post_actor
-        # would do for each rank.
+        # would do for each rank, that is _direct_now, written out here (a call less per
+        # rank).
+        rt, direct = self._rt, self._direct
+        outboxes = rt._outboxes
         for local, frame in zip(local_ranks, frames, strict=True):
-            self._direct_now(addresses[local], frame)
+            address = addresses[local]
+            direct[address] = (outboxes.get(address) or rt.outbox(address)).send(frame)
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached

@@ -65,7 +65,9 @@ class Outbox:
         """Frames sent and not yet acknowledged (the machine's, oldest first)."""
         return self._machine.unacked
 
-    def send(self, frame: transports.Frame) -> None:
+    def send(self, frame: transports.Frame) -> int:
+        """Send ``frame``; returns how many frames the session has queued, this one
+        included (what the receiver's acknowledgement must reach for it to be handled)."""
         size = len(frame) if type(frame) is bytes else transports.frame_size(frame)
         if size > self._max_frame:
             raise ValueError(
@@ -88,9 +90,11 @@ class Outbox:
                     machine.link.send_nowait(frame)
                 except transports.TransportError:
                     pass  # kept unacknowledged; the lost connection brings a resend
-                return
-        if isinstance(action, Dial):
+                return machine.queued_count
+            count = machine.queued_count
+        if isinstance(action, Dial):  # the session's first
             self._after([action])
+        return count
 
     def acknowledged(self, count: int) -> None:
         """The receiver handled the session's first ``count`` frames."""

@@ -295,10 +295,9 @@ class SocketConnection(Connection):
                     return
                 self._kicked = True
             else:
-                parts = [header, *frame] if isinstance(frame, list) else [header, frame]
                 try:
                     if size >= _GATHER_THRESHOLD:
-                        sent = self._sock.sendmsg(parts)
+                        sent = self._sock.sendmsg(_parts(header, frame))
                     else:
                         sent = self._sock.send(header + frame)  # type: ignore[operator]
                 except BlockingIOError:
@@ -308,7 +307,8 @@ class SocketConnection(Connection):
                     raise ConnectionBroken(f"connection to {self.peer} is broken: {exc}") from exc
                 if sent == size + _HEADER:
                     return
-                self._pending.extend(_unsent([memoryview(p) for p in parts], sent))
+                parts: list[bytes | memoryview] = [memoryview(p) for p in _parts(header, frame)]
+                self._pending.extend(_unsent(parts, sent))
                 self._kicked = True
         self._kick_writer()
 
@@ -1161,6 +1161,12 @@ def _fresh_memory(size: int) -> mmap.mmap:
         except OSError:
             pass
     return memory
+
+
+def _parts(header: bytes, frame: Frame) -> list[Any]:
+    """A frame's header and parts, for ``sendmsg`` (built only where needed: a small frame
+    goes out joined to its header)."""
+    return [header, *frame] if isinstance(frame, list) else [header, frame]
 
 
 def _unsent(batch: list[bytes | memoryview], sent: int) -> list[bytes | memoryview]:
