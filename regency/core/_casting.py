@@ -183,13 +183,11 @@ class Casting:
         port: M.PortRef | None,
         payload: Sequence[Any],
     ) -> None:
-        encode, post = _codec.encode_call, self.post_actor
         addresses, labels, sizes = route.addresses, route.labels, route.sizes
         if len(local_ranks) == 1:
             local = local_ranks[0]
-            post(
-                addresses[local], actor, encode(actor, method, port, local, labels, sizes, payload)
-            )
+            frame = _codec.encode_call(actor, method, port, local, labels, sizes, payload)
+            self.post_actor(addresses[local], actor, frame)
             return
         # Every frame is encoded before the first is sent: the sends then follow each other
         # closely, and the first ranks' replies less often arrive before the caller waits
@@ -197,7 +195,7 @@ class Casting:
         frames = _codec.encode_calls(actor, method, port, local_ranks, labels, sizes, payload)
         if self._fenced or self._held:  # a tree cast of ours in flight: check each target
             for local, frame in zip(local_ranks, frames, strict=True):
-                post(addresses[local], actor, frame)
+                self.post_actor(addresses[local], actor, frame)
             return
         # No fence (a cast this thread sent earlier would have left one): what post_actor
         # would do for each rank, that is _direct_now, written out here (a call less per

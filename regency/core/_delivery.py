@@ -137,7 +137,8 @@ class Outbound:
     def queued(self, frame: Frame) -> _SendNow | Dial | None:
         """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
         up, a first :class:`Dial`, or None (it waits for the link). Raises
-        :class:`SessionFailed` on a failed session."""
+        :class:`SessionFailed` on a failed session. (``Outbox.send`` writes the connected
+        case out: keep the two alike.)"""
         state = self.state
         if state == CONNECTED:
             self.unacked.append(frame)
