@@ -76,6 +76,11 @@ def main() -> None:
         print(f"\n(tensor-engine figures skipped: {exc})")
     else:
         _table("Tensor engine, CPU and gloo (issue #14)", bench_tensor_engine.run())
+    # GPU memory through regency.rdma: prints "no GPU" and nothing else without CUDA.
+    print("\n### RDMA buffers of GPU memory, two processes of one host (issue #5)\n")
+    from benchmarks import bench_gpu
+
+    bench_gpu.main(["--sizes", "4K,1M,64M", "--runs", "6"])
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def _point(spec: tuple[int, Sequence[str], Sequence[int]]) -> Point:
 
 def _exception_cause(what: str, exc: BaseException) -> S.FailureCause:
     failure = RemoteFailure.capture(exc)
-    return S.FailureCause(f"{what} {failure.type_name}: {failure.message}", failure.traceback)
+    summary = f"{failure.type_name}: {failure.message}"
+    return S.FailureCause(f"{what} {summary}" if what else summary, failure.traceback)
 
 
 class ActorCell:
@@ -146,6 +147,10 @@ class ActorCell:
         )
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
+        #: The cancel scope of the (non-concurrent) async endpoint running now, if any, and
+        #: why it was cancelled: the actor failed (an ``Escalate``) while it was suspended.
+        self._endpoint_scope: trio.CancelScope | None = None
+        self._failed_at_await: S.FailureCause | None = None
         # Set by context().actor_instance.stop() inside a handler: StopActor is queued when
         # that handler ends, before its reply is sent.
         self.stop_when_handled = False
@@ -171,14 +176,24 @@ class ActorCell:
         await, is not queued behind it: ``__supervise__`` runs at once on the loop, i.e. at
         the endpoint's next await point, as in Monarch (an endpoint may be waiting for exactly
         that news). Sync ``__supervise__`` of an actor with a thread still queues.
+
+        Likewise the actor's own failure (an ``Escalate``: its ``__supervise__`` did not
+        handle a failure, or raised): a suspended async endpoint is cancelled at its await
+        point, its caller gets the actor's death, and the actor dies now instead of after
+        the endpoint returns (Monarch's owner fails at once).
         """
-        if (
-            type(item) is M.Supervise
-            and self._in_async_endpoint
-            and (not self.threaded or inspect.iscoroutinefunction(self._supervise_fn()))
-        ):
-            self.rt.nursery.start_soon(self._supervise_now, item.failure)
-            return
+        if type(item) is M.Supervise:
+            if self._in_async_endpoint and (
+                not self.threaded or inspect.iscoroutinefunction(self._supervise_fn())
+            ):
+                self.rt.nursery.start_soon(self._supervise_now, item.failure)
+                return
+        elif type(item) is M.Escalate:
+            scope = self._endpoint_scope
+            if scope is not None and self._failed_at_await is None:
+                self._failed_at_await = item.cause
+                scope.cancel()
+                return  # the endpoint's driver dies of it (_call_async)
         self.accept(item)
 
     def _accept_on_loop(self, item: M.MailboxItem) -> None:
@@ -486,13 +501,20 @@ class ActorCell:
             async def run_and_reply() -> None:
                 coro = fn(obj, *args, **kwargs)
                 self._in_async_endpoint += 1
-                try:
-                    # trio and asyncio both work in it (run_coroutine), and its steps run
-                    # in a greenlet: a breakpoint() in it waits without stopping the loop.
-                    result = await _dbg.drive(self.rt.run_coroutine(coro))
-                finally:
-                    self._in_async_endpoint -= 1
-                    coro.close()  # cancelled before it started: no "never awaited"
+                # Cancelled by enqueue when the actor fails while the endpoint is suspended.
+                with trio.CancelScope() as scope:
+                    self._endpoint_scope = scope
+                    try:
+                        # trio and asyncio both work in it (run_coroutine), and its steps
+                        # run in a greenlet: a breakpoint() in it waits without stopping
+                        # the loop.
+                        result = await _dbg.drive(self.rt.run_coroutine(coro))
+                    finally:
+                        self._in_async_endpoint -= 1
+                        self._endpoint_scope = None
+                        coro.close()  # cancelled before it started: no "never awaited"
+                if scope.cancelled_caught:
+                    return  # the actor failed meanwhile: _call_async answers and dies
                 if not explicit:
                     # From the loop, before an actor thread waiting on it wakes: the
                     # reply does not wait for that hop.
@@ -502,12 +524,21 @@ class ActorCell:
         except (trio.Cancelled, trio.RunFinishedError):
             raise  # the runtime is shutting down, or gone
         except BaseException as exc:
-            cause = self._call_failed(item, exc, explicit)
-            if cause is not None:
-                yield from self._die(cause, exc)
-                return False
+            if self._failed_at_await is None:  # (else: what the cancel turned into)
+                cause = self._call_failed(item, exc, explicit)
+                if cause is not None:
+                    yield from self._die(cause, exc)
+                    return False
         finally:
             current.reset(token)
+        failed = self._failed_at_await
+        if failed is not None:
+            # The actor failed while this endpoint was suspended: its caller gets the
+            # actor's death (as a message queued behind it would), and it dies now.
+            if item.port is not None:
+                self._reply(item.port, item.rank, M.DEAD, self._dead_failure(failed))
+            yield from self._die(failed, None)
+            return False
         self._queue_requested_stop()  # a handler that replied through an explicit port
         return True
 
@@ -630,7 +661,9 @@ class ActorCell:
     def _supervised(
         self, failure: S.MeshFailure, result: Any, error: BaseException | None
     ) -> None:
-        cause = None if error is None else _exception_cause("__supervise__ raised", error)
+        # The exception alone: the supervisor's cause says "__supervise__ raised <it> while
+        # handling <the failure>".
+        cause = None if error is None else _exception_cause("", error)
         handled = error is None and bool(result)
         self.rt.call_soon(
             lambda: self.rt.oversight.feed(S.SuperviseDone(self.key, failure, handled, cause))

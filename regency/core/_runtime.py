@@ -562,8 +562,14 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         cell.start()
 
     def poison(self, failure: RemoteFailure) -> None:
-        """An actor here failed: refuse new actors from now on (Monarch's poisoned proc)."""
-        if self.poisoned is None:
+        """An actor here failed: refuse new actors from now on (Monarch's poisoned proc).
+
+        Not the controller's own process (the root runtime): it runs the user's program and
+        the job's infrastructure actors (singleton controllers, the debugger's, RDMA
+        managers), and no one can replace it; one failed actor there (a singleton whose
+        failure its registry handled) would break those for the rest of the run, where a
+        worker proc is simply not used again."""
+        if self.poisoned is None and self.parent_address is not None:
             self.poisoned = failure
 
     def actor_gone(self, cell: ActorCell, failure: RemoteFailure) -> None:

@@ -232,7 +232,7 @@ class Supervisor:
                 return []
             if event.error is not None:
                 cause = FailureCause(
-                    f"__supervise__ raised while handling: {event.failure}",
+                    f"__supervise__ raised {event.error.summary} while handling: {event.failure}",
                     event.error.traceback,
                     chained=event.failure,
                 )

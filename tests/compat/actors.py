@@ -211,6 +211,41 @@ class WaitingOwner(Actor):
         return self.failures
 
 
+class UnhandlingOwner(Actor):
+    """Monarch's ``test_supervise_callback_unhandled``/``_raising``: an owner whose
+    ``__supervise__`` does not handle its child's death (returns False, or raises) while an
+    endpoint of it is suspended long after the death: the owner fails at that await point,
+    and the endpoint's caller gets its death, not a reply 60 s later."""
+
+    SUPERVISE_MESSAGE = "the owner's handler gave up on purpose"
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+        self.cleaned_up = False
+
+    def __supervise__(self, failure: Any) -> bool:
+        if self.raises:
+            raise RuntimeError(self.SUPERVISE_MESSAGE)
+        return False
+
+    @endpoint
+    async def spawn_child_and_outlive_it(self, sleep: float) -> str:
+        from regency.actor import SupervisionError, this_host
+
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        child = procs.spawn("doomed", Doomed)
+        try:
+            await child.die.call()
+        except SupervisionError:
+            pass  # the owner's __supervise__ is told too
+        await asyncio.sleep(sleep)
+        return "outlived"
+
+    @endpoint
+    async def alive(self) -> bool:
+        return True
+
+
 class Finisher(Actor):
     """Stops itself when its work is done (Monarch's actor_instance.stop())."""
 

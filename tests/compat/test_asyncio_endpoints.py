@@ -15,6 +15,7 @@ import pytest
 from regency.actor import ActorError, ProcMesh, this_host
 from regency.sim import simulate
 
+from ..conftest import RootFailures
 from .actors import AsyncioWorker
 
 T = 30
@@ -120,6 +121,43 @@ def test_supervise_runs_while_an_async_endpoint_waits() -> None:
     finally:
         procs.stop().get(T)
     assert len(failures) == 1 and "doomed" in failures[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("raises", [False, True], ids=["returns-false", "raises"])
+def test_an_owner_that_does_not_handle_fails_at_its_await_point(
+    raises: bool, roots: RootFailures
+) -> None:
+    """Monarch's ``test_supervise_callback_unhandled`` and ``test_supervise_callback_raising``:
+    the owner's ``__supervise__`` gives up while an endpoint of it sleeps 60 s after its
+    child died. The owner fails at once: the endpoint's caller gets ``SupervisionError``
+    naming the owner and the child (Monarch's message), within seconds, and the owner
+    takes no more calls. Before, the failure waited for the endpoint to return."""
+    import re
+
+    from regency.actor import SupervisionError
+
+    from .actors import UnhandlingOwner
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = procs.spawn("unhandling", UnhandlingOwner, raises)
+        start = time.monotonic()
+        with pytest.raises(SupervisionError) as caught:
+            owner.spawn_child_and_outlive_it.call_one(60.0).get(T)
+        assert time.monotonic() - start < T
+        report = str(caught.value)
+        assert re.search(
+            r"The actor.*doomed.*and all its descendants have failed", report, re.DOTALL
+        ), report
+        assert "unhandling" in report, report
+        if raises:
+            assert UnhandlingOwner.SUPERVISE_MESSAGE in report, report
+        with pytest.raises(SupervisionError):
+            owner.alive.call_one().get(T)
+        roots.wait_for("unhandling")
+    finally:
+        procs.stop().get(T)
 
 
 def test_asyncio_run_in_the_controller_stays_stock_asyncio() -> None:

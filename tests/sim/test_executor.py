@@ -181,3 +181,48 @@ def test_a_crashed_procs_actor_thread_never_runs_again() -> None:
     result = simulate(program, seed=2, hosts=2)
     assert result.value[0] == "SupervisionError"
     assert AFTER_CRASH == []
+
+
+class GivingUpOwner(Actor):
+    """All async: does not handle its children's failure while an endpoint of it sleeps."""
+
+    @endpoint
+    async def outlive_children(self, procs: Any) -> str:
+        children = procs.spawn("children", Child)
+        children.explode.broadcast()
+        await trio.sleep(3600)
+        return "outlived"
+
+    def __supervise__(self, failure: Any) -> bool:
+        return False
+
+
+def test_an_owner_that_gives_up_fails_at_its_await_point_in_the_simulator() -> None:
+    """The same mailbox code as production: the owner's endpoint is cancelled at its await
+    point when its ``__supervise__`` does not handle the failure, in virtual seconds, not
+    after the hour it sleeps; the root is told the owner failed."""
+
+    def program(hosts: Any) -> tuple[str, float, list[str]]:
+        import regency.actor
+
+        roots: list[str] = []
+        hook = regency.actor.unhandled_fault_hook  # (the process's: put back after)
+        regency.actor.unhandled_fault_hook = lambda failure: roots.append(failure.mesh_name)
+        try:
+            procs = hosts.spawn_procs(per_host={"gpus": 1})
+            owner = procs.slice(hosts=0).spawn("owner", GivingUpOwner)
+            try:
+                owner.outlive_children.call_one(procs.slice(hosts=1)).get()
+                return "returned", current().now(), roots
+            except Exception as exc:
+                while not roots:
+                    procs.slice(hosts=0).spawn("napper", Napper).nap.call_one(0.1).get()
+                return f"{type(exc).__name__}: {exc}", current().now(), roots
+        finally:
+            regency.actor.unhandled_fault_hook = hook
+
+    result = simulate(program, seed=5, hosts=2)
+    error, when, roots = result.value
+    assert error.startswith("SupervisionError") and "unhandled failure of a mesh" in error, error
+    assert when < 60, f"the owner failed only after {when} virtual seconds"
+    assert roots == ["owner"]
