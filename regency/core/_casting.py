@@ -172,7 +172,15 @@ class Casting:
         frame = _codec.encode_call(
             actor, method, port, local, route.labels, route.sizes, payload
         )
-        self.post_actor(route.addresses[local], actor, frame)
+        address = route.addresses[local]
+        if self._fenced or self._held:  # a tree cast of ours in flight: it may have to wait
+            self.post_actor(address, actor, frame)
+            return
+        # What post_actor and _direct_now do without a fence, written out (two calls less
+        # per call_one).
+        rt = self._rt
+        box = rt._outboxes.get(address) or rt.outbox(address)
+        self._direct[address] = box.send(frame)
 
     def _send_direct(
         self,
