@@ -161,6 +161,7 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
     link = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
     reply = _codec.encode_reply(5, 0, 0, None)
     drain = bytearray(1 << 16)
+    waits = _actor_thread_waits(rt, queue, view)
 
     def loop_reads() -> None:
         sink.frame_received(conn, view)  # type: ignore[arg-type]
@@ -200,12 +201,48 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
         ("proc: a call read by the actor's thread, to its mailbox", thread_reads),
         ("proc: decode a call", lambda: _codec.decode(view)),
         ("proc: the mailbox's put and get", lambda: (queue.put(item), queue.get())),
+        ("proc: the actor thread waits for a call (leads, reads it off a socket, queues, takes it)", waits),
         ("proc: the actor thread runs a call (context, endpoint, reply to the outbox)", handle),
         ("proc: encode a reply of None", lambda: _codec.encode_reply(5, 0, 0, None)),
         ("proc: write a reply in a burst (queued for the writer task)", write_burst),
         ("proc: reply None to the outbox (_succeeded: encode, Outbox.send)", send_reply),
         ("proc: write a reply at once (send_nowait's send, the peer drained)", write_now),
     ]
+
+
+def _actor_thread_waits(rt: Runtime, mailbox: Any, call: memoryview) -> Callable[[], object]:
+    """An idle actor thread's wait for its next call, as in a proc: ``LeadingMailbox.get``
+    finds the mailbox empty, leads the inbound connection (a real socket connection over a
+    socketpair, its interest in a private epoll as in the loop's), polls, reads the call
+    the peer wrote, hands it to the inbound session, which queues it, and gives the
+    connection back; ``get`` then takes it. The thread does not spin (``Leader.spin`` 0:
+    the same path whatever the machine's load)."""
+    import select
+    import socket
+
+    from regency.transports import _sockets
+    from regency.transports._sockets import SocketConnection
+
+    assert rt.leader is not None
+    rt.leader.spin = 0.0
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    conn = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
+    epoll = select.epoll()
+    epoll.register(ours.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+    conn._epoll, conn._baton = epoll, _sockets._LOOP_WAITING  # (as the reader task leaves it)
+    conn._rview = memoryview(bytearray(1 << 16))
+    sink = InboundSink(rt)
+    conn.sink = sink
+    sink.frame_received(conn, memoryview(_codec.encode(Session("s#2#1", 0))))  # (now leadable)
+    sink._ack_pending = True  # one ACK on its way: none scheduled per frame
+    wire = len(call).to_bytes(4, "little") + bytes(call)
+
+    def waits(_peer: socket.socket = theirs) -> None:
+        _peer.send(wire)
+        mailbox.get()
+
+    return waits
 
 
 def steps_callgrind(n: int = 3000) -> None:

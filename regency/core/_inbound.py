@@ -17,15 +17,25 @@ from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
 
-_reply_port = _codec.compact_reply_port
-_decode_reply = _codec.decode_reply
+_reply_fields = _codec.REPLY_FIELDS
+_REPLY_FIELDS_BYTES = _codec.REPLY_FIELDS_BYTES
+_reply_value = _codec.reply_value
+_decode_compact_call = _codec.decode_compact_call
 #: Replies in the envelope layout at least this big are taken by a thread that reads, like
 #: compact ones (smaller ones, rare, go to the loop: not worth a second envelope unpickle).
 _BULK_REPLY = 64 * 1024
 
-#: ``deferred.error``: what handling a frame raised on this thread after the frame was taken
-#: (see ``InboundSink._raise_later``).
-deferred = threading.local()
+class _Deferred(threading.local):
+    """``deferred.error``: what handling a frame raised on this thread after the frame was
+    taken (see ``InboundSink._raise_later``)."""
+
+    #: None until set: a class attribute, so that reading it on a thread that never set it
+    #: finds None (a ``getattr`` with a default on a bare ``threading.local`` built and
+    #: dropped an ``AttributeError`` on every read, about 1,000 instructions).
+    error: BaseException | None = None
+
+
+deferred = _Deferred()
 
 if TYPE_CHECKING:
     from ._config import Config
@@ -35,7 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.transports")
 
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
-_CALL_HEAD = _codec.CALL_MARK_BYTES
+# The first u32 of each fixed binary layout (any other frame is in the envelope layout).
+_CALL_HEAD = _codec._CALL_MARK
+_REPLY_HEAD = _codec._PORT_MARK
+_BINARY_HEADS = _codec._BINARY_HEADS
 
 #: Acknowledge after this many frames or ``Receiver.ack_bytes`` bytes, or after ``_ACK_DELAY``
 #: seconds, whichever is first. While calls and replies stream, every acknowledgement is a
@@ -58,6 +71,7 @@ class InboundSink:
         self._conn: transports.Connection | None = None
         self._receiver = Receiver(runtime.env.ack_every)
         self._ack_pending = False
+        self._threaded = runtime.threaded_actor  # (bound once, not per call frame)
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
@@ -82,52 +96,61 @@ class InboundSink:
         with the frame unread, so the loop handles it in order). The simulator offers every
         frame here first, on its loop, so simulations run this code."""
         receiver = self._receiver
-        if receiver.state is None:
-            return False
+        size = len(frame)
+        if receiver.state is None or size < _REPLY_FIELDS_BYTES:
+            return False  # (shorter: an acknowledgement, a session, or malformed: the loop's)
         rt = self._rt
         call: Call | None = None
-        port_id: int | None = None
         compact = False
-        head = frame[:4]  # the kind, told once: a call (a proc's actor thread), a reply
-        if head == _CALL_HEAD:
-            # Only a call to an actor with a thread; any other is left to the loop unread
-            # past its route (its payload is decoded once, there).
+        # The kind, told once by the first u32, unpacked with a compact reply's fields (which
+        # other kinds do not use): one unpack, where slicing the view and comparing the
+        # bytes of its head to each mark cost about 1,500 instructions a frame.
+        head, port_id, rank, status = _reply_fields(frame)
+        if head == _REPLY_HEAD:
+            compact = True  # (its port is looked up under the lock, below)
+        elif head == _CALL_HEAD:
+            # Only a call to an actor with a thread (a proc's actor thread); any other is left
+            # to the loop unread past its route (its payload is decoded once, there).
             try:
-                call = _codec.decode_call_to(frame, rt.threaded_actor)
+                call = _decode_compact_call(frame, self._threaded)
             except ValueError:
                 return False  # malformed: the loop meets it and closes the connection
             if call is None:
                 return False
-        elif head == _SESSION_MARK:
-            return False
-        else:
-            port_id = _reply_port(frame)
-            compact = port_id is not None
-            if port_id is None and len(frame) >= _BULK_REPLY:
-                # A big reply with out-of-band parts (shm lane): taken here too, not left to
-                # the loop (a hand-back, a loop wake-up and a hop to this thread: about 250 us
-                # of CPU per 1 MiB echo here). Its small envelope is unpickled twice.
-                try:
-                    port_id = _codec.bulk_reply_port(frame)
-                except ValueError:
-                    return False  # malformed: the loop meets it and closes the connection
-            if port_id is not None:
-                # Only port handlers that say so run off the loop (an endpoint call's
-                # replies, acknowledgements); the others (log sink, channels, ...) expect
-                # the trio thread.
-                handler = rt.ports.get(port_id)
+        elif head in _BINARY_HEADS:
+            return False  # a session, an acknowledgement: the loop's
+        elif size >= _BULK_REPLY:
+            # A big reply with out-of-band parts (shm lane) in the envelope layout: taken
+            # here too, not left to the loop (a hand-back, a loop wake-up and a hop to this
+            # thread: about 250 us of CPU per 1 MiB echo here). Its small envelope is
+            # unpickled twice. Or a call with out-of-band arguments (below).
+            try:
+                bulk = _codec.bulk_reply_port(frame)
+            except ValueError:
+                return False  # malformed: the loop meets it and closes the connection
+            if bulk is not None:
+                handler = rt.ports.get(bulk)
                 if handler is None or not getattr(handler, "on_any_thread", False):
                     return False
             else:
-                # A call in the envelope layout (out-of-band arguments): as above.
-                try:
-                    call = _codec.decode_call_to(frame, rt.threaded_actor)
-                except ValueError:
-                    return False
+                call = self._envelope_call(frame, head)
                 if call is None:
                     return False
+        else:
+            # A call in the envelope layout (out-of-band arguments): as above.
+            call = self._envelope_call(frame, head)
+            if call is None:
+                return False
         with rt.dispatch_lock:
-            index = receiver.frame(len(frame))
+            if compact:
+                # Only port handlers that say so run off the loop (an endpoint call's
+                # replies, acknowledgements); the others (log sink, channels, ...) expect the
+                # trio thread. Looked up once, under the lock, and handed to ``_reply`` (as
+                # the loop's ``_reply`` looks it up under the lock before it delivers).
+                handler = rt.ports.get(port_id)
+                if handler is None or not getattr(handler, "on_any_thread", False):
+                    return False
+            index = receiver.frame(size)
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).
             # An error after this point (a KeyboardInterrupt on the main thread) is raised
             # once the frame counts as handled.
@@ -142,7 +165,7 @@ class InboundSink:
                         else:
                             rt._to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)
-                        rt._reply(*_decode_reply(frame))
+                        rt._reply(port_id, rank, status, _reply_value(frame), handler)
                     else:
                         try:
                             rt.on_frame(frame)
@@ -157,6 +180,15 @@ class InboundSink:
             except BaseException as exc:
                 self._raise_later(conn, exc)
         return True
+
+    def _envelope_call(self, frame: memoryview, env_len: int) -> Call | None:
+        """The call to an actor with a thread that ``frame`` (envelope layout) carries; None
+        for any other frame, or a malformed one (the loop meets it and closes the
+        connection)."""
+        try:
+            return _codec.decode_envelope_call(frame, env_len, self._threaded)
+        except ValueError:
+            return None
 
     def _raise_later(self, conn: transports.Connection, exc: BaseException) -> None:
         """An error out of handling a frame on a thread, once that frame counts as taken:
@@ -254,7 +286,9 @@ class InboundSessions:
     ports: dict[int, Any]
     actors: dict[str, Any]
 
-    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:  # by PortTable
+    def _reply(  # provided by PortTable
+        self, port_id: int, index: int, status: int, value: Any, handler: Any = None
+    ) -> None:
         raise NotImplementedError
 
     def threaded_actor(self, key: str) -> bool:  # provided by Runtime

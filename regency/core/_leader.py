@@ -68,6 +68,9 @@ _POLL_SETS = 8
 _KNOWN_PROCS = 4096
 
 
+_get_ident = threading.get_ident
+
+
 class _Here(threading.local):
     declined = 0
 
@@ -111,26 +114,34 @@ class Bell:
         os.close(self.fd)
 
 
-class _Reading(threading.local):
+class _Reading:
     """What one thread keeps between the waits in which it reads: its doorbell, and the
     poll set of the connections it led last time with that bell (kept while the same
-    connections are led again, which is the common case: a wait costs no poll set)."""
+    connections are led again, which is the common case: a wait costs no poll set).
+    A plain object, one per thread (``Leader._reading``): a wait reads the thread-local
+    once, then these fields as plain attributes (each field of a ``threading.local`` costs
+    a per-thread dictionary lookup)."""
 
-    bell: Bell | None = None
-    #: How this thread spins before it sleeps (core/_spin.py).
-    spinner: SpinPolicy | None = None
-    #: The poll set this thread used last (tests look at it).
-    poller: Any = None
-    #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
-    #: A few are kept: a thread that calls several procs in turn leads one connection for
-    #: each call (:meth:`Leader.wait`), and reuses that connection's set.
-    sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]]
-    #: This thread's last fan-out set its connections aside and no wait has come since:
-    #: that wait (its ``get()``, mostly) sets them aside again for the next fan-out.
-    fanned_out = False
+    __slots__ = ("bell", "fanned_out", "poller", "sets", "spinner")
 
     def __init__(self) -> None:
-        self.sets = {}
+        self.bell: Bell | None = None
+        #: How this thread spins before it sleeps (core/_spin.py).
+        self.spinner: SpinPolicy | None = None
+        #: The poll set this thread used last (tests look at it).
+        self.poller: Any = None
+        #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
+        #: A few are kept: a thread that calls several procs in turn leads one connection
+        #: for each call (:meth:`Leader.wait`), and reuses that connection's set.
+        self.sets: dict[tuple[Any, ...], tuple[Any, dict[int, Any]]] = {}
+        #: This thread's last fan-out set its connections aside and no wait has come
+        #: since: that wait (its ``get()``, mostly) sets them aside again for the next
+        #: fan-out.
+        self.fanned_out = False
+
+
+class _Threads(threading.local):
+    reading: _Reading | None = None
 
 
 class Leader:
@@ -138,7 +149,7 @@ class Leader:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
-        self._local = _Reading()
+        self._threads = _Threads()
         #: False: threads wait as before, the loop reads everything (``thread_reads=False``
         #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
         self.enabled = True
@@ -174,16 +185,28 @@ class Leader:
         self._loop_waiters = 0
         self._waiters_lock = threading.Lock()
 
-    def _spinner(self) -> SpinPolicy:
-        spinner = self._local.spinner
+    def _reading(self) -> _Reading:
+        """This thread's :class:`_Reading` (made on its first wait)."""
+        reading = self._threads.reading
+        if reading is None:
+            reading = self._threads.reading = _Reading()
+        return reading
+
+    @property
+    def _local(self) -> _Reading:
+        """This thread's :class:`_Reading` (tests look at it)."""
+        return self._reading()
+
+    def _spinner(self, local: _Reading) -> SpinPolicy:
+        spinner = local.spinner
         if spinner is None:
-            spinner = self._local.spinner = SpinPolicy()
+            spinner = local.spinner = SpinPolicy()
         return spinner
 
-    def _bell(self) -> Bell:
-        bell = self._local.bell
+    def _bell(self, local: _Reading) -> Bell:
+        bell = local.bell
         if bell is None:
-            bell = self._local.bell = Bell()
+            bell = local.bell = Bell()
         return bell
 
     def wait(self, fut: Future[Any], timeout: float | None) -> bool:
@@ -210,7 +233,7 @@ class Leader:
 
         # A call to one rank: its reply comes on the connection from that proc.
         via = fut.addresses[0] if type(fut) is OneReply else None
-        local = self._local
+        local = self._threads.reading or self._reading()
         after_fan_out, local.fanned_out = local.fanned_out, False
         if self._lead(fut.done, arm, timeout, rest, via, hold=after_fan_out):
             return True
@@ -222,10 +245,12 @@ class Leader:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
         return LeadingMailbox(self)
 
-    def _poll_set(self, taken: list[Any], bell: Bell) -> tuple[Any, dict[int, Any]]:
-        """A poll set of ``taken`` and ``bell``: the one this thread made when it last polled
-        the same connections (a thread that unregisters from one, below, forgets it)."""
-        local = self._local
+    def _poll_set(
+        self, taken: list[Any], bell: Bell, local: _Reading
+    ) -> tuple[Any, dict[int, Any]]:
+        """A poll set of ``taken`` and ``bell``: the one this thread (``local``) made when
+        it last polled the same connections (a thread that unregisters from one, below,
+        forgets it)."""
         polled = tuple(taken)
         kept = local.sets.get(polled)
         if kept is not None:
@@ -268,12 +293,13 @@ class Leader:
         try:
             send()
             if taken:
-                bell = self._bell()
-                poller, by_fd = self._poll_set(taken, bell)
+                local = self._threads.reading or self._reading()
+                bell = local.bell or self._bell(local)
+                poller, by_fd = self._poll_set(taken, bell, local)
                 self._read(poller.poll(0), poller, by_fd, taken, bell)
                 self._hold(taken)
                 taken = []
-                self._local.fanned_out = self.holding
+                local.fanned_out = self.holding
         finally:
             for conn in taken:
                 conn.give_back()
@@ -363,9 +389,13 @@ class Leader:
         """Lead this runtime's inbound connections whose reader is idle: those taken ([]
         when there are none, or more than ``MAX_LED``)."""
         conns = list(self._rt.leadable.values())
-        if not conns or len(conns) > MAX_LED:
+        if len(conns) > MAX_LED:
             return []
-        return [conn for conn in conns if conn.lead()]
+        taken = []
+        for conn in conns:  # (a loop, not a comprehension: no frame of its own on 3.11)
+            if conn.lead():
+                taken.append(conn)
+        return taken
 
     def _take_from(self, address: str) -> list[Any] | None:
         """Lead only the inbound connection from the proc at ``address`` (learned from an
@@ -416,7 +446,7 @@ class Leader:
                 if not kept:  # handed back to the loop
                     self._unpoll(poller, by_fd, fd)
                     taken.remove(conn)
-            error = getattr(deferred, "error", None)
+            error = deferred.error
             if error is not None:  # raised handling a frame it took (see _inbound)
                 deferred.error = None
                 raise error
@@ -424,7 +454,7 @@ class Leader:
 
     def _unpoll(self, poller: Any, by_fd: dict[int, Any], fd: int) -> None:
         """Stop polling ``fd`` (a connection handed back): the kept poll set is forgotten."""
-        sets = self._local.sets
+        sets = self._reading().sets
         for polled, kept in list(sets.items()):
             if kept[1] is by_fd:
                 del sets[polled]
@@ -464,8 +494,8 @@ class Leader:
         if not taken:
             self.declined += 1
             return False
-        local = self._local
-        bell = local.bell or self._bell()
+        local = self._threads.reading or self._reading()
+        bell = local.bell or self._bell(local)
         mine = arm(bell)
         try:
             if not mine:
@@ -478,13 +508,13 @@ class Leader:
             if only_via:
                 self.led_one += 1
             deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-            poller, by_fd = self._poll_set(taken, bell)
+            poller, by_fd = self._poll_set(taken, bell, local)
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
             notebook = _future.notebook
             ms: int | None = None
-            spinner = local.spinner or self._spinner()
+            spinner = local.spinner or self._spinner(local)
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin:
@@ -560,7 +590,7 @@ class LeadingMailbox:
     the runtime's sockets itself while the mailbox is empty, so a call to an idle actor
     reaches it without a hop from the loop."""
 
-    __slots__ = ("_bell", "_get", "_leader", "_queue", "get_nowait")
+    __slots__ = ("_bell", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait")
 
     def __init__(self, leader: Leader) -> None:
         self._leader = leader
@@ -568,26 +598,31 @@ class LeadingMailbox:
         self._get = self._queue.get
         self.get_nowait = self._queue.get_nowait
         self._bell: Bell | None = None
+        # What ``get`` hands ``Leader._lead``, made once (not three closures per wait).
+        self._lead = leader._lead
+        empty = self._queue.empty
+        self._nonempty = lambda: not empty()
 
     def put(self, item: Any) -> None:
         self._queue.put(item)
         bell = self._bell  # after the put: a getter that armed sees the item, or is rung
-        if bell is not None:
+        # (Not the getter's own bell when the getter put it, reading for itself, the common
+        # case: it is awake, and ``ring`` would only check that.)
+        if bell is not None and bell.owner != _get_ident():
             bell.ring()
 
+    def _arm(self, bell: Bell | None) -> bool:
+        self._bell = bell
+        return True
+
     def get(self) -> Any:
-        q = self._queue
-        if q.empty():
-
-            def arm(bell: Bell | None) -> bool:
-                self._bell = bell
-                return True
-
-            def nonempty() -> bool:
-                return not q.empty()
-
-            self._leader._lead(nonempty, arm, None, lambda _left: None)
+        if self._queue.empty():
+            self._lead(self._nonempty, self._arm, None, _rest_nowhere)
         return self._get()
+
+
+def _rest_nowhere(_left: float | None) -> None:
+    """A mailbox's ``get`` waits on its queue once ``Leader._lead`` gives up."""
 
 
 blocked_in.add(Leader._lead.__code__)  # a thread that reads while it waits blocks here

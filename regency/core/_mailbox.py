@@ -21,7 +21,8 @@ Mailbox items are records from :mod:`._messages` (``MailboxItem``): ``Call``, ``
 
 Failure (see docs/supervision.md): an endpoint that raises with no caller waiting, a
 ``BaseException`` out of an endpoint, a failed ``__init__`` or an unhandled failure of a mesh
-this actor owns make the actor *die*: its proc is poisoned (refuses new actors), its owner
+this actor owns make the actor *die*: its proc is poisoned (refuses new actors; not the
+controller's own process, see ``Runtime.poison``), its owner
 gets a FAILED report, what it owns is stopped, ``__cleanup__(exc)`` runs, and queued messages
 bounce. Stopping does the same without the report.
 """
@@ -177,24 +178,31 @@ class ActorCell:
         the endpoint's next await point, as in Monarch (an endpoint may be waiting for exactly
         that news). Sync ``__supervise__`` of an actor with a thread still queues.
 
-        Likewise the actor's own failure (an ``Escalate``: its ``__supervise__`` did not
-        handle a failure, or raised): a suspended async endpoint is cancelled at its await
-        point, its caller gets the actor's death, and the actor dies now instead of after
-        the endpoint returns (Monarch's owner fails at once).
         """
-        if type(item) is M.Supervise:
-            if self._in_async_endpoint and (
-                not self.threaded or inspect.iscoroutinefunction(self._supervise_fn())
-            ):
-                self.rt.nursery.start_soon(self._supervise_now, item.failure)
-                return
-        elif type(item) is M.Escalate:
-            scope = self._endpoint_scope
-            if scope is not None and self._failed_at_await is None:
-                self._failed_at_await = item.cause
-                scope.cancel()
-                return  # the endpoint's driver dies of it (_call_async)
+        if (
+            type(item) is M.Supervise
+            and self._in_async_endpoint
+            and (not self.threaded or inspect.iscoroutinefunction(self._supervise_fn()))
+        ):
+            self.rt.nursery.start_soon(self._supervise_now, item.failure)
+            return
         self.accept(item)
+
+    def fail_unhandled(self, cause: S.FailureCause) -> None:
+        """This owner did not handle a failure of a mesh it owns (its ``__supervise__``
+        answered falsy, or raised): it dies (on the trio thread). Inside an async endpoint,
+        suspended at an await, it dies there, as in Monarch: the endpoint is cancelled at
+        that await point, its caller gets the actor's death, and the actor dies now instead
+        of after the endpoint returns (which may be never: the endpoint may be waiting for
+        exactly that news). Otherwise the death is queued, as other failures are (an
+        ``abort()``, a concurrent endpoint that failed with no caller: after the current
+        message)."""
+        scope = self._endpoint_scope
+        if scope is not None and self._failed_at_await is None:
+            self._failed_at_await = cause
+            scope.cancel()  # the endpoint's driver dies of it (_call_async)
+            return
+        self.enqueue(M.Escalate(cause))
 
     def _accept_on_loop(self, item: M.MailboxItem) -> None:
         """``accept`` of an all-async actor (on the loop)."""
@@ -513,8 +521,10 @@ class ActorCell:
                         self._in_async_endpoint -= 1
                         self._endpoint_scope = None
                         coro.close()  # cancelled before it started: no "never awaited"
-                if scope.cancelled_caught:
-                    return  # the actor failed meanwhile: _call_async answers and dies
+                if scope.cancelled_caught or self._failed_at_await is not None:
+                    # The actor failed meanwhile (also when the endpoint caught the
+                    # cancellation and returned): _call_async answers DEAD and dies.
+                    return
                 if not explicit:
                     # From the loop, before an actor thread waiting on it wakes: the
                     # reply does not wait for that hop.
@@ -715,7 +725,8 @@ class ActorCell:
         )
 
     def _fail(self, cause: S.FailureCause) -> RemoteFailure:
-        """The bookkeeping of a death: log, poison the proc, report to the owner."""
+        """The bookkeeping of a death: log, poison the proc (``Runtime.poison``: not the
+        controller's), report to the owner."""
         failure = self._dead_failure(cause)
         log.error("%s\n%s", failure.message, cause.traceback)
         rt = self.rt

@@ -176,7 +176,7 @@ class Oversight:
         elif isinstance(action, S.Escalate):
             cell = self.rt.actors.get(action.owner)
             if cell is not None:
-                cell.enqueue(M.Escalate(action.cause))
+                cell.fail_unhandled(action.cause)
         elif isinstance(action, S.RunRootHook):
             self.root_fault(action.failure)
         elif isinstance(action, S.StopMeshes):

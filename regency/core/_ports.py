@@ -64,12 +64,21 @@ class PortTable:
     def _to_port(self, reply: Reply) -> None:
         self._reply(reply.port_id, reply.index, reply.status, reply.payload)
 
-    def _reply(self, port_id: int, index: int, status: int, value: Any) -> None:
+    def _reply(
+        self,
+        port_id: int,
+        index: int,
+        status: int,
+        value: Any,
+        handler: PortHandler | None = None,
+    ) -> None:
         """A reply's fields to its port's handler (``_codec.decode_reply`` gives them for a
-        compact reply frame without building the :class:`Reply`)."""
-        handler = self.ports.get(port_id)
+        compact reply frame without building the :class:`Reply`). ``handler``: the port's,
+        looked up already by the caller under the dispatch lock (a thread that read it)."""
         if handler is None:
-            return  # a late reply to a port that finished or timed out
+            handler = self.ports.get(port_id)
+            if handler is None:
+                return  # a late reply to a port that finished or timed out
         try:
             if type(value) is Undecodable:
                 endpoint = getattr(handler, "endpoint", None)

@@ -77,6 +77,12 @@ _NEVER = 1 << 62  # the lane threshold of a connection without a lane
 # one: a thread set it aside still silenced, to lead it again soon (``hold``; any thread
 # may lead it, the loop takes it back with ``reclaim``).
 _LOOP, _LOOP_WAITING, _THREAD, _PARKED, _HELD = 0, 1, 2, 3, 4
+# Batons a thread that leads holds (the reader task may have woken meanwhile: parked), and
+# those or set aside; sets built once, not a tuple per test on the read path.
+_LED = frozenset((_THREAD, _PARKED))
+_LED_OR_HELD = frozenset((_THREAD, _PARKED, _HELD))
+# The loop's interest in a socket, re-armed when a thread hands it back (as trio arms it).
+_REARM = select.EPOLLIN | select.EPOLLONESHOT
 
 
 def _loop_epoll() -> Any:
@@ -606,14 +612,15 @@ class SocketConnection(Connection):
         given the connection back): a frame the sink leaves to the loop, a frame bigger
         than the buffer, end of stream or an error (the reader task meets it itself)."""
         with self._read_lock:  # closing takes it: the descriptor is ours while held
-            if self._baton not in (_THREAD, _PARKED):  # (parked: the reader task woke)
+            if self._baton not in _LED:  # (parked: the reader task woke)
                 return False
             view, start, end = self._rview, self._rstart, self._rend
             if self._closed or view is None:
                 self._give_back_locked(True)
                 return False
             try:
-                n = self._sock.recv_into(view[end:])
+                # (an empty buffer, the common case, is received into without a slice)
+                n = self._sock.recv_into(view[end:] if end else view)
             except BlockingIOError:
                 return True
             except OSError:
@@ -654,11 +661,18 @@ class SocketConnection(Connection):
             handled = False
             raise
         finally:
-            with self._read_lock:
-                self._rstart, self._rend = _compact(view, start, end)
-                if not handled or self._closed:
-                    self._give_back_locked(True)
-                    handled = False
+            if handled and start == end and not self._closed:
+                # Every frame handled (the common case), the connection still ours: the
+                # baton keeps the buffer and its position ours, so they are reset without
+                # the lock (a close meanwhile is met under it by the next read_led, hold or
+                # give_back; about 600 instructions a read less).
+                self._rstart = self._rend = 0
+            else:
+                with self._read_lock:
+                    self._rstart, self._rend = _compact(view, start, end)
+                    if not handled or self._closed:
+                        self._give_back_locked(True)
+                        handled = False
         return handled
 
     def _take_led(self, view: memoryview, start: int, end: int) -> bool:
@@ -685,7 +699,7 @@ class SocketConnection(Connection):
     def give_back(self) -> None:
         """The leading thread is done: the reader task reads again."""
         with self._read_lock:
-            if self._baton in (_THREAD, _PARKED, _HELD):
+            if self._baton in _LED_OR_HELD:
                 self._give_back_locked(self._rstart != self._rend)
 
     def hold(self) -> None:
@@ -698,7 +712,7 @@ class SocketConnection(Connection):
         with self._read_lock:
             if self._baton == _THREAD and self._rstart == self._rend and not self._closed:
                 self._baton = _HELD
-            elif self._baton in (_THREAD, _PARKED):
+            elif self._baton in _LED:
                 self._give_back_locked(self._rstart != self._rend)
 
     @property
@@ -732,7 +746,7 @@ class SocketConnection(Connection):
             self._call_on_loop(scope.cancel)
         else:
             self._baton = _LOOP_WAITING
-            flags = select.EPOLLIN | select.EPOLLONESHOT
+            flags = _REARM
             with self._lock:
                 if self._pending:
                     flags |= select.EPOLLOUT  # see lead()

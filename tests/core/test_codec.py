@@ -212,6 +212,33 @@ def test_decode_call_to_reads_only_calls_to_wanted_actors() -> None:
         _codec.decode_call_to(memoryview(b"\x00\x00\x10\x00" + b"\x00" * 8), lambda actor: True)
 
 
+def test_replies_of_none_and_calls_without_arguments_are_told_by_their_bytes() -> None:
+    # A reply of None and a call without arguments are recognised by their bytes, not
+    # unpickled: other values of the same length decode as themselves, and each call gets a
+    # kwargs dict of its own (an endpoint may change it).
+    for value in (None, True, False, (), 7, "x"):
+        frame = _wire(_codec.encode_reply(3, 1, M.OK, value))
+        assert _codec.decode_reply(frame) == (3, 1, M.OK, value)
+        assert _codec.decode(frame) == M.Reply(3, 1, M.OK, value)
+    # A reply whose 4 payload bytes are not None's pickle but a 4-byte pickle of another
+    # value (True, as another sender might write it).
+    head = _wire(_codec.encode_reply(3, 1, M.OK, None))[: -len(pickle.dumps(None, protocol=5))]
+    assert _codec.reply_value(memoryview(bytes(head) + b"\x80\x05\x88.")) is True
+    frame = _wire(_codec.encode_call("k", "m", None, 0, ["gpus"], [1], _codec.dumps(((), {}))))
+    first, second = _codec.decode(frame), _codec.decode(frame)
+    assert isinstance(first, M.Call) and isinstance(second, M.Call)
+    assert first.payload == second.payload == ((), {})
+    first.payload[1]["changed"] = True
+    assert second.payload == ((), {})  # not the same dict
+    assert _codec.decode_call_to(frame, lambda actor: True) == second
+    # A payload that pickles to as many bytes is unpickled as itself.
+    same_length = _codec.dumps((None, {}))
+    assert len(same_length[0]) == len(_codec.dumps(((), {}))[0])
+    frame = _wire(_codec.encode_call("k", "m", None, 0, ["gpus"], [1], same_length))
+    got = _codec.decode(frame)
+    assert isinstance(got, M.Call) and got.payload == (None, {})
+
+
 def test_a_payload_that_cannot_be_unpickled_arrives_as_undecodable() -> None:
     frame = _codec.encode(M.Call("k", "m", None, 0, [], [], M.Pickled([b"not a pickle"])))
     msg = _codec.decode(_wire(frame))

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from regency.actor import Actor, endpoint
+from regency.actor import Actor, concurrent_endpoint, endpoint
 from regency.core import _mailbox
 from regency.sim import current, simulate
 
@@ -210,19 +210,117 @@ def test_an_owner_that_gives_up_fails_at_its_await_point_in_the_simulator() -> N
         regency.actor.unhandled_fault_hook = lambda failure: roots.append(failure.mesh_name)
         try:
             procs = hosts.spawn_procs(per_host={"gpus": 1})
+            # (on procs of its own: the owner's and the children's are poisoned)
+            napper = hosts.slice(hosts=0).spawn_procs().spawn("napper", Napper)
             owner = procs.slice(hosts=0).spawn("owner", GivingUpOwner)
             try:
                 owner.outlive_children.call_one(procs.slice(hosts=1)).get()
                 return "returned", current().now(), roots
             except Exception as exc:
-                while not roots:
-                    procs.slice(hosts=0).spawn("napper", Napper).nap.call_one(0.1).get()
+                while not roots:  # the root hears of the owner a moment later
+                    napper.nap.call_one(0.1).get()
                 return f"{type(exc).__name__}: {exc}", current().now(), roots
         finally:
             regency.actor.unhandled_fault_hook = hook
 
-    result = simulate(program, seed=5, hosts=2)
-    error, when, roots = result.value
-    assert error.startswith("SupervisionError") and "unhandled failure of a mesh" in error, error
-    assert when < 60, f"the owner failed only after {when} virtual seconds"
-    assert roots == ["owner"]
+    for seed in (1, 2, 5):
+        result = simulate(program, seed=seed, hosts=2)
+        again = simulate(program, seed=seed, hosts=2)
+        assert result.trace_hash == again.trace_hash  # replayable from its seed
+        error, when, roots = result.value
+        assert error.startswith("SupervisionError"), error
+        assert "unhandled failure of a mesh" in error, error
+        assert when < 60, f"the owner failed only after {when} virtual seconds"
+        assert roots == ["owner"]
+
+
+class CatchingOwner(GivingUpOwner):
+    """Gives up too, but its endpoint catches the cancellation and returns a value."""
+
+    @endpoint
+    async def outlive_children(self, procs: Any) -> str:
+        children = procs.spawn("children", Child)
+        children.explode.broadcast()
+        try:
+            await trio.sleep(3600)
+        except trio.Cancelled:
+            return "caught"
+        return "outlived"
+
+
+class Aborter(Actor):
+    @endpoint
+    async def abort_then_finish(self) -> str:
+        from regency.actor import context
+
+        context().actor_instance.abort("on purpose")
+        await trio.sleep(1)
+        return "finished after abort"
+
+
+class ConcurrentFailer(Actor):
+    @endpoint
+    async def long(self) -> str:
+        await trio.sleep(100)
+        return "long done"
+
+    @concurrent_endpoint
+    async def boom(self) -> None:
+        await trio.sleep(1)
+        raise ValueError("concurrent boom")
+
+
+def _outcome(fut: Any) -> str:
+    try:
+        return f"returned {fut.get()!r}"
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def test_an_endpoint_that_catches_the_cancellation_still_answers_with_the_death() -> None:
+    """The caller of a cancelled endpoint gets SupervisionError even when the endpoint
+    catches the cancellation and returns: one answer, the actor's death, never a success
+    from a dead actor."""
+
+    def program(hosts: Any) -> tuple[str, str]:
+        import regency.actor
+
+        hook = regency.actor.unhandled_fault_hook
+        regency.actor.unhandled_fault_hook = lambda failure: None
+        try:
+            procs = hosts.spawn_procs(per_host={"gpus": 1})
+            owner = procs.slice(hosts=0).spawn("owner", CatchingOwner)
+            first = _outcome(owner.outlive_children.call_one(procs.slice(hosts=1)))
+            return first, _outcome(owner.outlive_children.call_one(procs.slice(hosts=1)))
+        finally:
+            regency.actor.unhandled_fault_hook = hook
+
+    assert simulate(program, seed=5, hosts=2).value == ("SupervisionError", "SupervisionError")
+
+
+def test_abort_and_concurrent_failures_still_wait_for_the_current_message() -> None:
+    """Only an unhandled failure of an owned mesh cancels a suspended endpoint: an
+    ``abort()`` inside it, and a concurrent endpoint that fails with no caller, fail the
+    actor after the current message, as documented (docs/api.md)."""
+
+    def program(hosts: Any) -> tuple[str, str, float]:
+        import regency.actor
+
+        hook = regency.actor.unhandled_fault_hook
+        regency.actor.unhandled_fault_hook = lambda failure: None
+        try:
+            procs = hosts.spawn_procs(per_host={"gpus": 1})
+            aborted = _outcome(
+                procs.slice(hosts=0).spawn("aborter", Aborter).abort_then_finish.call_one()
+            )
+            failer = procs.slice(hosts=1).spawn("failer", ConcurrentFailer)
+            failer.boom.broadcast()
+            start = current().now()
+            long = _outcome(failer.long.call_one())
+            return aborted, long, current().now() - start
+        finally:
+            regency.actor.unhandled_fault_hook = hook
+
+    aborted, long, took = simulate(program, seed=5, hosts=2).value
+    assert aborted == "returned 'finished after abort'"
+    assert long == "returned 'long done'" and took >= 100

@@ -11,7 +11,7 @@ import pytest
 
 from regency.actor import Actor, endpoint
 from regency.core import _codec
-from regency.core._inbound import InboundSink, _reply_port
+from regency.core._inbound import InboundSink
 from regency.core._messages import Call
 from regency.sim import simulate
 
@@ -54,7 +54,7 @@ def test_frames_go_through_the_thread_path_in_a_simulation(
     def observed(self: InboundSink, conn: Any, frame: memoryview) -> bool:
         kind = "reply" if _codec.is_compact_reply(frame) else "other"
         if kind == "reply":
-            handler = self._rt.ports.get(_reply_port(frame))
+            handler = self._rt.ports.get(_codec.compact_reply_port(frame))
             if not getattr(handler, "on_any_thread", False):
                 kind = "loop-only reply"  # e.g. a proc's stop acknowledgements: the loop's
         if kind == "other" and frame[:4] != _codec.SESSION_MARK:
