@@ -160,6 +160,7 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
     ours.setblocking(False)
     link = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
     reply = _codec.encode_reply(5, 0, 0, None)
+    drain = bytearray(1 << 16)
     waits = _actor_thread_waits(rt, queue, view)
 
     def loop_reads() -> None:
@@ -181,6 +182,20 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
             link._pending.clear()
             link._kicked = False
 
+    unacked = box._machine.unacked
+
+    def send_reply() -> None:
+        cell._succeeded(item, None)  # type: ignore[arg-type]
+        if len(unacked) > 1000:
+            unacked.clear()
+
+    def write_now(_peer: socket.socket = theirs) -> None:
+        link._pending.clear()  # (what write_burst left)
+        link._kicked, link._last_send = False, 0.0  # no burst: straight to the kernel
+        link.send_nowait(reply)
+        if _peer.recv_into(drain, 1 << 16) == 0:
+            raise RuntimeError("the peer closed")
+
     return [
         ("proc: a call read by the loop, through the session to the mailbox", loop_reads),
         ("proc: a call read by the actor's thread, to its mailbox", thread_reads),
@@ -190,6 +205,8 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
         ("proc: the actor thread runs a call (context, endpoint, reply to the outbox)", handle),
         ("proc: encode a reply of None", lambda: _codec.encode_reply(5, 0, 0, None)),
         ("proc: write a reply in a burst (queued for the writer task)", write_burst),
+        ("proc: reply None to the outbox (_succeeded: encode, Outbox.send)", send_reply),
+        ("proc: write a reply at once (send_nowait's send, the peer drained)", write_now),
     ]
 
 

@@ -7,7 +7,8 @@ CPU time of this thread, best of several rounds (``benchmarks/bench_dispatch.py`
 the parts one by one). Run ``python -m benchmarks.bench_fanout``; ``--callgrind N [one|four]``
 runs N calls of each kind (or of one) once, for ``valgrind --tool=callgrind``: instruction
 counts do not move with the machine's load (docs/performance.md); ``send`` and ``reply`` are
-the two halves of ``one``, the reply as a thread that read it takes it (the inbound session's
+the two halves of ``one`` (``send4``: the send half of ``four``; ``broadcast4``: a
+``broadcast()`` to 4 ranks, the send path alone), the reply as a thread that read it takes it (the inbound session's
 ``frame_on_thread``). ``--callgrind-mesh [N]`` counts the controller's instructions per call
 over a 4-proc mesh of real procs, its connections set aside between calls
 (``Leader.holding``, the default) and given back. ``--mesh-cpu [N [BLOCKS]]`` runs blocks of
@@ -119,6 +120,37 @@ def call_one_issued() -> Callable[[], None]:
         ping.call_one()
         ports.clear()
         unacked.clear()
+
+    return once
+
+
+def call_4_issued() -> Callable[[], None]:
+    """The send half of :func:`call_4_and_replies`: ``call()`` over 4 ranks up to the
+    outboxes' writes (its port is then dropped unanswered)."""
+    rt, mesh, boxes = _setup(4)
+    ping = mesh.ping
+    ports, unacked = rt.ports, [box._machine.unacked for box in boxes]
+
+    def once() -> None:
+        ping.call()
+        ports.clear()
+        for frames in unacked:
+            frames.clear()
+
+    return once
+
+
+def broadcast_4() -> Callable[[], None]:
+    """``broadcast()`` over 4 ranks: the send path alone (no reply port, no future), from
+    the endpoint to the outboxes' writes."""
+    _, mesh, boxes = _setup(4)
+    ping = mesh.ping
+    unacked = [box._machine.unacked for box in boxes]
+
+    def once() -> None:
+        ping.broadcast()
+        for frames in unacked:
+            frames.clear()
 
     return once
 
@@ -335,6 +367,8 @@ if __name__ == "__main__":
             once = {
                 "one": call_one_and_reply,
                 "send": call_one_issued,
+                "send4": call_4_issued,
+                "broadcast4": broadcast_4,
                 "reply": reply_read_on_thread,
                 "four": call_4_and_replies,
             }[kind]()

@@ -103,41 +103,8 @@ class Endpoint(Generic[P, R]):
             gather=gather, replies=replies,
         )
 
-    def _issue(
-        self,
-        rt: Runtime,
-        local_ranks: Sequence[int],
-        handler: Any,
-        payload: list[Any],
-        *,
-        gather: bool = False,
-    ) -> None:
-        """Open a reply port for ``handler`` and send to ``local_ranks``.
-
-        A rank known to have failed, or a proc known to be unreachable, fails the handler at
-        once; a message too large raises here, at the call site.
-        """
-        port = rt.open_port(handler)
-        try:
-            self._check_alive(rt, local_ranks)
-            leader = rt.leader
-            if leader is not None and len(local_ranks) > 1:
-                # Replies that come while the later ranks are sent are read by this thread.
-                leader.sending(
-                    lambda: self._send(
-                        rt, local_ranks, port, payload, gather=gather, replies=handler
-                    )
-                )
-            else:
-                self._send(rt, local_ranks, port, payload, gather=gather, replies=handler)
-        except SupervisionError as exc:
-            rt.close_port(port[1])
-            handler.fail(exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
-
     def _check_alive(self, rt: Runtime, local_ranks: Sequence[int]) -> None:
+        """Raise ``SupervisionError`` if one of ``local_ranks`` is known to have failed."""
         machine, key, ranks = rt.oversight.machine, self._mesh._key, self._mesh._shape.ranks
         for local in local_ranks:
             if machine.failed(key, ranks[local]):
@@ -152,7 +119,9 @@ class Endpoint(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Send to every rank; the future resolves to a ValueMesh of the replies."""
         rt = current_runtime()
-        payload = _pickle_args(self.qualname, args, kwargs)
+        payload = (
+            _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
+        )
         fut: Future[ValueMesh[R]] = Future()
         self._call_all(
             rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True, gather=True
@@ -168,7 +137,14 @@ class Endpoint(Generic[P, R]):
         once_per_rank: bool = False,
         gather: bool = False,
     ) -> None:
-        route = self._mesh._route()
+        """Send to every rank, the replies to ``reducer``: a reply port opened for them, and
+        one message per rank as :meth:`_send` sends it.
+
+        A rank known to have failed, or a proc known to be unreachable, fails the reducer at
+        once; a message too large raises here, at the call site.
+        """
+        mesh = self._mesh
+        route = mesh._cached_route or mesh._route()
         handler = Replies(
             reducer,
             self.qualname,
@@ -177,10 +153,34 @@ class Endpoint(Generic[P, R]):
             route.all_dests,
             once_per_rank=once_per_rank,
         )
-        self._issue(rt, range(len(route.addresses)), handler, payload, gather=gather)
+        local_ranks = range(len(route.addresses))
+        port = rt.open_port(handler)
+        try:
+            if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
+                self._check_alive(rt, local_ranks)
+            leader, casting = rt.leader, rt.casting
+            if leader is not None and len(local_ranks) > 1:
+                # Replies that come while the later ranks are sent are read by this thread.
+                leader.sending(
+                    lambda: casting.send(
+                        route, local_ranks, mesh._key, self._name, port, payload,
+                        gather=gather, replies=handler,
+                    )
+                )
+            else:
+                casting.send(
+                    route, local_ranks, mesh._key, self._name, port, payload,
+                    gather=gather, replies=handler,
+                )
+        except SupervisionError as exc:
+            rt.close_port(port[1])
+            handler.fail(exc)
+        except ValueError:
+            rt.close_port(port[1])
+            raise
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
-        """``_issue`` to one rank, flattened (the pipelined and round-trip hot path): the
+        """``_call_all`` to one rank, flattened (the pipelined and round-trip hot path): the
         same port, liveness check and errors, and ``Casting.send_one`` for the send. The
         future is its own reply handler (:class:`OneReply`)."""
         mesh = self._mesh
@@ -191,8 +191,8 @@ class Endpoint(Generic[P, R]):
         )
         port = rt.open_port(fut)
         try:
-            if rt.oversight.machine.failed(mesh._key, route.ranks[local]):
-                self._check_alive(rt, (local,))  # raises, saying why
+            if rt.oversight.machine.causes:  # a rank of some mesh failed: is it this one?
+                self._check_alive(rt, (local,))
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
         except SupervisionError as exc:
             rt.close_port(port[1])
@@ -234,7 +234,8 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         ranks = range(len(self._mesh._shape))
-        self._check_alive(rt, ranks)
+        if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
+            self._check_alive(rt, ranks)
         self._send(rt, ranks, None, payload)
 
     def _fold(

@@ -129,24 +129,26 @@ class Outbound:
     #: were acknowledged then (see :meth:`tick`).
     stalled_since: float | None = None
     stalled_at: int = 0
-
-    @property
-    def queued_count(self) -> int:
-        """How many frames were ever queued: the number the next frame gets."""
-        return self.acked + len(self.unacked) + len(self.pending)
+    #: How many frames were ever queued: the number the next frame gets (``acked +
+    #: len(unacked) + len(pending)`` until the session fails; counted, not summed, because
+    #: a sender reads it after every frame it sends, see ``Casting._direct``).
+    queued_count: int = 0
 
     def queued(self, frame: Frame) -> _SendNow | Dial | None:
         """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
         up, a first :class:`Dial`, or None (it waits for the link). Raises
-        :class:`SessionFailed` on a failed session."""
+        :class:`SessionFailed` on a failed session. (``Outbox.send`` writes the connected
+        case out: keep the two alike.)"""
         state = self.state
         if state == CONNECTED:
             self.unacked.append(frame)
+            self.queued_count += 1
             return SEND_NOW
         if state == FAILED:
             assert self.cause is not None
             raise SessionFailed(self.cause)
         self.pending.append(frame)
+        self.queued_count += 1
         if state == IDLE:
             self.state = DIALING
             return Dial(first=True)
@@ -169,9 +171,15 @@ class Outbound:
     def acknowledged(self, count: int) -> None:
         """The receiver handled the session's first ``count`` frames."""
         unacked = self.unacked
-        while self.acked < count and unacked:
-            unacked.popleft()
-            self.acked += 1
+        n = min(count - self.acked, len(unacked))
+        if n <= 0:
+            return
+        if n == len(unacked):
+            unacked.clear()  # the usual acknowledgement: everything sent so far
+        else:
+            for _ in range(n):
+                unacked.popleft()
+        self.acked += n
 
     def lost(self, link: Link, cause: BaseException) -> list[Action]:
         """``link`` broke. A stale link (an older connection) changes nothing."""

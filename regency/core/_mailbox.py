@@ -642,8 +642,11 @@ class ActorCell:
         if port is None:
             return
         try:
-            address, port_id = port  # (Runtime.send_port, two calls less per reply)
-            self.rt.outbox(address).send(_codec.encode_reply(port_id, index, M.OK, result))
+            # Runtime.send_port, written out: three calls less per reply.
+            address, port_id = port
+            rt = self.rt
+            box = rt._outboxes.get(address) or rt.outbox(address)
+            box.send(_codec.encode_reply(port_id, index, M.OK, result))
         except transports.TransportError as exc:
             log.info("could not reply to %s: %s", port, exc)
         except SupervisionError as exc:

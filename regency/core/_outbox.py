@@ -15,7 +15,7 @@ import trio
 from .. import transports
 from . import _codec
 from ._delivery import (
-    SEND_NOW,
+    CONNECTED,
     Action,
     Close,
     Dial,
@@ -65,7 +65,9 @@ class Outbox:
         """Frames sent and not yet acknowledged (the machine's, oldest first)."""
         return self._machine.unacked
 
-    def send(self, frame: transports.Frame) -> None:
+    def send(self, frame: transports.Frame) -> int:
+        """Send ``frame``; returns how many frames the session has queued, this one
+        included (what the receiver's acknowledgement must reach for it to be handled)."""
         size = len(frame) if type(frame) is bytes else transports.frame_size(frame)
         if size > self._max_frame:
             raise ValueError(
@@ -73,24 +75,36 @@ class Outbox:
                 "it with regency.configure(max_frame_bytes=...)"
             )
         machine = self._machine
-        with self._lock:
+        # acquire/release, not ``with``: no bound __enter__/__exit__ made and freed per
+        # message (measured: about 1,000 instructions less per message under callgrind).
+        lock = self._lock
+        lock.acquire()
+        try:
             probe = self._probe
             if probe is not None and machine.cause is None:
                 probe.frame_sent(self._rt, self.address, machine.session, machine.queued_count)
+            if machine.state == CONNECTED:
+                # What machine.queued(frame) does when connected (then it says SEND_NOW),
+                # written out: a call less per message (about 600 instructions).
+                machine.unacked.append(frame)
+                count = machine.queued_count = machine.queued_count + 1
+                try:
+                    machine.link.send_nowait(frame)
+                except transports.TransportError:
+                    pass  # kept unacknowledged; the lost connection brings a resend
+                return count
             try:
                 action = machine.queued(frame)
             except SessionFailed as exc:
                 raise UndeliverableError(
                     f"cannot deliver to the proc at {self.address}: {exc.cause}"
                 ) from None
-            if action is SEND_NOW:
-                try:
-                    machine.link.send_nowait(frame)
-                except transports.TransportError:
-                    pass  # kept unacknowledged; the lost connection brings a resend
-                return
-        if isinstance(action, Dial):
+            count = machine.queued_count
+        finally:
+            lock.release()
+        if isinstance(action, Dial):  # the session's first
             self._after([action])
+        return count
 
     def acknowledged(self, count: int) -> None:
         """The receiver handled the session's first ``count`` frames."""

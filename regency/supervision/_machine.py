@@ -145,7 +145,10 @@ class _Mesh:
 @attrs.define
 class Supervisor:
     _meshes: dict[str, _Mesh] = attrs.field(factory=dict)
-    _causes: dict[tuple[str, int], FailureCause] = attrs.field(factory=dict)
+    #: Why each failed rank failed, by (mesh key, rank): a rank is in it exactly while its
+    #: mesh is known here and the rank failed, so an empty dict means no rank of any mesh
+    #: has failed (what a sender checks once per call, not once per rank).
+    causes: dict[tuple[str, int], FailureCause] = attrs.field(factory=dict)
     #: Why the machine stopped accepting events, once an illegal one arrived.
     broken: str | None = None
 
@@ -171,7 +174,7 @@ class Supervisor:
 
     def cause_of(self, key: str, rank: int) -> FailureCause | None:
         """Why a rank failed, while its mesh is known here."""
-        return self._causes.get((key, rank))
+        return self.causes.get((key, rank))
 
     def status(self, key: str) -> tuple[str, ...] | None:
         mesh = self._meshes.get(key)
@@ -256,7 +259,7 @@ class Supervisor:
             for key in self.owned_by(event.owner):
                 mesh = self._meshes.pop(key)
                 for rank in range(len(mesh.status)):
-                    self._causes.pop((key, rank), None)
+                    self.causes.pop((key, rank), None)
                 if RUNNING in mesh.status:
                     keys.append(key)
             return [StopMeshes(tuple(keys))] if keys else []
@@ -269,7 +272,7 @@ class Supervisor:
         for rank in ranks:
             if mesh.status[rank] == RUNNING:
                 mesh.status[rank] = FAILED
-                self._causes[(key, rank)] = cause
+                self.causes[(key, rank)] = cause
                 newly.append(rank)
         if not newly:
             return []

@@ -102,6 +102,13 @@ def test_each_rank_is_reported_at_most_once_and_never_after_stop(
                 assert isinstance(action, RunRootHook) == (owner == ROOT)
                 if isinstance(action, Notify):
                     assert action.owner == owner
+        # ``causes`` holds exactly the failed ranks (senders read it as "none failed").
+        assert set(machine.causes) == {
+            (f"m{i}", r)
+            for i, (_, addresses) in enumerate(spawned)
+            for r in range(len(addresses))
+            if machine.failed(f"m{i}", r)
+        }
         if isinstance(event, OwnerGone):
             size_of = {f"m{i}": len(a) for i, (_, a) in enumerate(spawned)}
             for action in actions:
