@@ -140,15 +140,16 @@ class Outbound:
         :class:`SessionFailed` on a failed session. (``Outbox.send`` writes the connected
         case out: keep the two alike.)"""
         state = self.state
+        # Counted before queued (see Outbox.send): never behind what is queued.
         if state == CONNECTED:
-            self.unacked.append(frame)
             self.queued_count += 1
+            self.unacked.append(frame)
             return SEND_NOW
         if state == FAILED:
             assert self.cause is not None
             raise SessionFailed(self.cause)
-        self.pending.append(frame)
         self.queued_count += 1
+        self.pending.append(frame)
         if state == IDLE:
             self.state = DIALING
             return Dial(first=True)
