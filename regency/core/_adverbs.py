@@ -25,7 +25,7 @@ R = TypeVar("R")
 Acc = TypeVar("Acc")
 
 
-_NO_ARGUMENTS = _codec.dumps(((), {}))
+_NO_ARGUMENTS = _codec.NO_ARGUMENTS  # (the decoder tells these bytes without unpickling)
 
 
 def _pickle_args(

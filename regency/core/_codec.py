@@ -553,6 +553,9 @@ _CALL_MARK = 0xFFFFFFFC
 CALL_MARK_BYTES = _CALL_MARK.to_bytes(4, "little")
 #: The first u32 of every fixed binary layout (no envelope is this long).
 _BINARY_HEADS = frozenset((_PORT_MARK, _SESSION_HEAD, _ACK_HEAD, _CALL_MARK))
+#: The first u32 of a compact call, of a compact reply, and of every fixed binary layout
+#: (any other frame is in the envelope layout): how a reader tells a frame's kind.
+CALL_HEAD, REPLY_HEAD, BINARY_HEADS = _CALL_MARK, _PORT_MARK, _BINARY_HEADS
 _CALL_HEAD = struct.Struct("<IIQI")
 _CALL_BODY = _CALL_HEAD.size
 #: Routes pickled (by their fields) and unpickled (by their bytes), each bounded: the same few
@@ -947,9 +950,12 @@ def decode_compact_call(
 
 
 _new = object.__new__
-#: The pickle of ``((), {})``: a call's arguments when it has none (``_adverbs``).
+#: The pickle of ``((), {})``: a call's arguments when it has none. Senders send exactly
+#: this (``_adverbs`` uses ``NO_ARGUMENTS``), so the decoder can tell it by its bytes.
 _NO_ARGUMENTS = pickle.dumps(((), {}), protocol=5)
 _NO_ARGUMENTS_BYTES = len(_NO_ARGUMENTS)
+#: The payload parts of a call without arguments (what :func:`dumps` makes of ``((), {})``).
+NO_ARGUMENTS: list[bytes | memoryview] = [_NO_ARGUMENTS]
 _CALL_FIELDS = ("actor", "method", "port", "rank", "labels", "sizes", "payload")
 if tuple(f.name for f in attrs.fields(Call)) != _CALL_FIELDS:  # pragma: no cover
     raise AssertionError(f"decode_compact_call builds a Call of fields {_CALL_FIELDS}")

@@ -46,9 +46,9 @@ log = logging.getLogger("regency.transports")
 
 _SESSION_MARK = _codec.SESSION_MARK  # checked on every frame: no call
 # The first u32 of each fixed binary layout (any other frame is in the envelope layout).
-_CALL_HEAD = _codec._CALL_MARK
-_REPLY_HEAD = _codec._PORT_MARK
-_BINARY_HEADS = _codec._BINARY_HEADS
+_CALL_HEAD = _codec.CALL_HEAD
+_REPLY_HEAD = _codec.REPLY_HEAD
+_BINARY_HEADS = _codec.BINARY_HEADS
 
 #: Acknowledge after this many frames or ``Receiver.ack_bytes`` bytes, or after ``_ACK_DELAY``
 #: seconds, whichever is first. While calls and replies stream, every acknowledgement is a
@@ -105,7 +105,7 @@ class InboundSink:
         # The kind, told once by the first u32, unpacked with a compact reply's fields (which
         # other kinds do not use): one unpack, where slicing the view and comparing the
         # bytes of its head to each mark cost about 1,500 instructions a frame.
-        head, port_id, rank, status = _reply_fields(frame)
+        head, port_id, reply_index, status = _reply_fields(frame)
         if head == _REPLY_HEAD:
             compact = True  # (its port is looked up under the lock, below)
         elif head == _CALL_HEAD:
@@ -165,7 +165,7 @@ class InboundSink:
                         else:
                             rt._to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)
-                        rt._reply(port_id, rank, status, _reply_value(frame), handler)
+                        rt._reply(port_id, reply_index, status, _reply_value(frame), handler)
                     else:
                         try:
                             rt.on_frame(frame)
