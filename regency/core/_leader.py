@@ -471,6 +471,7 @@ class Leader:
         via: str | None = None,
         *,
         hold: bool = False,
+        callee: bool = False,
     ) -> bool:
         """Read the runtime's inbound connections on this thread until ``done()``;
         ``arm(bell)`` has resolvers ring ``bell`` (False: someone else reads for it),
@@ -485,7 +486,10 @@ class Leader:
         connections left to the loop); a wait on that one connection that was ended by
         another reader (the bell) forgets it, so the next wait leads all and learns again.
         The bell wakes the thread whoever resolves, so a wrong guess costs time, never a
-        reply."""
+        reply.
+
+        ``callee``: an actor thread waiting for its next call (:class:`LeadingMailbox`),
+        which spins also when every CPU is taken (core/_spin.py, "callees")."""
         if not self._may_lead():
             return False
         taken = None if via is None else self._take_from(via)
@@ -519,7 +523,7 @@ class Leader:
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin:
-                if self._gauge.crowded():
+                if not callee and self._gauge.crowded():
                     spinner.missed()  # no CPU to spare: reads the gauge less from now on
                 else:
                     self.spun += 1
@@ -618,7 +622,7 @@ class LeadingMailbox:
 
     def get(self) -> Any:
         if self._queue.empty():
-            self._lead(self._nonempty, self._arm, None, _rest_nowhere)
+            self._lead(self._nonempty, self._arm, None, _rest_nowhere, callee=True)
         return self._get()
 
 

@@ -23,6 +23,16 @@ busy while it spins, so the policy spins only where spinning pays:
 * the spinning loop (in ``core/_leader.py``) yields the CPU between polls
   (``sched_yield``), so a runnable thread elsewhere on the core is not kept off it.
 
+Callees: an actor thread waiting for its next call (``LeadingMailbox``) spins also when every
+CPU is taken; the other rules hold. On a VM whose idle vCPUs halt (KVM with
+``guest_halt_poll_ns=0``, as here), waking a thread on an idle vCPU costs 35-40 us before it
+runs (``perf sched``: the woken thread's scheduling delay with the CPU idle), paid by each
+proc of a mesh call. A callee that spins after its reply keeps its vCPU from halting and
+catches the next call without a wake-up: a 4-proc mesh call on 2 vCPUs took 193-216 us
+instead of 230-246 us (CPU per call +5-15 %). A caller that spins on a crowded machine gained
+nothing there: it takes CPU from the very callees it waits for (docs/performance.md,
+"Session 9").
+
 This module only decides; ``Leader._lead`` polls. It keeps no clock: the caller says whether a
 spin caught something.
 """

@@ -42,6 +42,17 @@ class Seq(Actor):
         return rt.leader.spun
 
     @endpoint
+    def crowd(self, loadavg: str, spin: float) -> None:
+        """This proc's threads read how many tasks are runnable from ``loadavg`` (a file
+        the test writes) and may spin ``spin`` seconds."""
+        from regency.core._spin import CpuGauge
+
+        rt = current_runtime_or_none()
+        assert rt is not None and rt.leader is not None
+        rt.leader._gauge = CpuGauge(loadavg, cpus=2)
+        rt.leader.spin = spin
+
+    @endpoint
     def take_slowly(self, i: int) -> int:
         time.sleep(0.02)
         return i

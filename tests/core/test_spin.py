@@ -204,3 +204,31 @@ def test_on_a_crowded_machine_a_thread_reads_the_gauge_now_and_then(
     finally:
         leader._gauge = real
         gauge.close()
+
+
+@pytest.mark.slow
+def test_on_a_crowded_machine_an_idle_actor_thread_still_spins(
+    pm: ProcMesh, leader: Leader, tmp_path: Path
+) -> None:
+    """Every CPU taken: a caller's ``get()`` sleeps at once, but the callee's actor thread,
+    waiting for its next call, spins first (core/_spin.py, "callees": on a VM an idle vCPU
+    halts, and waking it costs more than the spin)."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("5.10 4.80 4.00 6/109 24334\n")  # 6 runnable on 2 CPUs
+    gauge = _CountingGauge(str(loadavg))
+    seq = pm.spawn("spin_callee", Seq)
+    seq.crowd.call_one(str(loadavg), LIMIT).get(T)
+    leader.spin, real = LIMIT, leader._gauge
+    leader._gauge = gauge
+    try:
+        before, in_proc = leader.spun, seq.spun.call_one().get(T)
+        calls = 4 * PROBE_EVERY
+        for i in range(calls):
+            seq.take.call_one(i).get(T)
+        assert leader.spun == before  # the caller never spun
+        # The callee spun on every wait while its spins caught the next call, and at
+        # least on one wait in PROBE_EVERY if they did not.
+        assert seq.spun.call_one().get(T) - in_proc >= calls // PROBE_EVERY
+    finally:
+        leader._gauge = real
+        gauge.close()

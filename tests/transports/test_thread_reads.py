@@ -226,3 +226,52 @@ async def test_a_connection_the_loop_must_read_is_given_back_not_held(sockdir: s
         assert not server.held
         await sink.wait_for(lambda: len(sink.lost) == 1)
         assert sink.seen == [("loop", b"L0"), ("loop", b"N1")]
+
+
+class _Clock:
+    """A stand-in for ``_sockets._perf_counter``: the time a frame is sent at."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_reply_a_round_trip_after_the_last_frame_goes_out_at_once(
+    sockdir: str, monkeypatch: Any
+) -> None:
+    """Frames sent back to back (pipelined calls, a burst of replies) are coalesced for the
+    writer task; a frame sent a fast round trip (40 us) after the previous one is not a burst
+    and goes out at once. Before, a 60 us window took a reply to a round trip that fast for
+    a burst: it waited for the loop to wake up and write it, which a round trip of about 50 us
+    met on one reply in five."""
+    from regency.transports import _sockets
+
+    clock = _Clock()
+    monkeypatch.setattr(_sockets, "_perf_counter", clock)
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        assert isinstance(conn, SocketConnection)
+
+        def queued() -> bool:
+            return bool(conn._pending) or conn._kicked
+
+        conn.send_nowait(b"L0")
+        assert not queued()
+        clock.now += 40e-6  # a fast round trip later
+        conn.send_nowait(b"L1")
+        assert not queued()
+        clock.now += 5e-6  # back to back: the writer task sends the rest in one go
+        conn.send_nowait(b"L2")
+        conn.send_nowait(b"L3")
+        assert queued()
+        await sink.wait_for(lambda: len(sink.seen) == 4)
+        assert [frame for _, frame in sink.seen] == [b"L0", b"L1", b"L2", b"L3"]
+        assert not queued()
+        clock.now += 40e-6
+        conn.send_nowait(b"L4")
+        assert not queued()
+        await sink.wait_for(lambda: len(sink.seen) == 5)
