@@ -110,7 +110,8 @@ class Config:
     #: Microseconds a thread that reads its own messages polls without sleeping before it
     #: blocks (``core/_spin.py``): it catches a reply already on its way without the
     #: kernel's wake-up, at the cost of a busy core meanwhile; only with more than one usable
-    #: CPU, when a CPU is free, and while spinning keeps catching. 0 turns it off. Read when a runtime
+    #: CPU, when a CPU is free (an idle actor thread waiting for its next call also when
+    #: none is), and while spinning keeps catching. 0 turns it off. Read when a runtime
     #: starts; procs inherit the controller's setting.
     spin_us: float = attrs.field(default=200.0, validator=lambda _inst, a, v: _not_negative(a, v))
 

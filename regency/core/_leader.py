@@ -123,12 +123,16 @@ class _Reading:
     once, then these fields as plain attributes (each field of a ``threading.local`` costs
     a per-thread dictionary lookup)."""
 
-    __slots__ = ("bell", "fanned_out", "poller", "sets", "spinner")
+    __slots__ = ("bell", "callee_spinner", "fanned_out", "poller", "sets", "spinner")
 
     def __init__(self) -> None:
         self.bell: Bell | None = None
         #: How this thread spins before it sleeps (core/_spin.py).
         self.spinner: SpinPolicy | None = None
+        #: How it spins waiting for its next call as an actor thread (``callee``): a
+        #: policy of its own, so that the waits of the endpoint's own calls, which sleep at
+        #: once on a crowded machine and count as misses, do not stop it.
+        self.callee_spinner: SpinPolicy | None = None
         #: The poll set this thread used last (tests look at it).
         self.poller: Any = None
         #: Poll sets by the connections they poll (besides the bell): (poller, its fd map).
@@ -198,11 +202,14 @@ class Leader:
         """This thread's :class:`_Reading` (tests look at it)."""
         return self._reading()
 
-    def _spinner(self, local: _Reading) -> SpinPolicy:
-        spinner = local.spinner
-        if spinner is None:
-            spinner = local.spinner = SpinPolicy()
-        return spinner
+    def _spinner(self, local: _Reading, callee: bool) -> SpinPolicy:
+        if callee:
+            if local.callee_spinner is None:
+                local.callee_spinner = SpinPolicy()
+            return local.callee_spinner
+        if local.spinner is None:
+            local.spinner = SpinPolicy()
+        return local.spinner
 
     def _bell(self, local: _Reading) -> Bell:
         bell = local.bell
@@ -519,7 +526,9 @@ class Leader:
                 on_lead()
             notebook = _future.notebook
             ms: int | None = None
-            spinner = local.spinner or self._spinner(local)
+            spinner = (local.callee_spinner if callee else local.spinner) or self._spinner(
+                local, callee
+            )
             spin = spinner.budget(self.spin)
             spin_until = 0.0
             if spin:

