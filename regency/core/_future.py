@@ -21,6 +21,8 @@ from typing import Any, Generic, TypeVar
 import sniffio
 import trio
 
+from ..transports._answering import answering
+
 R = TypeVar("R")
 _PENDING = object()
 
@@ -241,6 +243,7 @@ def _wait_on_lock(fut: Future[Any], timeout: float | None) -> None:
             "Future.get() would block the runtime's event loop; "
             "use `await fut` inside async endpoints"
         )
+    answering.waited = True  # what this thread sends next answers this (_answering.py)
     lead = reader
     if lead is not None and lead(fut, timeout):
         return

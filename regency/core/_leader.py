@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..transports._answering import answering
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
@@ -631,6 +632,7 @@ class LeadingMailbox:
 
     def get(self) -> Any:
         if self._queue.empty():
+            answering.waited = True  # its reply goes out at once (transports/_answering.py)
             self._lead(self._nonempty, self._arm, None, _rest_nowhere, callee=True)
         return self._get()
 

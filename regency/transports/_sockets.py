@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import trio
 
 from . import _auth, _protect, _shm
+from ._answering import answering as _answering
 from ._base import (
     AuthenticationError,
     Connection,
@@ -51,11 +52,13 @@ _RECV_BUFFER = 256 * 1024
 # Frames at or above this size are sent with sendmsg([header, frame]) to avoid a copy.
 _GATHER_THRESHOLD = 16 * 1024
 # Frames sent less than this many seconds after the previous one are queued for the writer
-# task, which sends a whole burst with one sendmsg; an isolated frame goes out at once.
-# Back-to-back sends (pipelined calls, a burst of replies) come 5-15 us apart; a reply in a
-# request/response exchange comes a round trip after the last one, 35 us or more. At 60 us,
-# one fast round trip in five took its reply for a burst and waited for the loop to write
-# it (docs/performance.md, "Idle vCPUs, spinning callees and the burst window").
+# task, which sends a whole burst with one sendmsg; an isolated frame goes out at once, and
+# so does the first frame a thread sends after it waited for a message (``_answering.py``:
+# a reply, however fast the round trip). Back-to-back sends (pipelined calls, a burst of
+# replies) come 5-15 us apart. At 60 us without the waited rule, one fast round trip in five
+# took its reply for a burst and waited for the loop to write it (docs/performance.md,
+# "Idle vCPUs, spinning callees and the burst window"); 25 us also keeps frames a thread
+# sends 30-60 us apart without waiting from costing a loop wake-up each.
 _BURST_WINDOW = 25e-6
 _MAX_IOV = 512
 _perf_counter = time.perf_counter  # (read per frame sent: a global, not an attribute too)
@@ -281,6 +284,9 @@ class SocketConnection(Connection):
             size = len(frame)
         header = size.to_bytes(_HEADER, "little")
         now = _perf_counter()
+        answer = _answering.waited  # (see _answering.py: a reply goes out at once)
+        if answer:
+            _answering.waited = False
         # ``with``, not acquire()/try/release(): see Outbox.send (an interrupt raised as
         # acquire() returns would leave the lock held for good).
         with self._lock:
@@ -292,7 +298,7 @@ class SocketConnection(Connection):
                 descriptor = self._place_locked(frame, size)
                 if descriptor is not None:  # the frame is in the ring: send its descriptor
                     frame, size, header = descriptor, len(descriptor), _shm.MARK_BYTES
-            burst = now - self._last_send < _BURST_WINDOW
+            burst = not answer and now - self._last_send < _BURST_WINDOW
             self._last_send = now
             if self._pending or self._writing or burst:
                 # Coalesce: the writer task sends everything queued in one sendmsg.
@@ -351,13 +357,16 @@ class SocketConnection(Connection):
         the wire in the order of their sequence numbers."""
         assert self._sealer is not None
         now = _perf_counter()
+        answer = _answering.waited
+        if answer:
+            _answering.waited = False
         with self._lock:
             if self._closed:
                 if self._error is not None:
                     raise ConnectionBroken(f"connection to {self.peer} is broken: {self._error}")
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
             wire = self._sealer.seal(frame)
-            burst = now - self._last_send < _BURST_WINDOW
+            burst = not answer and now - self._last_send < _BURST_WINDOW
             self._last_send = now
             if self._pending or self._writing or burst:
                 self._pending.append(memoryview(wire))

@@ -238,15 +238,16 @@ class _Clock:
         return self.now
 
 
-async def test_a_reply_a_round_trip_after_the_last_frame_goes_out_at_once(
+async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
     sockdir: str, monkeypatch: Any
 ) -> None:
     """Frames sent back to back (pipelined calls, a burst of replies) are coalesced for the
     writer task; a frame sent a fast round trip (40 us) after the previous one is not a burst
-    and goes out at once. Before, a 60 us window took a reply to a round trip that fast for
-    a burst: it waited for the loop to wake up and write it, which a round trip of about 50 us
-    met on one reply in five."""
-    from regency.transports import _sockets
+    and goes out at once, and so is the first frame a thread sends after it waited for a
+    message (``_answering.waited``), however soon after the previous one. Before, a 60 us
+    window took a reply to a round trip that fast for a burst: it waited for the loop to wake
+    up and write it, which a round trip of about 50 us met on one reply in five."""
+    from regency.transports import _answering, _sockets
 
     clock = _Clock()
     monkeypatch.setattr(_sockets, "_perf_counter", clock)
@@ -269,9 +270,15 @@ async def test_a_reply_a_round_trip_after_the_last_frame_goes_out_at_once(
         conn.send_nowait(b"L3")
         assert queued()
         await sink.wait_for(lambda: len(sink.seen) == 4)
-        assert [frame for _, frame in sink.seen] == [b"L0", b"L1", b"L2", b"L3"]
         assert not queued()
         clock.now += 40e-6
         conn.send_nowait(b"L4")
         assert not queued()
-        await sink.wait_for(lambda: len(sink.seen) == 5)
+        _answering.waited()  # this thread waited for a message: L5 answers it
+        clock.now += 5e-6
+        conn.send_nowait(b"L5")
+        assert not queued()
+        conn.send_nowait(b"L6")  # the answer's own follow-up is a burst again
+        assert queued()
+        await sink.wait_for(lambda: len(sink.seen) == 7)
+        assert [frame for _, frame in sink.seen] == [b"L%d" % i for i in range(7)]
