@@ -11,7 +11,8 @@ table with the range over ``--rounds`` rounds:
 * cold start: a fresh interpreter that has imported the runtime's actor API runs
   ``this_host().spawn_procs(per_host={"gpus": 2})``, spawns an actor and waits for the first
   reply from both procs. Each round is its own interpreter; the table also gives the import
-  time and the wall time of the whole ``python`` command.
+  time and the wall time of the whole ``python`` command. Regency's bytecode is compiled
+  first (``compileall``), as an installed package's is: Monarch's wheel has its bytecode.
 
 Regency runs under this interpreter (with the repository on its path); Monarch under
 ``--monarch-python`` (default ``/work/compat/mvenv/bin/python``, a venv with
@@ -25,6 +26,7 @@ is ``--worker regency|monarch``.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import subprocess
@@ -180,6 +182,11 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)  # skip the runtimes' exit paths: not part of any figure
 
     wanted = set(args.only.split(",")) - {""} if args.only else {k for k, *_ in FIGURES}
+    # Monarch's wheel was installed with its bytecode (pip compiles it); this tree is
+    # imported from source, and with PYTHONDONTWRITEBYTECODE set (as on this machine) no
+    # import caches what it compiles: about 130 ms of every import would be compiling.
+    # Compile it here once, as an installed Regency would have it (a no-op when current).
+    compileall.compile_dir(os.path.join(_REPO, "regency"), quiet=1)
     runtimes: list[tuple[str, str]] = [("regency", sys.executable)]
     if os.path.exists(args.monarch_python):
         runtimes.append(("monarch", args.monarch_python))

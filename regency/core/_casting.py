@@ -81,7 +81,7 @@ class Casting:
         self._held: deque[_Held] = deque()
         self._held_reach: Counter[Target] = Counter()
         #: address -> the outbox's frame count after this runtime's last direct actor
-        #: message to it (dropped once the receiver acknowledged that many).
+        #: message to it (kept once the receiver acknowledged that many: see _split).
         self._direct: dict[str, int] = {}
         #: Cast ids seen here: the node still running, or, once it is done, the ranges it
         #: could not reach (empty: none).
@@ -235,20 +235,25 @@ class Casting:
 
     def _split(self, dests: Dests) -> tuple[Dests, Dests]:
         """(procs to send to directly, procs to reach through the tree): a proc that has a
-        direct actor message from here not yet acknowledged gets the cast directly too."""
-        if not self._direct:
+        direct actor message from here not yet acknowledged gets the cast directly too.
+
+        An acknowledged mark is left in place, not deleted: direct sends store marks
+        without this lock, and a delete after such a store would lose the newer mark (the
+        next cast to that proc would then take the tree and could overtake the message).
+        One mark per proc ever sent to directly stays, an int each."""
+        marks = self._direct
+        if not marks:
             return (), dests
         direct: list[tuple[str, tuple[int, ...]]] = []
         tree: list[tuple[str, tuple[int, ...]]] = []
         outboxes = self._rt._outboxes
         for entry in dests:
-            mark = self._direct.get(entry[0])
+            mark = marks.get(entry[0])
             if mark is not None:
                 box = outboxes.get(entry[0])
                 if box is not None and box._machine.acked < mark:
                     direct.append(entry)
                     continue
-                del self._direct[entry[0]]
             tree.append(entry)
         return tuple(direct), tuple(tree)
 
