@@ -66,8 +66,9 @@ class Transmit:
 @attrs.frozen
 class Dial:
     """Open a connection and report :meth:`Outbound.connected` or
-    :meth:`Outbound.dial_failed`. ``first``: the session's first connection (the peer may
-    still be starting); otherwise a reconnect after ``cause``."""
+    :meth:`Outbound.dial_failed`, after :meth:`Outbound.begin_dial` says to go ahead (False:
+    another attempt is already dialing). ``first``: the session's first connection (the
+    peer may still be starting); otherwise a reconnect after ``cause``."""
 
     first: bool
     cause: BaseException | None = None
@@ -133,6 +134,13 @@ class Outbound:
     #: len(unacked) + len(pending)`` until the session fails; counted, not summed, because
     #: a sender reads it after every frame it sends, see ``Casting._direct``).
     queued_count: int = 0
+    #: The last Dial handed out, until the shell begins it (:meth:`begin_dial`), and how
+    #: many ticks it has waited unbegun. The first Dial is handed to the thread that sent
+    #: the first frame, which schedules it after it lets go of the lock: a KeyboardInterrupt
+    #: in between would lose it and leave the session dialing for good; :meth:`tick` hands
+    #: it out again instead.
+    unbegun: Dial | None = None
+    unbegun_ticks: int = 0
 
     def queued(self, frame: Frame) -> _SendNow | Dial | None:
         """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
@@ -152,8 +160,19 @@ class Outbound:
         self.pending.append(frame)
         if state == IDLE:
             self.state = DIALING
-            return Dial(first=True)
+            dial = self.unbegun = Dial(first=True)
+            return dial
         return None
+
+    def begin_dial(self) -> bool:
+        """The shell is about to carry out the Dial it was handed: True to go ahead, False
+        when there is nothing to dial (connected or failed meanwhile) or another attempt
+        already began (a Dial handed out again by :meth:`tick` whose first copy was only
+        late, not lost)."""
+        if self.state != DIALING or self.unbegun is None:
+            return False
+        self.unbegun, self.unbegun_ticks = None, 0
+        return True
 
     def connected(self, link: Link) -> list[Action]:
         """The Dial succeeded: start the session on ``link`` and resend."""
@@ -167,6 +186,7 @@ class Outbound:
         self.pending.clear()
         self.state, self.link = CONNECTED, link
         self.stalled_since = None
+        self.unbegun = None
         return [Transmit(link, tuple(self.unacked), resume_at=self.acked)]
 
     def acknowledged(self, count: int) -> None:
@@ -187,7 +207,8 @@ class Outbound:
         if self.state != CONNECTED or self.link is not link:
             return []
         self.state, self.link = DIALING, None
-        return [Dial(first=False, cause=cause)]
+        dial = self.unbegun = Dial(first=False, cause=cause)
+        return [dial]
 
     def dial_failed(self, cause: BaseException) -> list[Action]:
         """The Dial failed for good (refused, timed out): give up."""
@@ -201,6 +222,7 @@ class Outbound:
         if self.link is not None:
             actions.append(Close(self.link, "the session failed"))
         self.state, self.link, self.cause = FAILED, None, cause
+        self.unbegun = None
         self.pending.clear()
         self.unacked.clear()
         actions.append(GiveUp(cause))
@@ -209,7 +231,17 @@ class Outbound:
     def tick(self, now: float, timeout: float) -> list[Action]:
         """Called periodically: a connection whose frames have gone unacknowledged for
         ``timeout`` is dead even if nothing said so (a silent network cut); drop it and
-        dial again. A live receiver acknowledges well within ``timeout``."""
+        dial again. A live receiver acknowledges well within ``timeout``.
+
+        A Dial handed out and not begun by the second tick after is handed out again (the
+        first copy was lost: see :attr:`unbegun`; if it was only late, whichever copy the
+        shell begins second finds :meth:`begin_dial` False)."""
+        if self.unbegun is not None:
+            self.unbegun_ticks += 1
+            if self.unbegun_ticks >= 2:
+                self.unbegun_ticks = 0
+                return [self.unbegun]
+            return []
         if self.state != CONNECTED or not self.unacked:
             self.stalled_since = None
             return []
@@ -223,7 +255,8 @@ class Outbound:
         link = self.link
         reason = f"{len(self.unacked)} frame(s) unacknowledged for {waited:.1f} s"
         self.state, self.link = DIALING, None
-        return [Close(link, reason), Dial(first=False, cause=Stalled(reason))]
+        dial = self.unbegun = Dial(first=False, cause=Stalled(reason))
+        return [Close(link, reason), dial]
 
 
 # -- the receiving side ----------------------------------------------------------------------

@@ -117,8 +117,12 @@ class Outbox:
         with self._lock:
             actions = self._machine.tick(now, self._rt.config.delivery_timeout)
         if actions:
-            log.warning("no acknowledgement from %s (%s); reconnecting", self.address,
-                        actions[0].reason if isinstance(actions[0], Close) else actions[0])
+            if isinstance(actions[0], Close):
+                log.warning("no acknowledgement from %s (%s); reconnecting", self.address,
+                            actions[0].reason)
+            else:
+                log.warning("a dial to %s was handed out and never begun (an interrupt?); "
+                            "dialing again", self.address)
             self._after(actions)
 
     def _perform(self, actions: list[Action]) -> list[Action]:
@@ -166,7 +170,14 @@ class Outbox:
     def _start(self) -> None:
         self._rt.nursery.start_soon(self._connect)
 
+    def _begin_dial(self) -> bool:
+        """Whether this attempt may dial (``Outbound.begin_dial``)."""
+        with self._lock:
+            return self._machine.begin_dial()
+
     async def _connect(self) -> None:
+        if not self._begin_dial():
+            return
         try:
             ready = self._rt.child_ready.get(self.address)
             if ready is not None:
@@ -225,6 +236,8 @@ class Outbox:
             self._after(actions)
 
     async def _reconnect(self, cause: BaseException) -> None:
+        if not self._begin_dial():
+            return
         child = self._rt.children.get(self.address)
         if child is not None and child.returncode is not None:
             self._broken(cause)

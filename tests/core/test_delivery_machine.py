@@ -1,6 +1,8 @@
 """The delivery session machines (regency.core._delivery), driven by Hypothesis: a sender,
-links that break and drop what they carry, a receiver, time. Whatever happens, the receiver
-hands frames on in order and at most once; once the links heal, everything queued arrives."""
+links that break and drop what they carry, dials the shell loses before it begins them (a
+KeyboardInterrupt on the sending thread) or begins late, a receiver, time. Whatever happens,
+the receiver hands frames on in order and at most once; once the links heal, everything
+queued arrives."""
 
 from __future__ import annotations
 
@@ -61,7 +63,10 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.queued: list[int] = []
         self.delivered: list[int] = []
         self.links: list[_Link] = []
-        self.dial_out: Dial | None = None
+        #: Dials handed to the shell and not begun yet (a late copy and its re-issue can
+        #: both be here), and whether an attempt has begun and not ended.
+        self.dials: list[Dial] = []
+        self.dialing = False
         self.gave_up: BaseException | None = None
         self.now = 0.0
 
@@ -77,8 +82,7 @@ class DeliveryMachine(RuleBasedStateMachine):
                 for frame in action.frames:
                     link.in_flight.append(("frame", frame, None))
             elif isinstance(action, Dial):
-                assert self.dial_out is None, "a second dial while one is out"
-                self.dial_out = action
+                self.dials.append(action)
             elif isinstance(action, Close):
                 self.close(action.link)
             elif isinstance(action, GiveUp):
@@ -117,18 +121,32 @@ class DeliveryMachine(RuleBasedStateMachine):
         elif action is not None:
             self.perform([action])
 
-    @precondition(lambda self: self.dial_out is not None)
+    @precondition(lambda self: bool(self.dials))
+    @rule()
+    def dial_is_lost(self) -> None:
+        """The thread that was handed the dial never schedules it (an interrupt)."""
+        self.dials.pop(0)
+
+    @precondition(lambda self: bool(self.dials))
+    @rule()
+    def dial_begins(self) -> None:
+        self.dials.pop(0)
+        if self.sender.begin_dial():
+            assert not self.dialing, "two attempts dial at once"
+            self.dialing = True
+
+    @precondition(lambda self: self.dialing)
     @rule()
     def dial_succeeds(self) -> None:
-        self.dial_out = None
+        self.dialing = False
         link = _Link(len(self.links))
         self.links.append(link)
         self.perform(self.sender.connected(link))
 
-    @precondition(lambda self: self.dial_out is not None)
+    @precondition(lambda self: self.dialing)
     @rule()
     def dial_fails(self) -> None:
-        self.dial_out = None
+        self.dialing = False
         self.perform(self.sender.dial_failed(ConnectionRefusedError("nothing listens")))
 
     @precondition(lambda self: any(link.in_flight for link in self.links))
@@ -174,8 +192,11 @@ class DeliveryMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
+        unbegun = self.sender.unbegun
         actions = self.sender.tick(self.now, TIMEOUT)
-        if actions:
+        if len(actions) == 1:  # a dial not begun by the second tick, handed out again
+            assert actions == [unbegun]
+        elif actions:
             assert isinstance(actions[0], Close) and isinstance(actions[1], Dial)
             assert isinstance(actions[1].cause, Stalled)
         self.perform(actions)
@@ -188,8 +209,16 @@ class DeliveryMachine(RuleBasedStateMachine):
     @rule()
     def heal(self) -> None:
         """The network heals: the dial that is out succeeds, everything in flight arrives,
-        and then everything queued has been handed on, once, in order."""
-        if self.dial_out is not None:
+        and then everything queued has been handed on, once, in order. A dial that was lost
+        is handed out again by the second tick."""
+        for _ in range(3):
+            if self.dialing or self.sender.state != DIALING:
+                break
+            while self.dials and not self.dialing:
+                self.dial_begins()
+            if not self.dialing:
+                self.tick(0.5)
+        if self.dialing:
             self.dial_succeeds()
         if self.gave_up is not None:
             return
@@ -234,6 +263,9 @@ class DeliveryMachine(RuleBasedStateMachine):
             assert sender.queued_count == len(self.queued)
             if sender.state == DIALING:
                 assert sender.link is None
+                # Never stuck: an attempt has begun, or a dial waits to be (handed out
+                # again by the second tick if its copies were lost).
+                assert self.dialing or sender.unbegun is not None
 
 
 # No deadline: pure code, but on a loaded 2-core machine one example's steps can take longer
@@ -320,3 +352,31 @@ def test_progress_restarts_the_stall_clock() -> None:
     assert sender.tick(9.0, 10.0) == []  # acknowledged meanwhile: the clock restarts
     assert sender.tick(18.0, 10.0) == []
     assert len(sender.tick(19.5, 10.0)) == 2
+
+
+def test_a_first_dial_never_begun_is_handed_out_again() -> None:
+    """The thread that queued the first frame is handed the Dial and schedules it after it
+    lets go of the outbox's lock; a KeyboardInterrupt in between loses it. The second tick
+    after hands it out again; a copy that was only late finds nothing left to begin."""
+    sender = Outbound("s")
+    dial = sender.queued("f0")
+    assert dial == Dial(first=True)  # ... and lost
+    assert sender.queued("f1") is None  # queues behind the dial it thinks is out
+    assert sender.tick(1.0, 10.0) == []
+    assert sender.tick(2.0, 10.0) == [dial]  # handed out again
+    assert sender.begin_dial()
+    assert not sender.begin_dial()  # a late first copy: another attempt began
+    assert sender.tick(3.0, 10.0) == [] and sender.tick(4.0, 10.0) == []  # not again
+    assert sender.connected("link") == [Transmit("link", ("f0", "f1"), resume_at=0)]
+
+
+def test_a_begun_dial_is_not_handed_out_again() -> None:
+    sender = Outbound("s")
+    sender.queued("f0")
+    assert sender.begin_dial()
+    assert [sender.tick(float(t), 10.0) for t in range(5)] == [[]] * 5
+    sender.connected("link")
+    (dial,) = sender.lost("link", ConnectionResetError("reset"))
+    assert isinstance(dial, Dial) and not dial.first
+    assert sender.begin_dial()
+    assert sender.tick(10.0, 10.0) == [] and sender.tick(11.0, 10.0) == []

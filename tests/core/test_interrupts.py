@@ -99,3 +99,39 @@ def test_an_interrupt_while_waiting_for_a_send_lock_does_not_leave_it_held(
             lock.release()
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.slow
+def test_an_interrupt_before_the_first_dial_is_scheduled_loses_nothing(
+    spawn_procs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread whose frame opens a session to a proc is handed the first Dial, and
+    schedules it after it lets go of the outbox's lock; a KeyboardInterrupt in between
+    (simulated here, raised where ``_after`` would schedule it) lost it, and every later
+    message to that proc queued behind a dial that never came. Now the watchdog's second
+    tick hands the Dial out again (``Outbound.tick``)."""
+    from regency.core._controller import current_runtime
+    from regency.core._delivery import Dial
+
+    from .hardening_actors import Busy
+
+    pm = spawn_procs(per_host={"gpus": 1})
+    lost: list[Any] = []
+    real_after = _outbox.Outbox._after
+
+    def after(box: Any, actions: list[Any]) -> None:
+        if not lost and any(isinstance(a, Dial) and a.first for a in actions):
+            lost.append(box)
+            raise KeyboardInterrupt  # as if Ctrl-C landed here
+        real_after(box, actions)
+
+    monkeypatch.setattr(_outbox.Outbox, "_after", after)
+    with pytest.raises(KeyboardInterrupt):
+        pm.spawn("first", Busy)  # its first frame to the proc opens the session
+    monkeypatch.setattr(_outbox.Outbox, "_after", real_after)
+    (box,) = lost
+    assert box is current_runtime()._outboxes[box.address]
+    box.check_stalled(0.0)  # the watchdog's ticks (it also runs them on its own)
+    box.check_stalled(1.0)
+    busy = pm.spawn("second", Busy)
+    assert len(set(busy.pid.call().get(30).values())) == 1
