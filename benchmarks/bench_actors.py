@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from benchmarks._bytecode import compile_regency
 from regency.actor import Actor, endpoint, this_host
 
 
@@ -213,6 +214,7 @@ def _cold_start() -> float:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
+    compile_regency()  # as an installed package has it (benchmarks/_bytecode.py)
     done = subprocess.run(
         [sys.executable, "-c", _COLD], env=env, capture_output=True, text=True, timeout=120
     )

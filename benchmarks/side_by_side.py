@@ -26,7 +26,6 @@ is ``--worker regency|monarch``.
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import os
 import subprocess
@@ -182,11 +181,14 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)  # skip the runtimes' exit paths: not part of any figure
 
     wanted = set(args.only.split(",")) - {""} if args.only else {k for k, *_ in FIGURES}
-    # Monarch's wheel was installed with its bytecode (pip compiles it); this tree is
-    # imported from source, and with PYTHONDONTWRITEBYTECODE set (as on this machine) no
-    # import caches what it compiles: about 130 ms of every import would be compiling.
-    # Compile it here once, as an installed Regency would have it (a no-op when current).
-    compileall.compile_dir(os.path.join(_REPO, "regency"), quiet=1)
+    # Regency's bytecode, as an installed Regency would have it and Monarch's wheel has it
+    # (benchmarks/_bytecode.py; imported here, in the parent: a child may run in a venv
+    # without this repository on its path).
+    if _REPO not in sys.path:
+        sys.path.insert(0, _REPO)
+    from benchmarks._bytecode import compile_regency
+
+    compile_regency()
     runtimes: list[tuple[str, str]] = [("regency", sys.executable)]
     if os.path.exists(args.monarch_python):
         runtimes.append(("monarch", args.monarch_python))

@@ -80,9 +80,6 @@ class Casting:
         #: Sends waiting for fences to drop, in send order.
         self._held: deque[_Held] = deque()
         self._held_reach: Counter[Target] = Counter()
-        #: address -> the outbox's frame count after this runtime's last direct actor
-        #: message to it (kept once the receiver acknowledged that many: see _split).
-        self._direct: dict[str, int] = {}
         #: Cast ids seen here: the node still running, or, once it is done, the ranges it
         #: could not reach (empty: none).
         self._seen: OrderedDict[tuple[str, int], TreeNode | tuple[tuple[int, int], ...]] = (
@@ -122,7 +119,7 @@ class Casting:
     def _direct_now(self, address: str, frame: Any) -> None:
         rt = self._rt
         box = rt._outboxes.get(address) or rt.outbox(address)  # (made on first use)
-        self._direct[address] = box.send(frame)
+        box.direct_mark = box.send(frame)
 
     def send(
         self,
@@ -180,7 +177,7 @@ class Casting:
         # per call_one).
         rt = self._rt
         box = rt._outboxes.get(address) or rt.outbox(address)
-        self._direct[address] = box.send(frame)
+        box.direct_mark = box.send(frame)
 
     def _send_direct(
         self,
@@ -208,11 +205,12 @@ class Casting:
         # No fence (a cast this thread sent earlier would have left one): what post_actor
         # would do for each rank, that is _direct_now, written out here (a call less per
         # rank).
-        rt, direct = self._rt, self._direct
+        rt = self._rt
         outboxes = rt._outboxes
         for local, frame in zip(local_ranks, frames, strict=True):
             address = addresses[local]
-            direct[address] = (outboxes.get(address) or rt.outbox(address)).send(frame)
+            box = outboxes.get(address) or rt.outbox(address)
+            box.direct_mark = box.send(frame)
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached
@@ -237,24 +235,20 @@ class Casting:
         """(procs to send to directly, procs to reach through the tree): a proc that has a
         direct actor message from here not yet acknowledged gets the cast directly too.
 
-        An acknowledged mark is left in place, not deleted: direct sends store marks
-        without this lock, and a delete after such a store would lose the newer mark (the
-        next cast to that proc would then take the tree and could overtake the message).
-        One mark per proc ever sent to directly stays, an int each."""
-        marks = self._direct
-        if not marks:
-            return (), dests
+        The mark is the outbox's (``Outbox.direct_mark``, stored by direct sends without
+        this lock): nothing here deletes it (a delete after a newer store would lose that
+        mark, and the next cast to the proc could overtake its message down the tree), it
+        goes with its outbox, and an outbox that replaces one at the same address starts
+        at 0."""
         direct: list[tuple[str, tuple[int, ...]]] = []
         tree: list[tuple[str, tuple[int, ...]]] = []
         outboxes = self._rt._outboxes
         for entry in dests:
-            mark = marks.get(entry[0])
-            if mark is not None:
-                box = outboxes.get(entry[0])
-                if box is not None and box._machine.acked < mark:
-                    direct.append(entry)
-                    continue
-            tree.append(entry)
+            box = outboxes.get(entry[0])
+            if box is not None and box._machine.acked < box.direct_mark:
+                direct.append(entry)
+            else:
+                tree.append(entry)
         return tuple(direct), tuple(tree)
 
     def _cast_now(

@@ -132,7 +132,7 @@ class Outbound:
     stalled_at: int = 0
     #: How many frames were ever queued: the number the next frame gets (``acked +
     #: len(unacked) + len(pending)`` until the session fails; counted, not summed, because
-    #: a sender reads it after every frame it sends, see ``Casting._direct``).
+    #: a sender reads it after every frame it sends, see ``Outbox.direct_mark``).
     queued_count: int = 0
     #: The last Dial handed out, until the shell begins it (:meth:`begin_dial`), and how
     #: many ticks it has waited unbegun. The first Dial is handed to the thread that sent

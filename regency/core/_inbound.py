@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .. import transports
+from ..transports._answering import answering
 from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
@@ -249,10 +250,15 @@ class InboundSink:
             return
         count = self._receiver.ack()
         if count is not None:
+            # An acknowledgement a reading thread sends is not the answer to what it waited
+            # for: the mark that lets that answer skip the burst window stays for it.
+            waited = answering.waited
             try:
                 conn.send_nowait(_codec.encode(Ack(count)))
             except transports.TransportError:
                 pass
+            finally:
+                answering.waited = waited
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None

@@ -128,7 +128,8 @@ class _Reading:
 
     def __init__(self) -> None:
         self.bell: Bell | None = None
-        #: How this thread spins before it sleeps (core/_spin.py).
+        #: How this thread spins before it sleeps when it waits as a caller (``Future.get``;
+        #: core/_spin.py).
         self.spinner: SpinPolicy | None = None
         #: How it spins waiting for its next call as an actor thread (``callee``): a
         #: policy of its own, so that the waits of the endpoint's own calls, which sleep at

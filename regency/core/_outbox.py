@@ -55,6 +55,10 @@ class Outbox:
         self._machine = Outbound(f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}")
         #: When the runtime's watchdog first saw this outbox failed (it is forgotten later).
         self.broken_at: float | None = None
+        #: The session's frame count after this runtime's last direct actor message through
+        #: this outbox (``Casting``: a tree cast to a proc with one not yet acknowledged
+        #: goes directly too, behind it).
+        self.direct_mark = 0
 
     @property
     def _session(self) -> str:

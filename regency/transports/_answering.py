@@ -5,9 +5,10 @@ for its writer task, which sends the whole burst with one ``sendmsg`` (``_socket
 time rule alone cannot tell a burst from a fast request/response exchange: where a round
 trip takes less than the window, every reply looks like a burst and waits for the loop to
 wake up and write it. The core marks a thread that waited for a message (``Future.get``,
-an actor thread's wait for its next call: :func:`waited`); the next frame that thread sends
-goes out at once, whatever the time since its connection's last frame, and the frames after
-it are judged by the window again.
+an actor thread's wait for its next call: ``answering.waited = True``); the next frame that
+thread sends goes out at once, whatever the time since its connection's last frame, and the
+frames after it are judged by the window again. (An acknowledgement a reading thread sends
+meanwhile leaves the mark for the answer: ``core/_inbound.py``.)
 """
 
 from __future__ import annotations
@@ -21,8 +22,3 @@ class _Answering(threading.local):
 
 
 answering = _Answering()
-
-
-def waited() -> None:
-    """This thread waited for a message: the next frame it sends answers it."""
-    answering.waited = True

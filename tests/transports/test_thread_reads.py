@@ -244,7 +244,7 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
     """Frames sent back to back (pipelined calls, a burst of replies) are coalesced for the
     writer task; a frame sent a fast round trip (40 us) after the previous one is not a burst
     and goes out at once, and so is the first frame a thread sends after it waited for a
-    message (``_answering.waited``), however soon after the previous one. Before, a 60 us
+    message (``_answering.answering``), however soon after the previous one. Before, a 60 us
     window took a reply to a round trip that fast for a burst: it waited for the loop to wake
     up and write it, which a round trip of about 50 us met on one reply in five."""
     from regency.transports import _answering, _sockets
@@ -274,7 +274,7 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
         clock.now += 40e-6
         conn.send_nowait(b"L4")
         assert not queued()
-        _answering.waited()  # this thread waited for a message: L5 answers it
+        _answering.answering.waited = True  # this thread waited for a message: L5 answers it
         clock.now += 5e-6
         conn.send_nowait(b"L5")
         assert not queued()
@@ -282,3 +282,30 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
         assert queued()
         await sink.wait_for(lambda: len(sink.seen) == 7)
         assert [frame for _, frame in sink.seen] == [b"L%d" % i for i in range(7)]
+
+
+def test_an_acknowledgement_a_waiting_thread_sends_leaves_the_answer_its_mark() -> None:
+    """A thread that reads while it waits sends the receiver's acknowledgement itself now
+    and then; that frame is not the answer it waited for, so the mark that lets the answer
+    skip the burst window stays for the answer."""
+    from types import SimpleNamespace
+
+    from regency.core._inbound import InboundSink
+    from regency.transports._answering import answering
+
+    sent: list[bool] = []
+
+    class Conn:
+        closed = False
+
+        def send_nowait(self, frame: Any) -> None:
+            sent.append(answering.waited)
+            answering.waited = False  # as a socket's send does: it used the mark up
+
+    sink: Any = object.__new__(InboundSink)
+    sink._ack_pending, sink._conn = True, Conn()
+    sink._receiver = SimpleNamespace(ack=lambda: 7)
+    answering.waited = True
+    sink._ack()
+    assert sent == [True] and answering.waited
+    answering.waited = False
