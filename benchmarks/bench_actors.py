@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable
 
-from benchmarks._bytecode import compile_regency
 from regency.actor import Actor, endpoint, this_host
 
 
@@ -214,6 +213,10 @@ def _cold_start() -> float:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("REGENCY_SECRET", "regency-benchmark-job-secret")
+    if root not in sys.path:  # (run as a script: benchmarks/ is not a package on the path)
+        sys.path.insert(0, root)
+    from benchmarks._bytecode import compile_regency
+
     compile_regency()  # as an installed package has it (benchmarks/_bytecode.py)
     done = subprocess.run(
         [sys.executable, "-c", _COLD], env=env, capture_output=True, text=True, timeout=120

@@ -118,8 +118,7 @@ class Casting:
 
     def _direct_now(self, address: str, frame: Any) -> None:
         rt = self._rt
-        box = rt._outboxes.get(address) or rt.outbox(address)  # (made on first use)
-        box.direct_mark = box.send(frame)
+        (rt._outboxes.get(address) or rt.outbox(address)).send(frame, True)  # (made on first use)
 
     def send(
         self,
@@ -176,8 +175,7 @@ class Casting:
         # What post_actor and _direct_now do without a fence, written out (two calls less
         # per call_one).
         rt = self._rt
-        box = rt._outboxes.get(address) or rt.outbox(address)
-        box.direct_mark = box.send(frame)
+        (rt._outboxes.get(address) or rt.outbox(address)).send(frame, True)
 
     def _send_direct(
         self,
@@ -209,8 +207,7 @@ class Casting:
         outboxes = rt._outboxes
         for local, frame in zip(local_ranks, frames, strict=True):
             address = addresses[local]
-            box = outboxes.get(address) or rt.outbox(address)
-            box.direct_mark = box.send(frame)
+            (outboxes.get(address) or rt.outbox(address)).send(frame, True)
 
     def _group(self, route: _Route, local_ranks: Sequence[int]) -> Dests:
         """The destination procs of a cast, each with its local ranks, in rank order (cached
@@ -235,11 +232,11 @@ class Casting:
         """(procs to send to directly, procs to reach through the tree): a proc that has a
         direct actor message from here not yet acknowledged gets the cast directly too.
 
-        The mark is the outbox's (``Outbox.direct_mark``, stored by direct sends without
-        this lock): nothing here deletes it (a delete after a newer store would lose that
-        mark, and the next cast to the proc could overtake its message down the tree), it
-        goes with its outbox, and an outbox that replaces one at the same address starts
-        at 0."""
+        The mark is the outbox's (``Outbox.direct_mark``, stored by direct sends under the
+        outbox's lock, not this one): nothing here deletes it (a delete after a newer
+        store would lose that mark, and the next cast to the proc could overtake its
+        message down the tree), it goes with its outbox, and an outbox that replaces one at
+        the same address starts at 0."""
         direct: list[tuple[str, tuple[int, ...]]] = []
         tree: list[tuple[str, tuple[int, ...]]] = []
         outboxes = self._rt._outboxes

@@ -63,12 +63,13 @@ class Transmit:
     resume_at: int | None = None
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Dial:
     """Open a connection and report :meth:`Outbound.connected` or
     :meth:`Outbound.dial_failed`, after :meth:`Outbound.begin_dial` says to go ahead (False:
-    another attempt is already dialing). ``first``: the session's first connection (the
-    peer may still be starting); otherwise a reconnect after ``cause``."""
+    this Dial is no longer the one to carry out, or another copy of it began). ``first``:
+    the session's first connection (the peer may still be starting); otherwise a reconnect
+    after ``cause``. Compared by identity: each Dial the machine hands out is its own."""
 
     first: bool
     cause: BaseException | None = None
@@ -134,13 +135,15 @@ class Outbound:
     #: len(unacked) + len(pending)`` until the session fails; counted, not summed, because
     #: a sender reads it after every frame it sends, see ``Outbox.direct_mark``).
     queued_count: int = 0
-    #: The last Dial handed out, until the shell begins it (:meth:`begin_dial`), and how
-    #: many ticks it has waited unbegun. The first Dial is handed to the thread that sent
-    #: the first frame, which schedules it after it lets go of the lock: a KeyboardInterrupt
-    #: in between would lose it and leave the session dialing for good; :meth:`tick` hands
-    #: it out again instead.
+    #: The Dial to carry out while no attempt has begun (:meth:`begin_dial`), whether one
+    #: has begun and not ended, and how many ticks have found the session waiting for a
+    #: connection with no attempt begun. The first Dial is handed to the thread that sent
+    #: the first frame, which schedules it after it lets go of the lock: a
+    #: KeyboardInterrupt there (or inside :meth:`queued`) would lose it and leave every
+    #: later frame queued for good; :meth:`tick` dials again instead.
     unbegun: Dial | None = None
-    unbegun_ticks: int = 0
+    attempt: bool = False
+    idle_ticks: int = 0
 
     def queued(self, frame: Frame) -> _SendNow | Dial | None:
         """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
@@ -159,19 +162,24 @@ class Outbound:
         self.queued_count += 1
         self.pending.append(frame)
         if state == IDLE:
-            self.state = DIALING
-            dial = self.unbegun = Dial(first=True)
-            return dial
+            return self._dial(True)
         return None
 
-    def begin_dial(self) -> bool:
-        """The shell is about to carry out the Dial it was handed: True to go ahead, False
-        when there is nothing to dial (connected or failed meanwhile) or another attempt
-        already began (a Dial handed out again by :meth:`tick` whose first copy was only
+    def _dial(self, first: bool, cause: BaseException | None = None) -> Dial:
+        """Wait for a connection: the Dial to carry out (remembered before the state
+        changes: a session never waits for a connection with nothing to dial)."""
+        dial = self.unbegun = Dial(first, cause)
+        self.state, self.link, self.idle_ticks = DIALING, None, 0
+        return dial
+
+    def begin_dial(self, dial: Dial) -> bool:
+        """The shell is about to carry out ``dial``: True to go ahead; False when it is not
+        the Dial to carry out now (connected or failed meanwhile, a newer Dial since) or
+        another copy of it began (one :meth:`tick` handed out again whose first copy was
         late, not lost)."""
-        if self.state != DIALING or self.unbegun is None:
+        if self.state != DIALING or self.attempt or self.unbegun is not dial:
             return False
-        self.unbegun, self.unbegun_ticks = None, 0
+        self.unbegun, self.attempt, self.idle_ticks = None, True, 0
         return True
 
     def connected(self, link: Link) -> list[Action]:
@@ -186,7 +194,7 @@ class Outbound:
         self.pending.clear()
         self.state, self.link = CONNECTED, link
         self.stalled_since = None
-        self.unbegun = None
+        self.unbegun, self.attempt = None, False
         return [Transmit(link, tuple(self.unacked), resume_at=self.acked)]
 
     def acknowledged(self, count: int) -> None:
@@ -206,9 +214,7 @@ class Outbound:
         """``link`` broke. A stale link (an older connection) changes nothing."""
         if self.state != CONNECTED or self.link is not link:
             return []
-        self.state, self.link = DIALING, None
-        dial = self.unbegun = Dial(first=False, cause=cause)
-        return [dial]
+        return [self._dial(False, cause)]
 
     def dial_failed(self, cause: BaseException) -> list[Action]:
         """The Dial failed for good (refused, timed out): give up."""
@@ -222,7 +228,7 @@ class Outbound:
         if self.link is not None:
             actions.append(Close(self.link, "the session failed"))
         self.state, self.link, self.cause = FAILED, None, cause
-        self.unbegun = None
+        self.unbegun, self.attempt = None, False
         self.pending.clear()
         self.unacked.clear()
         actions.append(GiveUp(cause))
@@ -233,15 +239,23 @@ class Outbound:
         ``timeout`` is dead even if nothing said so (a silent network cut); drop it and
         dial again. A live receiver acknowledges well within ``timeout``.
 
-        A Dial handed out and not begun by the second tick after is handed out again (the
-        first copy was lost: see :attr:`unbegun`; if it was only late, whichever copy the
-        shell begins second finds :meth:`begin_dial` False)."""
-        if self.unbegun is not None:
-            self.unbegun_ticks += 1
-            if self.unbegun_ticks >= 2:
-                self.unbegun_ticks = 0
-                return [self.unbegun]
-            return []
+        A session that has waited for a connection for two ticks with no attempt begun
+        dials again: the Dial handed out and lost (see :attr:`unbegun`; if it was only
+        late, whichever copy the shell begins second finds :meth:`begin_dial` False), or,
+        where a KeyboardInterrupt cut :meth:`queued` short, a first Dial (frames queued
+        with the session still idle, or waiting with none remembered). The lock the shell
+        holds around every call here means such a state outlives no call in progress."""
+        if (self.state == DIALING and not self.attempt) or (
+            self.state == IDLE and self.pending
+        ):
+            self.idle_ticks += 1
+            if self.idle_ticks < 2:
+                return []
+            dial = self.unbegun if self.state == DIALING else None
+            if dial is None:
+                dial = self._dial(True)
+            self.idle_ticks = 0
+            return [dial]
         if self.state != CONNECTED or not self.unacked:
             self.stalled_since = None
             return []
@@ -254,9 +268,7 @@ class Outbound:
         self.stalled_since = None
         link = self.link
         reason = f"{len(self.unacked)} frame(s) unacknowledged for {waited:.1f} s"
-        self.state, self.link = DIALING, None
-        dial = self.unbegun = Dial(first=False, cause=Stalled(reason))
-        return [Close(link, reason), dial]
+        return [Close(link, reason), self._dial(False, Stalled(reason))]
 
 
 # -- the receiving side ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ this module dials, writes, closes and reports (the inbound half is
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -69,9 +70,11 @@ class Outbox:
         """Frames sent and not yet acknowledged (the machine's, oldest first)."""
         return self._machine.unacked
 
-    def send(self, frame: transports.Frame) -> int:
+    def send(self, frame: transports.Frame, direct: bool = False) -> int:
         """Send ``frame``; returns how many frames the session has queued, this one
-        included (what the receiver's acknowledgement must reach for it to be handled)."""
+        included (what the receiver's acknowledgement must reach for it to be handled).
+        ``direct``: a direct actor message, whose count becomes :attr:`direct_mark` under
+        the lock (stored after it, two threads' marks could land in the wrong order)."""
         size = len(frame) if type(frame) is bytes else transports.frame_size(frame)
         if size > self._max_frame:
             raise ValueError(
@@ -93,6 +96,8 @@ class Outbox:
                 # before it is queued: an interrupt in between leaves the count ahead (a
                 # later tree cast waits longer), never behind (it could overtake).
                 count = machine.queued_count = machine.queued_count + 1
+                if direct:
+                    self.direct_mark = count
                 machine.unacked.append(frame)
                 try:
                     machine.link.send_nowait(frame)
@@ -106,6 +111,8 @@ class Outbox:
                     f"cannot deliver to the proc at {self.address}: {exc.cause}"
                 ) from None
             count = machine.queued_count
+            if direct:
+                self.direct_mark = count
         if isinstance(action, Dial):  # the session's first
             self._after([action])
         return count
@@ -125,7 +132,7 @@ class Outbox:
                 log.warning("no acknowledgement from %s (%s); reconnecting", self.address,
                             actions[0].reason)
             else:
-                log.warning("a dial to %s was handed out and never begun (an interrupt?); "
+                log.warning("no dial to %s began within two heartbeats (an interrupt?); "
                             "dialing again", self.address)
             self._after(actions)
 
@@ -151,15 +158,9 @@ class Outbox:
         for action in actions:
             if isinstance(action, Dial):
                 if action.first:
-                    self._rt.call_soon(self._start)
+                    self._rt.call_soon(functools.partial(self._start, action))
                 else:
-                    cause = action.cause
-                    if isinstance(cause, Stalled):
-                        cause = transports.ConnectionBroken(
-                            f"connection to {self.address} is broken: {cause}"
-                        )
-                    assert cause is not None
-                    self._rt.start_soon(self._reconnect, cause)
+                    self._rt.start_soon(self._reconnect, action)
             elif isinstance(action, Close):
                 action.link.close()
             elif isinstance(action, GiveUp):
@@ -171,16 +172,16 @@ class Outbox:
                 with self._lock:
                     self._perform([action])
 
-    def _start(self) -> None:
-        self._rt.nursery.start_soon(self._connect)
+    def _start(self, dial: Dial) -> None:
+        self._rt.nursery.start_soon(self._connect, dial)
 
-    def _begin_dial(self) -> bool:
-        """Whether this attempt may dial (``Outbound.begin_dial``)."""
+    def _begin_dial(self, dial: Dial) -> bool:
+        """Whether this attempt may carry ``dial`` out (``Outbound.begin_dial``)."""
         with self._lock:
-            return self._machine.begin_dial()
+            return self._machine.begin_dial(dial)
 
-    async def _connect(self) -> None:
-        if not self._begin_dial():
+    async def _connect(self, dial: Dial) -> None:
+        if not self._begin_dial(dial):
             return
         try:
             ready = self._rt.child_ready.get(self.address)
@@ -239,9 +240,13 @@ class Outbox:
         if actions:
             self._after(actions)
 
-    async def _reconnect(self, cause: BaseException) -> None:
-        if not self._begin_dial():
+    async def _reconnect(self, dial: Dial) -> None:
+        if not self._begin_dial(dial):
             return
+        cause = dial.cause
+        if isinstance(cause, Stalled):
+            cause = transports.ConnectionBroken(f"connection to {self.address} is broken: {cause}")
+        assert cause is not None
         child = self._rt.children.get(self.address)
         if child is not None and child.returncode is not None:
             self._broken(cause)

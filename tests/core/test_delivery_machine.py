@@ -128,12 +128,20 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.dials.pop(0)
 
     @precondition(lambda self: bool(self.dials))
-    @rule()
-    def dial_begins(self) -> None:
-        self.dials.pop(0)
-        if self.sender.begin_dial():
-            assert not self.dialing, "two attempts dial at once"
+    @rule(data=st.data())
+    def dial_begins(self, data: st.DataObject) -> None:
+        """The shell begins one of the dials it holds (a late copy may come after its
+        re-issue, or after a newer dial): only the machine's current one goes ahead."""
+        dial = self.dials.pop(data.draw(st.integers(0, len(self.dials) - 1)))
+        self.begin(dial)
+
+    def begin(self, dial: Dial) -> None:
+        current = self.sender.unbegun is dial and not self.dialing
+        if self.sender.begin_dial(dial):
+            assert current and not self.dialing, "two attempts dial at once"
             self.dialing = True
+        else:
+            assert not current or self.sender.state != DIALING
 
     @precondition(lambda self: self.dialing)
     @rule()
@@ -195,7 +203,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         unbegun = self.sender.unbegun
         actions = self.sender.tick(self.now, TIMEOUT)
         if len(actions) == 1:  # a dial not begun by the second tick, handed out again
-            assert actions == [unbegun]
+            assert actions[0] is unbegun and not self.dialing
         elif actions:
             assert isinstance(actions[0], Close) and isinstance(actions[1], Dial)
             assert isinstance(actions[1].cause, Stalled)
@@ -215,13 +223,15 @@ class DeliveryMachine(RuleBasedStateMachine):
             if self.dialing or self.sender.state != DIALING:
                 break
             while self.dials and not self.dialing:
-                self.dial_begins()
+                self.begin(self.dials.pop(0))
             if not self.dialing:
                 self.tick(0.5)
+        assert self.dialing or self.sender.state != DIALING, "a lost dial was never re-issued"
         if self.dialing:
             self.dial_succeeds()
         if self.gave_up is not None:
             return
+        assert self.sender.state == CONNECTED or not self.queued
         for link in self.links:
             if not link.broken and link is not self.sender.link:
                 self.close(link)  # an old connection the sender no longer uses
@@ -266,6 +276,9 @@ class DeliveryMachine(RuleBasedStateMachine):
                 # Never stuck: an attempt has begun, or a dial waits to be (handed out
                 # again by the second tick if its copies were lost).
                 assert self.dialing or sender.unbegun is not None
+            if sender.unbegun is not None:
+                assert sender.state == DIALING and not self.dialing and not sender.attempt
+            assert sender.attempt == self.dialing
 
 
 # No deadline: pure code, but on a loaded 2-core machine one example's steps can take longer
@@ -321,7 +334,8 @@ def test_acknowledgements_fall_due_by_count_or_by_bytes() -> None:
 
 def test_a_failed_session_refuses_frames_and_closes_a_late_connection() -> None:
     sender = Outbound("s")
-    assert sender.queued("f0") == Dial(first=True)
+    dial = sender.queued("f0")
+    assert isinstance(dial, Dial) and dial.first
     assert sender.give_up(TimeoutError("did not start")) == [GiveUp(sender.cause)]  # type: ignore[arg-type]
     with pytest.raises(SessionFailed, match="did not start"):
         sender.queued("f1")
@@ -339,6 +353,7 @@ def test_a_silent_link_is_dropped_after_the_timeout() -> None:
     assert close == Close("link", "1 frame(s) unacknowledged for 10.5 s")
     assert isinstance(dial, Dial) and not dial.first and isinstance(dial.cause, Stalled)
     assert sender.state == DIALING
+    assert sender.begin_dial(dial)
     assert sender.connected("link2") == [Transmit("link2", ("f0",), resume_at=0)]
 
 
@@ -360,23 +375,36 @@ def test_a_first_dial_never_begun_is_handed_out_again() -> None:
     after hands it out again; a copy that was only late finds nothing left to begin."""
     sender = Outbound("s")
     dial = sender.queued("f0")
-    assert dial == Dial(first=True)  # ... and lost
+    assert isinstance(dial, Dial) and dial.first  # ... and lost
     assert sender.queued("f1") is None  # queues behind the dial it thinks is out
     assert sender.tick(1.0, 10.0) == []
     assert sender.tick(2.0, 10.0) == [dial]  # handed out again
-    assert sender.begin_dial()
-    assert not sender.begin_dial()  # a late first copy: another attempt began
+    assert sender.begin_dial(dial)
+    assert not sender.begin_dial(dial)  # a late first copy: another attempt began
     assert sender.tick(3.0, 10.0) == [] and sender.tick(4.0, 10.0) == []  # not again
     assert sender.connected("link") == [Transmit("link", ("f0", "f1"), resume_at=0)]
 
 
-def test_a_begun_dial_is_not_handed_out_again() -> None:
+def test_a_begun_dial_is_not_handed_out_again_and_a_stale_one_begins_nothing() -> None:
     sender = Outbound("s")
-    sender.queued("f0")
-    assert sender.begin_dial()
+    first = sender.queued("f0")
+    assert isinstance(first, Dial) and sender.begin_dial(first)
     assert [sender.tick(float(t), 10.0) for t in range(5)] == [[]] * 5
     sender.connected("link")
     (dial,) = sender.lost("link", ConnectionResetError("reset"))
     assert isinstance(dial, Dial) and not dial.first
-    assert sender.begin_dial()
+    assert not sender.begin_dial(first)  # a late copy of the first dial: not this one
+    assert sender.begin_dial(dial)
     assert sender.tick(10.0, 10.0) == [] and sender.tick(11.0, 10.0) == []
+
+
+def test_a_session_an_interrupt_left_idle_with_frames_dials_at_the_second_tick() -> None:
+    """A KeyboardInterrupt inside ``queued`` after the frame was queued and before the
+    session moved on (``_dial``) leaves it idle with a frame waiting: the watchdog dials."""
+    sender = Outbound("s")
+    sender.queued_count, sender.pending = 1, ["f0"]  # what the cut-short call left
+    assert sender.tick(1.0, 10.0) == []
+    (dial,) = sender.tick(2.0, 10.0)
+    assert isinstance(dial, Dial) and dial.first and sender.state == DIALING
+    assert sender.begin_dial(dial)
+    assert sender.connected("link") == [Transmit("link", ("f0",), resume_at=0)]
