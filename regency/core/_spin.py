@@ -25,7 +25,8 @@ busy while it spins, so the policy spins only where spinning pays:
   (``sched_yield``), so a runnable thread elsewhere on the core is not kept off it.
 
 Callees: an actor thread waiting for its next call (``LeadingMailbox``) spins also when every
-CPU is taken, with a back-off of its own (``_Reading.callee_spinner``: the endpoint's own
+CPU is taken (and an all-async actor keeps its proc's loop polling the same way:
+``ActorCell._spin_for_next``), with a back-off of its own (``_Reading.callee_spinner``: the endpoint's own
 calls, which sleep at once on a crowded machine, would otherwise count as its misses); the
 other rules hold. On a VM whose idle vCPUs halt (KVM with
 ``guest_halt_poll_ns=0``, as here), waking a thread on an idle vCPU costs 35-40 us before it

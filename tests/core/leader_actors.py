@@ -76,3 +76,22 @@ class Opener(Actor):
     @endpoint
     def open(self) -> None:
         _GATE.set()
+
+
+class AsyncSeq(Actor):
+    """Only async endpoints: an all-async actor, driven by a trio task on the proc's loop."""
+
+    def __init__(self) -> None:
+        self.log: list[int] = []
+
+    @endpoint
+    async def take(self, i: int) -> int:
+        self.log.append(i)
+        return i
+
+    @endpoint
+    async def spun(self) -> int:
+        """How many waits of this proc polled before sleeping (its loop's included)."""
+        rt = current_runtime_or_none()
+        assert rt is not None and rt.leader is not None
+        return rt.leader.spun

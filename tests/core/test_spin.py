@@ -20,7 +20,7 @@ from regency.core._leader import Leader, LeadingMailbox
 from regency.core._spin import MISSES_TO_STOP, PROBE_EVERY, CpuGauge, SpinPolicy, spin_limit
 
 from ..conftest import SpawnProcs
-from .leader_actors import Seq
+from .leader_actors import AsyncSeq, Seq
 
 T = 30
 LIMIT = 200e-6
@@ -300,3 +300,20 @@ def test_an_endpoints_own_waits_do_not_stop_its_thread_spinning_for_the_next_cal
             for _ in range(3):  # the endpoint's own calls, whose replies are in already
                 leader._lead(lambda: True, lambda _bell: True, None, lambda _left: None)
         assert leader.spun == calls
+
+
+@pytest.mark.slow
+def test_an_all_async_actor_keeps_its_loop_polling_before_it_waits_for_its_next_call(
+    pm: ProcMesh,
+) -> None:
+    """An all-async actor runs on its proc's loop; about to wait for its next call, it
+    checkpoints without sleeping for a while first (``ActorCell._spin_for_next``), as an
+    actor thread spins, with the same back-off: before, its waits never spun."""
+    seq = pm.spawn("spin_async", AsyncSeq)
+    seq.take.call_one(0).get(T)
+    before = seq.spun.call_one().get(T)
+    calls = 4 * PROBE_EVERY
+    assert [seq.take.call_one(i).get(T) for i in range(calls)] == list(range(calls))
+    # Every wait while its spins catch the next call, one in PROBE_EVERY where they miss
+    # (a wait that finds the next call queued already does not spin at all).
+    assert seq.spun.call_one().get(T) - before > 0
