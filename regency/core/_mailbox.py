@@ -51,8 +51,8 @@ from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
 from ._executor import Mailbox
 from ._future import Future
-from ._spin import SpinPolicy
 from ._shape import Extent, Point
+from ._spin import SpinPolicy
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
