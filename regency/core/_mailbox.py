@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 import queue
 import time
 import types
@@ -49,10 +50,10 @@ from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
-from ._executor import Mailbox
+from ._executor import Mailbox, ThreadExecutor
 from ._future import Future
 from ._shape import Extent, Point
-from ._spin import SpinPolicy
+from ._spin import SpinPolicy, spin_limit
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -164,10 +165,13 @@ class ActorCell:
         #: The context of the last call (see _context).
         self._last_context: Context | None = None
         #: An all-async actor's spin before it waits for its next call (_spin_for_next):
-        #: seconds at most (0: never; the simulator's runtimes have no leader), and its
-        #: back-off, made on its first spin.
-        leader = runtime.leader
-        self._spin_limit = 0.0 if leader is None or self.threaded else leader.spin
+        #: seconds at most (0: never; an actor with a thread spins there instead, and the
+        #: simulator's runtimes never do), and its back-off, made on its first spin.
+        self._spin_limit = (
+            spin_limit(runtime.config.spin_us)
+            if not self.threaded and isinstance(self._executor, ThreadExecutor)
+            else 0.0
+        )
         self._spinner: SpinPolicy | None = None
 
     # -- mailbox -------------------------------------------------------------------------
@@ -270,10 +274,11 @@ class ActorCell:
         """An all-async actor about to wait for its next call keeps the loop polling its
         sockets without sleeping for a while first (``core/_spin.py``, "Callees", as an
         actor thread does): a call that lands meanwhile is read without the loop's wake-up
-        (on a VM whose idle vCPUs halt, about 30 us of a 100 us round trip). Each pass is
-        a checkpoint: the loop polls with a zero timeout and runs whatever is ready. The
-        same back-off after misses; production only (the simulator's runtimes have no
-        leader, and its clock is virtual)."""
+        (on a VM whose idle vCPUs halt, about 30 us of a 100 us round trip). Each pass
+        yields the CPU, then checkpoints: the loop polls with a zero timeout and runs
+        whatever is ready. The same back-off after misses. Production only (a runtime on
+        the ThreadExecutor): in the simulator, how many scheduling rounds a spin took
+        would depend on the wall clock, and its runs must replay."""
         spinner = self._spinner
         if spinner is None:
             spinner = self._spinner = SpinPolicy()
@@ -284,11 +289,15 @@ class ActorCell:
         if leader is not None:
             leader.spun += 1
         until = time.perf_counter() + budget
-        checkpoint = trio.lowlevel.checkpoint
+        checkpoint, yield_cpu = trio.lowlevel.checkpoint, os.sched_yield
         while not self._deque:
             if time.perf_counter() >= until:
                 spinner.missed()
                 return
+            # The CPU to any thread waiting for it, and the GIL with it (this proc's actor
+            # threads: the loop's zero-timeout polls release the GIL too, but take it back
+            # before a waiting thread wakes), as the threads' spin does between its polls.
+            yield_cpu()
             await checkpoint()
         spinner.caught()
 

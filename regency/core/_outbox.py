@@ -86,33 +86,50 @@ class Outbox:
         # Python 3.11 raises a pending KeyboardInterrupt (or the SIGUSR2 UnhandledFault),
         # outside the try, leaving the lock held for good; ``with`` has no such point (the
         # other form saved about 1,000 instructions a message; the review took it back).
-        with self._lock:
-            probe = self._probe
-            if probe is not None and machine.cause is None:
-                probe.frame_sent(self._rt, self.address, machine.session, machine.queued_count)
-            if machine.state == CONNECTED:
-                # What machine.queued(frame) does when connected (then it says SEND_NOW),
-                # written out: a call less per message (about 600 instructions). Counted
-                # before it is queued: an interrupt in between leaves the count ahead (a
-                # later tree cast waits longer), never behind (it could overtake).
-                count = machine.queued_count = machine.queued_count + 1
+        interrupted: list[Action] | None = None
+        try:
+            with self._lock:
+                probe = self._probe
+                if probe is not None and machine.cause is None:
+                    probe.frame_sent(
+                        self._rt, self.address, machine.session, machine.queued_count
+                    )
+                if machine.state == CONNECTED:
+                    # What machine.queued(frame) does when connected (then it says SEND_NOW),
+                    # written out: a call less per message (about 600 instructions). Counted
+                    # before it is queued: an interrupt in between leaves the count ahead (a
+                    # later tree cast waits longer), never behind (it could overtake).
+                    count = machine.queued_count = machine.queued_count + 1
+                    if direct:
+                        self.direct_mark = count
+                    machine.unacked.append(frame)
+                    link = machine.link
+                    try:
+                        link.send_nowait(frame)
+                    except transports.TransportError:
+                        pass  # kept unacknowledged; the lost connection brings a resend
+                    except BaseException:
+                        # An interrupt (Ctrl-C, the SIGUSR2 fault) inside the write: the
+                        # frame may be unwritten or half written while the session counts
+                        # it as sent, and the receiver would number the next frame in its
+                        # place. The connection goes; the session resumes on a new one
+                        # from what the receiver acknowledged (it drops what it handled).
+                        cause = transports.ConnectionBroken("a write to it was interrupted")
+                        interrupted = [Close(link, str(cause)), *machine.lost(link, cause)]
+                        raise
+                    return count
+                try:
+                    action = machine.queued(frame)
+                except SessionFailed as exc:
+                    raise UndeliverableError(
+                        f"cannot deliver to the proc at {self.address}: {exc.cause}"
+                    ) from None
+                count = machine.queued_count
                 if direct:
                     self.direct_mark = count
-                machine.unacked.append(frame)
-                try:
-                    machine.link.send_nowait(frame)
-                except transports.TransportError:
-                    pass  # kept unacknowledged; the lost connection brings a resend
-                return count
-            try:
-                action = machine.queued(frame)
-            except SessionFailed as exc:
-                raise UndeliverableError(
-                    f"cannot deliver to the proc at {self.address}: {exc.cause}"
-                ) from None
-            count = machine.queued_count
-            if direct:
-                self.direct_mark = count
+        finally:
+            if interrupted is not None:  # (on the loop: closing is the loop's to do)
+                self._rt.call_soon(functools.partial(self._after, interrupted))
         if isinstance(action, Dial):  # the session's first
             self._after([action])
         return count
@@ -254,7 +271,8 @@ class Outbox:
         within = self._rt.config.delivery_timeout
         try:
             conn = await self._dial(within, retry_refused=False)
-        except (transports.TransportError, OSError) as exc:
+        except (transports.TransportError, OSError, ValueError) as exc:
+            # (ValueError: a peer of another wire version, a bad lane or seal, as _connect)
             self._broken(
                 ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
                 if not isinstance(exc, transports.ConnectionRefused)

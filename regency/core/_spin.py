@@ -38,8 +38,9 @@ burners, gained too. A caller that spins on a crowded machine gained nothing the
 CPU from the very callees it waits for (docs/performance.md, "Idle vCPUs, spinning callees
 and the burst window").
 
-This module only decides; ``Leader._lead`` polls. It keeps no clock: the caller says whether a
-spin caught something.
+This module only decides; ``Leader._lead`` polls (and ``ActorCell._spin_for_next``, for an
+all-async actor, checkpoints its proc's loop, yielding the CPU between passes). It keeps no
+clock: the caller says whether a spin caught something.
 """
 
 from __future__ import annotations

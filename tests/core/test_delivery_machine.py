@@ -18,6 +18,7 @@ from regency.core._delivery import (
     CONNECTED,
     DIALING,
     FAILED,
+    IDLE,
     SEND_NOW,
     Close,
     Dial,
@@ -129,6 +130,23 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.dials))
     @rule(data=st.data())
+    def dial_is_late(self, data: st.DataObject) -> None:
+        """A copy of a dial the shell holds turns up again later (handed out again by a
+        tick while the first was only late): it may begin after newer dials."""
+        self.dials.append(data.draw(st.sampled_from(self.dials)))
+
+    @precondition(lambda self: self.sender.state == IDLE)
+    @rule()
+    def queue_is_interrupted(self) -> None:
+        """A KeyboardInterrupt cuts ``queued`` short after it queued the frame, before the
+        session moved on: idle, with a frame waiting (the watchdog's tick dials)."""
+        frame = len(self.queued)
+        self.sender.queued_count += 1
+        self.sender.pending.append(frame)
+        self.queued.append(frame)
+
+    @precondition(lambda self: bool(self.dials))
+    @rule(data=st.data())
     def dial_begins(self, data: st.DataObject) -> None:
         """The shell begins one of the dials it holds (a late copy may come after its
         re-issue, or after a newer dial): only the machine's current one goes ahead."""
@@ -203,7 +221,10 @@ class DeliveryMachine(RuleBasedStateMachine):
         unbegun = self.sender.unbegun
         actions = self.sender.tick(self.now, TIMEOUT)
         if len(actions) == 1:  # a dial not begun by the second tick, handed out again
-            assert actions[0] is unbegun and not self.dialing
+            # (or a first one, for a session an interrupt left idle with frames)
+            (dial,) = actions
+            assert dial is unbegun or (unbegun is None and isinstance(dial, Dial) and dial.first)
+            assert not self.dialing
         elif actions:
             assert isinstance(actions[0], Close) and isinstance(actions[1], Dial)
             assert isinstance(actions[1].cause, Stalled)
@@ -220,6 +241,9 @@ class DeliveryMachine(RuleBasedStateMachine):
         and then everything queued has been handed on, once, in order. A dial that was lost
         is handed out again by the second tick."""
         for _ in range(3):
+            if self.sender.state == IDLE and self.sender.pending:
+                self.tick(0.5)
+                continue
             if self.dialing or self.sender.state != DIALING:
                 break
             while self.dials and not self.dialing:

@@ -136,3 +136,54 @@ def test_an_interrupt_before_the_first_dial_is_scheduled_loses_nothing(
     box.check_stalled(1.0)
     busy = pm.spawn("second", Busy)
     assert len(set(busy.pid.call().get(30).values())) == 1
+
+
+class _CutWrite:
+    """A link whose first write an interrupt cuts short (before or after some of the
+    frame's bytes went out: the sender cannot tell)."""
+
+    def __init__(self) -> None:
+        self.cut = False
+        self.closed = False
+
+    def send_nowait(self, frame: Any) -> None:
+        if not self.cut:
+            self.cut = True
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_interrupt_inside_a_write_resumes_the_session_on_a_new_connection() -> None:
+    """Ctrl-C inside a connection's write left the frame counted as sent while it was not
+    (or half) written: the receiver numbered the next frame in its place and later
+    delivered one twice. Now the connection goes and the session resumes on a new one from
+    what the receiver acknowledged (which drops what it handled already): the frame is
+    sent again, nothing is delivered twice."""
+    from regency.core._delivery import DIALING, Transmit
+
+    scheduled: list[Callable[[], None]] = []
+    started: list[Any] = []
+    rt: Any = types.SimpleNamespace(
+        env=types.SimpleNamespace(probe=None),
+        config=types.SimpleNamespace(max_frame_bytes=1 << 30),
+        proc_id="p",
+        _nonce="n",
+        _sessions=itertools.count(),
+        call_soon=scheduled.append,
+        start_soon=lambda fn, *args: started.append(args),
+    )
+    box = _outbox.Outbox(rt, "addr")
+    link = _CutWrite()
+    machine = box._machine
+    machine.state, machine.link = CONNECTED, link
+    with pytest.raises(KeyboardInterrupt):
+        box.send(b"f0")
+    assert machine.state == DIALING and not box._lock.locked()
+    (after,) = scheduled  # the loop closes the connection and dials again
+    after()
+    assert link.closed
+    ((dial,),) = started
+    assert machine.begin_dial(dial)
+    assert machine.connected("link2") == [Transmit("link2", (b"f0",), resume_at=0)]
