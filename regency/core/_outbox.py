@@ -102,12 +102,16 @@ class Outbox:
                     count = machine.queued_count = machine.queued_count + 1
                     if direct:
                         self.direct_mark = count
-                    machine.unacked.append(frame)
                     link = machine.link
                     try:
+                        # (In the try: a signal pending since the lock was taken is raised
+                        # as append returns, the frame queued and not written.)
+                        machine.unacked.append(frame)
                         link.send_nowait(frame)
                     except transports.TransportError:
                         pass  # kept unacknowledged; the lost connection brings a resend
+                    except Exception:
+                        raise  # (an error of this frame's, raised to its sender as before)
                     except BaseException:
                         # An interrupt (Ctrl-C, the SIGUSR2 fault) inside the write: the
                         # frame may be unwritten or half written while the session counts
@@ -129,7 +133,10 @@ class Outbox:
                     self.direct_mark = count
         finally:
             if interrupted is not None:  # (on the loop: closing is the loop's to do)
-                self._rt.call_soon(functools.partial(self._after, interrupted))
+                try:
+                    self._rt.call_soon(functools.partial(self._after, interrupted))
+                except (trio.RunFinishedError, RuntimeError):
+                    pass  # the runtime is closing: its connections close with it
         if isinstance(action, Dial):  # the session's first
             self._after([action])
         return count

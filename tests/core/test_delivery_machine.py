@@ -68,6 +68,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         #: both be here), and whether an attempt has begun and not ended.
         self.dials: list[Dial] = []
         self.dialing = False
+        #: Links the shell will close on its loop, after an interrupted write.
+        self.closing: list[_Link] = []
         self.gave_up: BaseException | None = None
         self.now = 0.0
 
@@ -134,6 +136,26 @@ class DeliveryMachine(RuleBasedStateMachine):
         """A copy of a dial the shell holds turns up again later (handed out again by a
         tick while the first was only late): it may begin after newer dials."""
         self.dials.append(data.draw(st.sampled_from(self.dials)))
+
+    @precondition(lambda self: self.sender.state == CONNECTED)
+    @rule(written=st.booleans())
+    def write_is_interrupted(self, written: bool) -> None:
+        """A KeyboardInterrupt inside a connection's write (``Outbox.send``): the frame is
+        counted as sent, written or not; the shell takes the connection for lost and closes
+        it later, on its loop, so frames already on it may still arrive meanwhile."""
+        frame = len(self.queued)
+        assert self.sender.queued(frame) is SEND_NOW
+        self.queued.append(frame)
+        link = self.sender.link
+        if written:
+            link.in_flight.append(("frame", frame, None))
+        self.perform(self.sender.lost(link, ConnectionResetError("interrupted")))
+        self.closing.append(link)
+
+    @precondition(lambda self: bool(self.closing))
+    @rule()
+    def interrupted_link_closes(self) -> None:
+        self.close(self.closing.pop(0))
 
     @precondition(lambda self: self.sender.state == IDLE)
     @rule()
