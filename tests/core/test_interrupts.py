@@ -36,16 +36,20 @@ class _NoToken:
         pass
 
 
-def _outbox_send() -> tuple[Any, Callable[[], None]]:
-    rt: Any = types.SimpleNamespace(
+def _runtime(**more: Any) -> Any:
+    """What an Outbox uses of its runtime, and ``more``."""
+    return types.SimpleNamespace(
         env=types.SimpleNamespace(probe=None),
         config=types.SimpleNamespace(max_frame_bytes=1 << 30),
         proc_id="p",
         _nonce="n",
         _sessions=itertools.count(),
-        call_soon=lambda fn: None,
+        **more,
     )
-    box = _outbox.Outbox(rt, "addr")
+
+
+def _outbox_send() -> tuple[Any, Callable[[], None]]:
+    box = _outbox.Outbox(_runtime(call_soon=lambda fn: None), "addr")
     box._machine.state, box._machine.link = CONNECTED, _Link()
     return box._lock, lambda: box.send(b"x" * 16)
 
@@ -79,8 +83,10 @@ def test_an_interrupt_while_waiting_for_a_send_lock_does_not_leave_it_held(
         for _ in range(30):
             lock, send = make()
             lock.acquire()  # another sender holds it
+            sending = threading.Event()
 
-            def other(lock: Any = lock) -> None:
+            def other(lock: Any = lock, sending: threading.Event = sending) -> None:
+                sending.wait()  # (not while the main thread still starts this one)
                 time.sleep(0.002)  # the main thread now waits in the lock
                 lock.release()  # wakes it, while this thread keeps the GIL a while
                 signal.pthread_kill(main, signal.SIGUSR1)
@@ -91,6 +97,7 @@ def test_an_interrupt_while_waiting_for_a_send_lock_does_not_leave_it_held(
             thread = threading.Thread(target=other)
             thread.start()
             try:
+                sending.set()
                 send()
                 time.sleep(0.02)  # the signal is taken here if not inside send()
             except _Interrupt:
@@ -166,14 +173,8 @@ def test_an_interrupt_inside_a_write_resumes_the_session_on_a_new_connection() -
 
     scheduled: list[Callable[[], None]] = []
     started: list[Any] = []
-    rt: Any = types.SimpleNamespace(
-        env=types.SimpleNamespace(probe=None),
-        config=types.SimpleNamespace(max_frame_bytes=1 << 30),
-        proc_id="p",
-        _nonce="n",
-        _sessions=itertools.count(),
-        call_soon=scheduled.append,
-        start_soon=lambda fn, *args: started.append(args),
+    rt = _runtime(
+        call_soon=scheduled.append, start_soon=lambda fn, *args: started.append(args)
     )
     box = _outbox.Outbox(rt, "addr")
     link = _CutWrite()
@@ -219,21 +220,17 @@ def test_a_signal_pending_when_the_send_lock_is_taken_never_leaves_a_frame_count
     try:
         for _ in range(20):
             scheduled: list[Any] = []
-            rt: Any = types.SimpleNamespace(
-                env=types.SimpleNamespace(probe=None),
-                config=types.SimpleNamespace(max_frame_bytes=1 << 30),
-                proc_id="p",
-                _nonce="n",
-                _sessions=itertools.count(),
-                call_soon=scheduled.append,
-            )
-            box = _outbox.Outbox(rt, "addr")
+            box = _outbox.Outbox(_runtime(call_soon=scheduled.append), "addr")
             link = _Written()
             machine = box._machine
             machine.state, machine.link = CONNECTED, link
             box._lock.acquire()
+            sending = threading.Event()
 
-            def release_then_signal(lock: Any = box._lock) -> None:
+            def release_then_signal(
+                lock: Any = box._lock, sending: threading.Event = sending
+            ) -> None:
+                sending.wait()  # (not while the main thread still starts this one)
                 time.sleep(0.002)
                 lock.release()
                 signal.pthread_kill(main, signal.SIGUSR1)
@@ -241,6 +238,7 @@ def test_a_signal_pending_when_the_send_lock_is_taken_never_leaves_a_frame_count
             other = threading.Thread(target=release_then_signal)
             other.start()
             try:
+                sending.set()
                 box.send(b"x" * 16)
                 time.sleep(0.02)  # (the signal lands here if not in send)
             except _Signalled:
