@@ -30,6 +30,19 @@ def _positive(attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be positive (got {value!r})")
 
 
+#: Frames are prefixed with a u32 length, whose top value marks a shared-memory descriptor.
+_FRAME_LIMIT = 0xFFFF_FFFF - 1
+
+
+def _frame_bytes(attribute: attrs.Attribute[Any], value: int) -> None:
+    _positive(attribute, value)
+    if value > _FRAME_LIMIT:
+        raise ValueError(
+            f"{attribute.name} must be at most {_FRAME_LIMIT} (a frame's length is a u32 "
+            f"on the wire; got {value!r})"
+        )
+
+
 def _not_negative(attribute: attrs.Attribute[Any], value: float) -> None:
     if not value >= 0:
         raise ValueError(f"{attribute.name} must be zero or more (got {value!r})")
@@ -74,7 +87,7 @@ class Config:
     tcp_protection: str = attrs.field(default="aead", validator=_check_protection)
     #: Largest frame a connection accepts; bigger ones close that connection.
     max_frame_bytes: int = attrs.field(
-        default=1 << 31, validator=lambda _inst, a, v: _positive(a, v)
+        default=1 << 31, validator=lambda _inst, a, v: _frame_bytes(a, v)
     )
     #: Seconds a spawned proc has to start and connect back.
     spawn_timeout: float = attrs.field(default=60.0, validator=lambda _inst, a, v: _positive(a, v))

@@ -57,6 +57,11 @@ def test_a_bad_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch) ->
         ({"rdma_backend": "magic"}, ValueError, "rdma_backend must be one of"),
         ({"delivery_timeout": 0}, ValueError, "delivery_timeout must be positive \\(got 0\\)"),
         ({"heartbeat_interval": -1.0}, ValueError, "heartbeat_interval must be positive"),
+        (
+            {"max_frame_bytes": 1 << 32},
+            ValueError,
+            "max_frame_bytes must be at most 4294967294 \\(a frame's length is a u32",
+        ),
     ],
 )
 def test_bad_settings_are_refused_and_change_nothing(
