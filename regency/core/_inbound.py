@@ -257,6 +257,18 @@ class InboundSink:
                 conn.send_nowait(_codec.encode(Ack(count)))
             except transports.TransportError:
                 pass
+            except Exception:
+                raise
+            except BaseException:
+                # An interrupt (Ctrl-C on a reading main thread) inside the write: the
+                # acknowledgement may be half written, and the next one's bytes would be
+                # read as its rest. The connection goes; its sender resumes the session on
+                # a new one (and this side drops what it handled already).
+                try:
+                    self._rt.call_soon(conn.close)
+                except (trio.RunFinishedError, RuntimeError):
+                    pass  # the runtime is closing: its connections close with it
+                raise
             finally:
                 answering.waited = waited
 

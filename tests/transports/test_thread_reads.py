@@ -309,3 +309,35 @@ def test_an_acknowledgement_a_waiting_thread_sends_leaves_the_answer_its_mark() 
     sink._ack()
     assert sent == [True] and answering.waited
     answering.waited = False
+
+
+def test_an_interrupt_inside_an_acknowledgements_write_closes_its_connection() -> None:
+    """Ctrl-C on a main thread that reads, inside the write of an acknowledgement: it may be
+    half written, and the next one's bytes would be read as its rest; the connection is
+    closed (on the loop) and its sender resumes the session on a new one."""
+    from types import SimpleNamespace
+
+    from regency.core._inbound import InboundSink
+
+    class Conn:
+        closed = False
+
+        def send_nowait(self, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        def close(self) -> None:
+            self.closed = True
+
+    scheduled: list[Any] = []
+    sink: Any = object.__new__(InboundSink)
+    conn = Conn()
+    sink._ack_pending, sink._conn = True, conn
+    sink._receiver = SimpleNamespace(ack=lambda: 7)
+    sink._rt = SimpleNamespace(call_soon=scheduled.append)
+    try:
+        sink._ack()
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt was swallowed")
+    assert scheduled == [conn.close]
