@@ -263,7 +263,9 @@ class InboundSink:
                 # An interrupt (Ctrl-C on a reading main thread) inside the write: the
                 # acknowledgement may be half written, and the next one's bytes would be
                 # read as its rest. The connection goes; its sender resumes the session on
-                # a new one (and this side drops what it handled already).
+                # a new one (and this side drops what it handled already). Nothing more is
+                # written on it meanwhile (acknowledgements are all this side writes there).
+                self._conn = None
                 try:
                     self._rt.call_soon(conn.close)
                 except (trio.RunFinishedError, RuntimeError):

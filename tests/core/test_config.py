@@ -48,6 +48,17 @@ def test_a_bad_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch) ->
         current_config()
 
 
+def test_the_largest_frame_setting_is_the_u32_length_below_the_lanes_mark() -> None:
+    before = current_config()
+    try:
+        configure(max_frame_bytes=0xFFFF_FFFE)
+        assert current_config().max_frame_bytes == 0xFFFF_FFFE
+        with pytest.raises(ValueError, match="max_frame_bytes must be at most 4294967294"):
+            configure(max_frame_bytes=0xFFFF_FFFF)
+    finally:
+        configure(max_frame_bytes=before.max_frame_bytes)
+
+
 @pytest.mark.parametrize(
     ("settings", "error", "message"),
     [

@@ -99,7 +99,7 @@ def test_an_interrupt_while_waiting_for_a_send_lock_does_not_leave_it_held(
             try:
                 sending.set()
                 send()
-                time.sleep(0.02)  # the signal is taken here if not inside send()
+                thread.join()  # the signal is taken here if not inside send()
             except _Interrupt:
                 pass
             thread.join()
@@ -240,7 +240,7 @@ def test_a_signal_pending_when_the_send_lock_is_taken_never_leaves_a_frame_count
             try:
                 sending.set()
                 box.send(b"x" * 16)
-                time.sleep(0.02)  # (the signal lands here if not in send)
+                other.join()  # (the signal lands here if not in send)
             except _Signalled:
                 pass
             other.join()
@@ -254,3 +254,28 @@ def test_a_signal_pending_when_the_send_lock_is_taken_never_leaves_a_frame_count
 
 def _raise_signalled(signum: int, frame: Any) -> None:
     raise _Signalled
+
+
+class _NoMemory:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.fail = True
+
+    def send_nowait(self, frame: Any) -> None:
+        if self.fail:
+            self.fail = False
+            raise MemoryError("no room to seal it")
+        self.sent.append(frame)
+
+
+def test_a_frame_whose_write_fails_before_any_byte_went_out_is_not_counted() -> None:
+    """An ordinary error of a frame's own (no memory to seal it) goes to its sender, and the
+    frame is not counted as sent: the next frame takes its number, as the receiver sees."""
+    box = _outbox.Outbox(_runtime(call_soon=lambda fn: None), "addr")
+    link = _NoMemory()
+    machine = box._machine
+    machine.state, machine.link = CONNECTED, link
+    with pytest.raises(MemoryError):
+        box.send(b"f0", True)
+    assert (machine.queued_count, list(machine.unacked), box.direct_mark) == (0, [], 0)
+    assert box.send(b"f1", True) == 1 and link.sent == [b"f1"] and box.direct_mark == 1
