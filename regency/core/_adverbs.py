@@ -65,6 +65,17 @@ def _pickle_args(
         ) from exc
 
 
+def _unsent(rt: Runtime, port: Any, handler: Any, exc: Exception) -> None:
+    """A call that could not be sent: its reply port closes; a rank known to have failed
+    (``SupervisionError``) fails the call's future, a message too large (``ValueError``) is
+    raised here, at the call site."""
+    rt.close_port(port[1])
+    if isinstance(exc, SupervisionError):
+        handler.fail(exc)
+        return
+    raise exc
+
+
 class Endpoint(Generic[P, R]):
     """An endpoint of an actor mesh (or slice): the adverbs send to its ranks.
 
@@ -172,12 +183,8 @@ class Endpoint(Generic[P, R]):
                     route, local_ranks, mesh._key, self._name, port, payload,
                     gather=gather, replies=handler,
                 )
-        except SupervisionError as exc:
-            rt.close_port(port[1])
-            handler.fail(exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        except (SupervisionError, ValueError) as exc:
+            _unsent(rt, port, handler, exc)
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         """``_call_all`` to one rank, flattened (the pipelined and round-trip hot path): the
@@ -194,12 +201,8 @@ class Endpoint(Generic[P, R]):
             if rt.oversight.machine.causes:  # a rank of some mesh failed: is it this one?
                 self._check_alive(rt, (local,))
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
-        except SupervisionError as exc:
-            rt.close_port(port[1])
-            fut.fail(exc)
-        except ValueError:
-            rt.close_port(port[1])
-            raise
+        except (SupervisionError, ValueError) as exc:
+            _unsent(rt, port, fut, exc)
         return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:

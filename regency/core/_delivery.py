@@ -165,6 +165,15 @@ class Outbound:
             return self._dial(True)
         return None
 
+    def withdraw(self, frame: Frame) -> None:
+        """``frame``, just queued to a link, was not written at all (its write failed with
+        an error of its own before any byte went out): it was never sent, so it takes no
+        number (else the receiver would number the next frame in its place)."""
+        unacked = self.unacked
+        if unacked and unacked[-1] is frame:
+            unacked.pop()
+            self.queued_count -= 1
+
     def _dial(self, first: bool, cause: BaseException | None = None) -> Dial:
         """Wait for a connection: the Dial to carry out (remembered before the state
         changes: a session never waits for a connection with nothing to dial)."""
@@ -251,11 +260,9 @@ class Outbound:
             self.idle_ticks += 1
             if self.idle_ticks < 2:
                 return []
-            dial = self.unbegun if self.state == DIALING else None
-            if dial is None:
-                dial = self._dial(True)
             self.idle_ticks = 0
-            return [dial]
+            dial = self.unbegun if self.state == DIALING else None
+            return [dial if dial is not None else self._dial(True)]
         if self.state != CONNECTED or not self.unacked:
             self.stalled_since = None
             return []

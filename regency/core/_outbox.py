@@ -100,7 +100,7 @@ class Outbox:
                     # before it is queued: an interrupt in between leaves the count ahead (a
                     # later tree cast waits longer), never behind (it could overtake).
                     count = machine.queued_count = machine.queued_count + 1
-                    mark = self.direct_mark
+                    mark = self.direct_mark  # (set before the write: never behind it)
                     if direct:
                         self.direct_mark = count
                     link = machine.link
@@ -113,12 +113,9 @@ class Outbox:
                         pass  # kept unacknowledged; the lost connection brings a resend
                     except Exception:
                         # An error of this frame's (no memory to seal it, say), raised
-                        # before any of it was written: it was never sent, so it is not
-                        # counted (else the receiver would number the next in its place).
-                        if machine.unacked and machine.unacked[-1] is frame:
-                            machine.unacked.pop()
-                            machine.queued_count -= 1
-                            self.direct_mark = mark
+                        # before any of it was written: it was never sent.
+                        machine.withdraw(frame)
+                        self.direct_mark = mark
                         raise
                     except BaseException:
                         # An interrupt (Ctrl-C, the SIGUSR2 fault) inside the write: the

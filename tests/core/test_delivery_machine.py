@@ -152,6 +152,16 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.perform(self.sender.lost(link, ConnectionResetError("interrupted")))
         self.closing.append(link)
 
+    @precondition(lambda self: self.sender.state == CONNECTED)
+    @rule()
+    def write_fails(self) -> None:
+        """A frame's write fails with an error of its own before any byte went out (no
+        memory to seal it): the shell withdraws it, and the sender gets the error; the
+        frame was never sent, so the next one takes its number."""
+        frame = len(self.queued) + 500  # (never queued for good)
+        assert self.sender.queued(frame) is SEND_NOW
+        self.sender.withdraw(frame)
+
     @precondition(lambda self: bool(self.closing))
     @rule()
     def interrupted_link_closes(self) -> None:
