@@ -35,10 +35,19 @@ _TENSOR_NAMES = (
     "to_mesh",
 )
 
-__all__ = ["configure", *_TENSOR_NAMES]
+#: Seeing inside a running job (docs/observability.md): loaded on first use.
+_INTROSPECTION_NAMES = ("CallTimeoutError", "JobStacks", "stacks")
+
+__all__ = ["configure", *_INTROSPECTION_NAMES, *_TENSOR_NAMES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _INTROSPECTION_NAMES:
+        from . import introspection
+
+        value = getattr(introspection, name)
+        globals()[name] = value
+        return value
     if name in _TENSOR_NAMES:
         from . import _tensor_engine
 

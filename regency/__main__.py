@@ -26,12 +26,17 @@ def main(argv: list[str] | None = None) -> int:
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )
     _add_debug_command(commands)
+    from . import _stacks_cli
+
+    _stacks_cli.add_command(commands)
     from .job._cli import CommandError, add_commands
 
     add_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "debug":
         return _debug(args)
+    if args.command == "stacks":
+        return _stacks_cli.run(args)
     if args.command != "worker":
         try:
             code: int = args.run(args)

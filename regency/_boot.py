@@ -26,4 +26,8 @@ def start_controller() -> Runtime:
         _prestart.discard()  # no real procs: the zygote started at import is not needed
 
         return start_simulated_controller(config.seed)
-    return start_production_controller(config)
+    rt = start_production_controller(config)
+    from ._admin import serve_admin
+
+    serve_admin(rt)  # what `regency stacks` talks to
+    return rt

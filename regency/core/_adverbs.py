@@ -134,9 +134,9 @@ class Endpoint(Generic[P, R]):
             _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
         )
         fut: Future[ValueMesh[R]] = Future()
-        self._call_all(
+        fut._explain = self._call_all(
             rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True, gather=True
-        )
+        ).explain
         return fut
 
     def _call_all(
@@ -147,7 +147,7 @@ class Endpoint(Generic[P, R]):
         *,
         once_per_rank: bool = False,
         gather: bool = False,
-    ) -> None:
+    ) -> Replies:
         """Send to every rank, the replies to ``reducer``: a reply port opened for them, and
         one message per rank as :meth:`_send` sends it.
 
@@ -185,6 +185,7 @@ class Endpoint(Generic[P, R]):
                 )
         except (SupervisionError, ValueError) as exc:
             _unsent(rt, port, handler, exc)
+        return handler
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
         """``_call_all`` to one rank, flattened (the pipelined and round-trip hot path): the
@@ -228,7 +229,9 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         futs: list[Future[R]] = [Future() for _ in range(len(self._mesh._shape))]
-        self._call_all(rt, EachInTurn(futs), payload)
+        explain = self._call_all(rt, EachInTurn(futs), payload, once_per_rank=True).explain
+        for fut in futs:
+            fut._explain = explain
         return iter(futs)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -247,7 +250,9 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         fut: Future[Any] = Future()
-        self._call_all(rt, Fold(fut, acc, combine), payload, gather=True)
+        fut._explain = self._call_all(
+            rt, Fold(fut, acc, combine), payload, once_per_rank=True, gather=True
+        ).explain
         return fut
 
     def __repr__(self) -> str:

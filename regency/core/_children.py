@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 log = logging.getLogger("regency.runtime")
+stall_log = logging.getLogger("regency.stall")
 
 
 class Child:
@@ -50,6 +51,10 @@ class Child:
         self.launcher: ProcLauncher | None = None
         #: Whether "silent but busy" was logged for it already (once is enough).
         self.busy_logged = False
+        #: Whether its silence was reported as a stall (``regency.stall``) already.
+        self.silence_warned = False
+        #: Its coordinates in the proc mesh it was spawned in: (label, index) pairs.
+        self.coords: tuple[tuple[str, int], ...] = ()
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -215,6 +220,7 @@ class ChildProcs:
                     self._busy.forget(local_pid)
                 continue
             silent = now - child.last_seen
+            self._warn_silent(child, silent, local_pid)
             # Every look samples the child's CPU time, so that when it falls silent we know
             # whether it has been computing. Silent but computing (a long C call holding the
             # GIL) is not stuck; a stopped proc, or one using no CPU, is (see _liveness).
@@ -239,6 +245,31 @@ class ChildProcs:
                 if child.handle.remote:
                     # Its host may be unreachable: the kill cannot be confirmed.
                     self._child_exited(child, -signal.SIGKILL)
+
+
+    def _warn_silent(self, child: Child, silent: float, pid: int) -> None:
+        """A proc whose event loop stopped answering (no heartbeat for half of
+        ``heartbeat_timeout``) is reported as a stall (logger ``regency.stall``) before it
+        is declared stuck; once, and once more when it answers again."""
+        if not self.config.stall_warning_s:
+            return
+        limit = max(child.heartbeat_timeout / 2, 2 * self.config.heartbeat_interval)
+        if silent > limit and not child.silence_warned:
+            child.silence_warned = True
+            where = f"pid {pid}" if pid else "on another host"
+            stall_log.warning(
+                "stalled: proc %s (%s) has sent no heartbeat for %.1f s: its event loop is "
+                "blocked (a long call on the loop, a sync wait inside an async endpoint, or "
+                "a paused process); it counts as stuck after %.1f s unless its CPU time "
+                "advances",
+                child.proc_id,
+                where,
+                silent,
+                child.heartbeat_timeout,
+            )
+        elif silent <= limit and child.silence_warned:
+            child.silence_warned = False
+            stall_log.info("proc %s answers again", child.proc_id)
 
 
 async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -> None:

@@ -114,6 +114,14 @@ class Config:
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
     )
 
+    #: Seconds an endpoint may run before the controller logs a stall warning for it
+    #: (logger ``regency.stall``: actor, rank, host, pid, endpoint, elapsed time, innermost
+    #: frames), repeated at doubling intervals while it lasts; 0 turns it off
+    #: (docs/observability.md). Procs inherit the controller's setting.
+    stall_warning_s: float = attrs.field(
+        default=120.0, validator=lambda _inst, a, v: _not_negative(a, v)
+    )
+
     #: Threads that wait read their own messages from the sockets: a thread blocked in
     #: ``Future.get`` its reply, an idle actor thread its next call (leader/follower; see
     #: docs/internals.md, "Where the time goes"). False: only the trio loop reads, and hands

@@ -81,6 +81,20 @@ class UndeliverableError(SupervisionError):
     """The message could not reach its destination."""
 
 
+class CallTimeoutError(TimeoutError):
+    """A call's ``get(timeout=...)`` ran out: the message names the ranks that did not
+    answer and, for each (alike ones grouped), the endpoint it is in, for how long and its
+    innermost user frame. ``stacks``: the :class:`~regency.core._stacks.JobStacks` of
+    those ranks' procs that the message was made from (None when they could not be had);
+    ``ranks``: the mesh ranks that did not answer. The call goes on: ``get`` may be called
+    again."""
+
+    def __init__(self, message: str, stacks: Any = None, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.stacks = stacks
+        self.ranks = ranks
+
+
 class ArgumentPickleError(TypeError, RuntimeError):
     """An endpoint's arguments cannot be pickled (raised at the call site, naming the
     argument). A ``TypeError``, and a ``RuntimeError`` as Monarch raises there, so either

@@ -40,6 +40,10 @@ class Mailbox(Protocol):
         """Raises ``queue.Empty`` when there is nothing."""
         ...
 
+    def qsize(self) -> int:
+        """How many items wait (introspection's mailbox depth)."""
+        ...
+
 
 class Executor(Protocol):
     """The blocking primitives of actor threads (see the module docstring)."""

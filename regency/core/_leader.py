@@ -606,13 +606,16 @@ class LeadingMailbox:
     the runtime's sockets itself while the mailbox is empty, so a call to an idle actor
     reaches it without a hop from the loop."""
 
-    __slots__ = ("_bell", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait")
+    __slots__ = (
+        "_bell", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait", "qsize"
+    )
 
     def __init__(self, leader: Leader) -> None:
         self._leader = leader
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._get = self._queue.get
         self.get_nowait = self._queue.get_nowait
+        self.qsize = self._queue.qsize
         self._bell: Bell | None = None
         # What ``get`` hands ``Leader._lead``, made once (not three closures per wait).
         self._lead = leader._lead

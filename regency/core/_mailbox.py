@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import queue
+import threading
 import time
 import types
 from collections import deque
@@ -54,12 +55,15 @@ from ._executor import Mailbox, ThreadExecutor
 from ._future import Future
 from ._shape import Extent, Point
 from ._spin import SpinPolicy, spin_limit
+from ._stacks import RECENT, outcome_of, stall_ended
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
 log = logging.getLogger("regency.actor")
 _ABANDON = M.Abandon()
+#: A handled call's outcome when it returned (the flight recorder's common case).
+_RETURNED = "returned"
 
 #: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
 _NEXT = object()  # the next mailbox item
@@ -146,9 +150,29 @@ class ActorCell:
         #: them, without its test for a ``Supervise``): the mailbox's own ``put`` for an
         #: actor with a thread (on the loop, or on a thread that read the message), one
         #: call per message less; the deque for an all-async actor (on the loop).
+        self._put = self._queue.put
         self.accept: Callable[[M.MailboxItem], None] = (
-            self._queue.put if self.threaded else self._accept_on_loop
+            self._accept_threaded if self.threaded else self._accept_on_loop
         )
+        # What introspection reads (core/_stacks.py): the runtime's clock (virtual in the
+        # simulator), the call being handled and when it started, the last calls handled
+        # (the flight recorder), the actor thread, the coroutine of a running async call.
+        self._clock = runtime.env.clock
+        #: (call, started) of the message being handled; None while idle.
+        self.busy: tuple[M.Call, float] | None = None
+        #: The last RECENT calls handled: (endpoint, reply port, queued, started, finished,
+        #: outcome), oldest first.
+        self.recent: deque[tuple[str, Any, float, float, float, str]] = deque(maxlen=RECENT)
+        #: How the call being handled ended, when not by returning (set where it raised).
+        self._outcome = _RETURNED
+        #: The ident of the actor's thread (an actor with a thread), once it runs.
+        self.thread_ident: int | None = None
+        #: The coroutine of the async endpoint running now, if any (its await chain).
+        self.coro: Any = None
+        #: Calls of concurrent endpoints running now: scope -> (call, started, coroutine).
+        self.concurrent: dict[trio.CancelScope, list[Any]] = {}
+        #: Stall warnings given for the call being handled (core/_stacks.StallWatch).
+        self.stall_warned = 0
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
         #: The cancel scope of the (non-concurrent) async endpoint running now, if any, and
@@ -216,8 +240,17 @@ class ActorCell:
             return
         self.enqueue(M.Escalate(cause))
 
+    def _accept_threaded(self, item: M.MailboxItem) -> None:
+        """``accept`` of an actor with a thread: stamp a call with the time it was queued
+        (the flight recorder's), then the mailbox's own ``put``."""
+        if type(item) is M.Call:
+            item.__dict__["queued_at"] = self._clock()
+        self._put(item)
+
     def _accept_on_loop(self, item: M.MailboxItem) -> None:
         """``accept`` of an all-async actor (on the loop)."""
+        if type(item) is M.Call:
+            item.__dict__["queued_at"] = self._clock()
         self._deque.append(item)
         self._wakeup.set()
 
@@ -239,6 +272,7 @@ class ActorCell:
         from ._current import _runtime_var
 
         _runtime_var.set(self.rt)
+        self.thread_ident = threading.get_ident()
         executor, gen = self._executor, self._main()
         send, throw, get = gen.send, gen.throw, self._queue.get
         value: Any
@@ -348,9 +382,11 @@ class ActorCell:
             item: M.MailboxItem = yield _NEXT
             match item:
                 case M.Call():
+                    self.busy = (item, self._clock())
                     rest = self._call(item)  # None: handled (most calls: no generator)
                     if rest is not None:
                         alive = yield from rest
+                    self._handled(item)
                 case M.Supervise():
                     yield from self._supervise(item.failure)
                 case M.Escalate():
@@ -363,6 +399,30 @@ class ActorCell:
                     return
                 case _:
                     assert_never(item)
+
+    def _handled(self, item: M.Call) -> None:
+        """The flight recorder: one more call handled (the mailbox loop's, after each)."""
+        busy, now = self.busy, self._clock()
+        self.busy = None
+        started = busy[1] if busy is not None else now
+        self.recent.append(
+            (
+                item.method,
+                item.port,
+                item.__dict__.get("queued_at", started),
+                started,
+                now,
+                self._outcome,
+            )
+        )
+        self._outcome = _RETURNED
+        if self.stall_warned:
+            self.stall_warned = 0
+            stall_ended(self, item.method, now - started)
+
+    def queued(self) -> int:
+        """How many messages wait in this actor's mailbox."""
+        return self._queue.qsize() if self.threaded else len(self._deque)
 
     def _retire(self, failure: RemoteFailure) -> None:
         """Leave the runtime's actor table; bounce whatever is still queued with ``failure``.
@@ -498,6 +558,7 @@ class ActorCell:
     ) -> S.FailureCause | None:
         """A call's handler raised ``exc``: why the actor must die, or None (see
         :meth:`_raised`)."""
+        self._outcome = outcome_of(exc)
         if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
             _dbg.call_ended(exc)
         return self._raised(item, exc, explicit)
@@ -519,6 +580,7 @@ class ActorCell:
         """A sync handler returned a coroutine (an async plain method called through
         ``as_endpoint``): await it on the loop, then reply."""
         token = current.set(ctx)
+        self.coro = coro
         try:
             result = yield _Await(lambda: self.rt.run_coroutine(coro))
             if _dbg.open_sessions:
@@ -533,6 +595,7 @@ class ActorCell:
                 yield from self._die(cause, exc)
                 return False
         finally:
+            self.coro = None
             current.reset(token)
         self._queue_requested_stop()
         return True
@@ -553,6 +616,7 @@ class ActorCell:
 
             async def run_and_reply() -> None:
                 coro = fn(obj, *args, **kwargs)
+                self.coro = coro
                 self._in_async_endpoint += 1
                 # Cancelled by enqueue when the actor fails while the endpoint is suspended.
                 with trio.CancelScope() as scope:
@@ -565,6 +629,7 @@ class ActorCell:
                     finally:
                         self._in_async_endpoint -= 1
                         self._endpoint_scope = None
+                        self.coro = None
                         coro.close()  # cancelled before it started: no "never awaited"
                 if scope.cancelled_caught or self._failed_at_await is not None:
                     # The actor failed meanwhile (also when the endpoint caught the
@@ -588,6 +653,7 @@ class ActorCell:
             current.reset(token)
         failed = self._failed_at_await
         if failed is not None:
+            self._outcome = "cancelled: the actor failed while it ran"
             # The actor failed while this endpoint was suspended: its caller gets the
             # actor's death (as a message queued behind it would), and it dies now.
             if item.port is not None:
@@ -611,13 +677,16 @@ class ActorCell:
         spec = self.endpoints.get(item.method)
         token = current.set(self._context(item))
         explicit = False
+        record: list[Any] = [item, self._clock(), None]
+        outcome = _RETURNED
+        self.concurrent[scope] = record
         try:
             with scope:
                 try:
                     if scope.cancel_called:
                         await trio.lowlevel.checkpoint()  # retired before we started: raises
                     fn, args, kwargs, explicit = self._prepare(item, spec)
-                    coro = fn(self.obj, *args, **kwargs)
+                    coro = record[2] = fn(self.obj, *args, **kwargs)
                     try:
                         result = await _dbg.drive(self.rt.run_coroutine(coro))
                     finally:
@@ -625,12 +694,25 @@ class ActorCell:
                     if not explicit:
                         self._succeeded(item, result)
                 except trio.Cancelled:
+                    outcome = "cancelled: the actor stopped"
                     raise
                 except BaseException as exc:
+                    outcome = outcome_of(exc)
                     cause = self._raised(item, exc, explicit)
                     if cause is not None:
                         self.enqueue(M.Escalate(cause))
                 finally:
+                    self.concurrent.pop(scope, None)
+                    self.recent.append(
+                        (
+                            item.method,
+                            item.port,
+                            item.__dict__.get("queued_at", record[1]),
+                            record[1],
+                            self._clock(),
+                            outcome,
+                        )
+                    )
                     self._running.discard(scope)
                     if not self._running and self._running_idle is not None:
                         self._running_idle.set()

@@ -188,8 +188,13 @@ class Outbox:
             if isinstance(action, Dial):
                 if action.first:
                     self._rt.call_soon(functools.partial(self._start, action))
-                else:
-                    self._rt.start_soon(self._reconnect, action)
+                elif not self._rt.closing:
+                    # (Closing, the runtime does not reconnect: its connections close with
+                    # it, and a peer that exits at the same time breaks them first.)
+                    try:
+                        self._rt.start_soon(self._reconnect, action)
+                    except trio.RunFinishedError:
+                        pass  # its loop ended meanwhile (we are on another thread)
             elif isinstance(action, Close):
                 action.link.close()
             elif isinstance(action, GiveUp):
@@ -202,7 +207,8 @@ class Outbox:
                     self._perform([action])
 
     def _start(self, dial: Dial) -> None:
-        self._rt.nursery.start_soon(self._connect, dial)
+        if not self._rt.closing:  # (as for a reconnect: nothing to connect for any more)
+            self._rt.nursery.start_soon(self._connect, dial)
 
     def _begin_dial(self, dial: Dial) -> bool:
         """Whether this attempt may carry ``dial`` out (``Outbound.begin_dial``)."""

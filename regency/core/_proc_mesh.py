@@ -217,6 +217,9 @@ class HostMesh(MeshAlgebra):
             children = rt.plan_on_launchers(launchers, count, name or "p")
         else:
             children = rt.plan_procs(len(shape), name or "p")
+        extent = Extent(shape.labels, shape.sizes)
+        for rank, child in enumerate(children):
+            child.coords = tuple(Point(rank, extent).items())
         if rt.parent_address is None:  # procs may ask the controller for its singletons
             rt.call_soon(lambda: ensure_registry(rt))
         if rt.config.enable_log_forwarding:  # log forwarding is imported when it is on

@@ -98,6 +98,22 @@ class Replies:
             return True
         return False
 
+    def unanswered(self) -> list[tuple[int, str]]:
+        """(mesh rank, address) of each rank not heard from yet (every rank, where this
+        call does not count them one by one)."""
+        seen = self.seen
+        return [
+            (rank, address)
+            for i, (rank, address) in enumerate(zip(self.ranks, self.addresses, strict=True))
+            if seen is None or not seen[i]
+        ]
+
+    def explain(self, timeout: float | None) -> BaseException:
+        """The error of a ``get`` that timed out (core/_introspect.py)."""
+        from ._introspect import timed_out
+
+        return timed_out(self.endpoint, len(self.ranks), self.unanswered(), timeout)
+
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         if len(self.ranks) == 1:
             ranks = list(self.ranks)
@@ -156,6 +172,14 @@ class OneReply(Future[Any]):
         self.set_exception(
             SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.ranks[0]}: {exc}")
         )
+
+    def _explainer(self) -> Callable[[float | None], BaseException] | None:
+        return self._timed_out
+
+    def _timed_out(self, timeout: float | None) -> BaseException:
+        from ._introspect import timed_out
+
+        return timed_out(self.endpoint, 1, [(self.ranks[0], self.addresses[0])], timeout)
 
 
 class _IntoFuture:

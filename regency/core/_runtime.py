@@ -43,6 +43,8 @@ from ._errors import RemoteFailure, SupervisionError, UndeliverableError
 from ._executor import Executor, ThreadExecutor
 from ._future import runtime_threads
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
+from ._introspect import install as install_introspection
+from ._introspect import watch_stalls
 from ._launcher import ProcLauncher, ZygoteLauncher
 from ._leader import Leader
 from ._liveness import BusyWatch
@@ -51,6 +53,7 @@ from ._outbox import Outbox
 from ._oversight import Oversight
 from ._ports import PortHandler, PortTable
 from ._probe import Probe
+from ._stacks import Stall
 from ._ticker import Ticker
 
 _REPLY_MARK = _codec.REPLY_MARK
@@ -130,6 +133,10 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._init_inbound_sessions()
         #: Casting trees: this runtime's fences as a sender, and its part as a forwarder.
         self.casting = Casting(self)
+        #: Sends a stall report to the controller (or logs it, in the controller); set by
+        #: ``_introspect.install``, with the stacks service and the stall sink.
+        self.report_stall: Callable[[Stall], None] | None = None
+        install_introspection(self)
 
     # What the environment decides, read-only: a runtime's world does not change under it.
 
@@ -301,6 +308,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self._forget_idle_sessions(now)
         self._forget_broken_outboxes(now)
         self._check_heartbeats(now)
+        watch_stalls(self)
 
     def _forget_broken_outboxes(self, now: float) -> None:
         """Drop outboxes to peers that are gone for good (the session failed), once no
@@ -353,7 +361,24 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             _runtime_var.set(self)
             await fn(*args)
 
-        self.call_soon(lambda: self.nursery.start_soon(task, name=fn))
+        def start() -> None:
+            try:
+                self.nursery.start_soon(task, name=fn)
+            except RuntimeError:  # "Nursery is closed to new arrivals"
+                if not self.closing:
+                    raise
+                # serve's last moments (its transport closing connections): nothing runs
+                # tasks any more, and raising here would fail the proc as it exits.
+
+        self.call_soon(start)
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`serve` is on its way out: its nursery cancelled (stopped, or a task
+        failed). A task started now is cancelled at its first checkpoint; once the nursery
+        has closed (the transport still closing connections after it) none can start."""
+        nursery: trio.Nursery | None = getattr(self, "nursery", None)
+        return nursery is not None and nursery.cancel_scope.cancel_called
 
     def on_runtime_thread(self) -> bool:
         return threading.get_ident() == self.thread_id

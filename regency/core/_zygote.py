@@ -205,9 +205,41 @@ def _control(request: dict[str, Any], state: dict[str, str]) -> None:
         gc.freeze()
 
 
+def _fresh_random_state() -> None:
+    """In the forked child, first thing: the random state a fresh interpreter would have.
+
+    A fork copies the zygote's generators, so without this every proc drew the same numbers
+    (torch's, when the zygote had imported torch; Monarch's procs, fresh processes, all
+    differ). Only modules already imported are reseeded (one imported later seeds itself
+    from the OS in this proc), each from OS entropy as at its import:
+
+    * ``random``: its module-level generator already reseeds at fork (``os.register_at_fork``
+      in the standard library); done again here so as not to rest on that.
+    * ``numpy.random``'s global ``RandomState`` (numpy 2 imports ``numpy.random`` lazily, so
+      it is usually imported in the proc; numpy 1 imports it with numpy, hence with torch).
+    * torch's CPU generator (``torch.initial_seed()`` and ``torch.rand`` without a
+      generator). Not ``torch.seed()``: it also queues ``manual_seed_all`` for CUDA, making
+      the CUDA seed the CPU one and formatting a stack trace, per proc. CUDA needs nothing:
+      the zygote never initialises it (a forked CUDA context is unusable), and the proc's
+      CUDA generators, made when the proc first uses CUDA, each seed themselves from the OS
+      (``getDefaultCUDAGenerator``), as in a fresh interpreter. Nothing here touches CUDA.
+    """
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None and hasattr(numpy_random, "seed"):
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        generator.seed()
+
+
 def _become(request: dict[str, Any], *fds: int) -> None:
     """In the forked child: drop the zygote's plumbing and run the proc."""
     try:
+        _fresh_random_state()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

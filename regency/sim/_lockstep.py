@@ -277,6 +277,9 @@ class _LockstepMailbox:
             raise queue.Empty
         return self._items.popleft()
 
+    def qsize(self) -> int:
+        return len(self._items)
+
 
 class LockstepExecutor:
     """The executor of a simulated runtime (see :mod:`regency.core._executor`): the same

@@ -44,6 +44,7 @@ def _runtime(**more: Any) -> Any:
         proc_id="p",
         _nonce="n",
         _sessions=itertools.count(),
+        closing=False,
         **more,
     )
 
