@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
+import attrs
 import trio
 
 from .. import supervision as S
@@ -55,7 +56,7 @@ from ._executor import Mailbox, ThreadExecutor
 from ._future import Future
 from ._shape import Extent, Point
 from ._spin import SpinPolicy, spin_limit
-from ._stacks import RECENT, outcome_of, stall_ended
+from ._stacks import RECENT, Handled, outcome_of, stall_ended
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -843,6 +844,27 @@ class ActorCell:
 
     # -- dying and stopping --------------------------------------------------------------
 
+    def _with_recent(self, cause: S.FailureCause) -> S.FailureCause:
+        """The report of this actor's death ends with the calls it handled last (the flight
+        recorder), the one it died of included."""
+        busy = self.busy
+        if busy is not None:  # the call it dies of, recorded now
+            item, started = busy
+            now = self._clock()
+            queued = item.__dict__.get("queued_at", started)
+            recent = [*self.recent, (item.method, item.port, queued, started, now, self._outcome)]
+        else:
+            recent = list(self.recent)
+        if not recent:
+            return cause
+        lines = [f"last {len(recent)} call(s) {self.name} rank {self.point.rank} handled, newest last:"]
+        for endpoint, port, queued, started, finished, outcome in recent[-RECENT:]:
+            handled = Handled(endpoint, port[0] if port else "", queued, started, finished, outcome)
+            lines.append(f"  {handled}")
+        text = "\n".join(lines)
+        trace = f"{cause.traceback.rstrip()}\n\n{text}" if cause.traceback else text
+        return attrs.evolve(cause, traceback=trace)
+
     def _dead_failure(self, cause: S.FailureCause) -> RemoteFailure:
         # Names the actor as Monarch's supervision errors do: <module.Class name{'gpus': 1/2}>.
         return RemoteFailure(
@@ -866,7 +888,7 @@ class ActorCell:
         return failure
 
     def _die(self, cause: S.FailureCause, exc: BaseException | None) -> Generator[Any, Any, None]:
-        failure = self._fail(cause)
+        failure = self._fail(self._with_recent(cause))
         yield from self._wind_down(exc)
         self._retire(failure)
 

@@ -52,7 +52,13 @@ def test_stacks_name_the_stuck_rank_its_endpoint_and_line(procs: ProcMesh, relea
     while True:
         stacks = regency.stacks(procs)
         found = stacks.actor("stuck", 2)
-        if found is not None and found[1].endpoint == "hang" and found[1].queued == 1:
+        others_idle = all(
+            (a := stacks.actor("stuck", rank)) is not None and a[1].endpoint is None
+            for rank in (0, 1, 3)
+        )
+        if found is not None and found[1].endpoint == "hang" and found[1].queued == 1 and (
+            others_idle
+        ):
             break
         assert time.monotonic() < deadline, str(stacks)
         time.sleep(0.05)
@@ -86,7 +92,8 @@ def test_async_endpoints_show_their_await_chain(
     while True:
         stacks = regency.stacks(mesh)
         calls = [c for p in stacks.procs for c in p.calls]
-        if len(calls) == 4:
+        # (A call's coroutine shows its first line until the loop has started it.)
+        if len(calls) == 4 and all("await" in c.frames[0].source for c in calls):
             break
         assert time.monotonic() < deadline, str(stacks)
         time.sleep(0.05)
@@ -131,7 +138,15 @@ def test_the_flight_recorder_keeps_the_last_calls(procs: ProcMesh) -> None:
         mesh.ping.call().get(T)
     with pytest.raises(ActorError, match="bad value 42"):
         mesh.fail.call().get(T)
-    stacks = regency.stacks(mesh)
+    # A reply goes out before its call is recorded: wait until every rank has recorded it.
+    deadline = time.monotonic() + T
+    while True:
+        stacks = regency.stacks(mesh)
+        lasts = [stacks.actor("recorded", rank)[1].recent[-1].endpoint for rank in range(4)]
+        if lasts == ["fail"] * 4:
+            break
+        assert time.monotonic() < deadline, lasts
+        time.sleep(0.02)
     for rank in range(4):
         _, actor = stacks.actor("recorded", rank)
         assert len(actor.recent) == 64
@@ -262,3 +277,19 @@ def test_the_cli_prints_a_running_controllers_stacks(tmp_path: Path) -> None:
     assert controller.returncode == 0
     record = Path.home() / ".regency" / f"controller-{controller.pid}.json"
     assert not record.exists()
+
+
+def test_a_dead_actors_report_ends_with_its_last_calls(
+    spawn_procs: SpawnProcs, roots: Any
+) -> None:
+    pm = spawn_procs({"gpus": 2})
+    mesh = pm.spawn("dying", Stuck)
+    for _ in range(3):
+        mesh.ping.call().get(T)
+    mesh.slice(gpus=1).fail.broadcast()  # no caller waiting: the actor dies of it
+    failure = roots.wait_for("dying")
+    trace = failure.cause.traceback
+    assert "ValueError: bad value 42" in trace
+    tail = trace[trace.index("last 4 call(s) dying rank 1 handled, newest last:") :]
+    assert tail.count("ping from unix://") == 3
+    assert "fail (no reply): raised ValueError: bad value 42" in tail.splitlines()[-1]
