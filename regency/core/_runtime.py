@@ -57,6 +57,8 @@ from ._stacks import Stall
 from ._ticker import Ticker
 
 _REPLY_MARK = _codec.REPLY_MARK
+#: Port ids from here up are reserved for services (regency/_logs/_records.py, _introspect.py).
+_RESERVED_PORTS = 1 << 63
 
 log = logging.getLogger("regency.runtime")
 
@@ -250,8 +252,10 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         )
         import traceback
 
+        # Reserved ports (services: the log sink, stacks; ids with the top bit set) are no calls.
+        pending = sum(1 for port_id in self.ports if port_id < _RESERVED_PORTS)
         print(
-            f"regency: {self.died}; failing {len(self.ports)} pending call(s)",
+            f"regency: {self.died}; failing {pending} pending call(s)",
             file=sys.stderr,
             flush=True,
         )
