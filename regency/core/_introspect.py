@@ -366,9 +366,13 @@ def watch_stalls(rt: Runtime) -> None:
         check_stalls(rt, rt.config.stall_warning_s, report)
 
 
-def describe_late(stacks: JobStacks | None, late: Sequence[tuple[int, str]], endpoint: str) -> str:
+def describe_late(
+    stacks: JobStacks | None, late: Sequence[tuple[int, str]], endpoint: str
+) -> tuple[str, list[int]]:
     """For a timed-out call: each late rank (rank, address) with the endpoint it is in,
-    for how long and its innermost user frame, alike ranks grouped."""
+    for how long and its innermost user frame, alike ranks grouped; and the ranks among
+    them that did handle the call (their replies are held up a casting tree, gathered with
+    a late rank's)."""
     from ._stacks import ranges, span
 
     # Alike ranks (the same endpoint at the same line, or the same reason) go together.
@@ -377,6 +381,7 @@ def describe_late(stacks: JobStacks | None, late: Sequence[tuple[int, str]], end
     if stacks is not None:
         by_address = {p.address: p for p in stacks.procs}
     mesh, _, method = endpoint.rpartition(".")
+    held: list[int] = []
     for rank, address in late:
         proc = by_address.get(address)
         if proc is None:
@@ -386,6 +391,8 @@ def describe_late(stacks: JobStacks | None, late: Sequence[tuple[int, str]], end
             key, took = (proc.reason,), None
         else:
             key, took = _doing(proc, mesh, method, rank)
+            if key == _HELD:
+                held.append(rank)
         ranks, times, procs = groups.setdefault(key, ([], [], []))
         ranks.append(rank)
         if took is not None:
@@ -393,7 +400,8 @@ def describe_late(stacks: JobStacks | None, late: Sequence[tuple[int, str]], end
         if proc is not None:
             procs.append(f"{proc.proc_id} (host {proc.host}, pid {proc.pid})")
     lines = []
-    for key, (ranks, times, procs) in groups.items():
+    # The ranks still running first; those whose replies are only held, last.
+    for key, (ranks, times, procs) in sorted(groups.items(), key=lambda kv: kv[0] == _HELD):
         which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
         where = f" on proc {procs[0]}" if len(procs) == 1 else f" on {len(procs)} procs"
         if len(key) == 1:
@@ -402,7 +410,11 @@ def describe_late(stacks: JobStacks | None, late: Sequence[tuple[int, str]], end
         running, at = key
         during = f" for {span(times)}" if times else ""
         lines.append(f"  {which}{where}: {running}{during}{at}")
-    return "\n".join(lines)
+    return "\n".join(lines), held
+
+
+#: A late rank that handled the call: its reply is held with a late rank's up a casting tree.
+_HELD = ("handled the call: its reply waits up the casting tree, gathered with a late rank's",)
 
 
 def _doing(
@@ -421,6 +433,8 @@ def _doing(
     if actor is None:
         return (f"no actor of mesh {mesh!r} rank {rank} there",), None
     if actor.endpoint is None:
+        if actor.recent and actor.recent[-1].endpoint == method:
+            return _HELD, None
         return (f"idle, {actor.queued} message(s) queued: the call has not arrived",), None
     frame = innermost_user(frames_by_actor.get((actor.mesh, actor.rank), ()))
     at = f", at {frame.file}:{frame.line} in {frame.function}: {frame.source}" if frame else ""
@@ -449,10 +463,9 @@ def timed_out(
     wait = timeout or 0.0
     if rt is not None and late and wait >= EXPLAIN_MIN_GET_TIMEOUT:
         stacks = stacks_for_call(rt, [a for _, a in late], min(EXPLAIN_TIMEOUT, max(wait, 0.25)))
-    head = (
-        f"{endpoint} did not finish within {timeout} s: {len(late)} of {called} rank(s) "
-        "did not answer"
-    )
-    detail = describe_late(stacks, late, endpoint)
-    ranks = tuple(rank for rank, _ in late)
+    detail, held = describe_late(stacks, late, endpoint)
+    ranks = tuple(rank for rank, _ in late if rank not in held) or tuple(r for r, _ in late)
+    head = f"{endpoint} did not finish within {timeout} s: {len(ranks)} of {called} rank(s) did not answer"
+    if held and len(ranks) < len(late):
+        head += f" ({len(held)} more did; their replies wait in a casting tree for the late ones)"
     return CallTimeoutError(f"{head}:\n{detail}" if detail else head, stacks, ranks)
