@@ -14,6 +14,7 @@ from benchmarks import (
     bench_actors,
     bench_dispatch,
     bench_fanout,
+    bench_introspection,
     bench_jobs,
     bench_logs,
     bench_multihost,
@@ -50,6 +51,7 @@ def main() -> None:
     for scheme, us, rate, cpu in bench_transports.run():
         print(f"| {scheme} | {us:,.1f} us | {rate:,.0f} frames/s | {cpu:,.0f} us |")
     _table("Supervision (issue #3)", bench_supervision.run())
+    _table("Introspection: stacks of a 64-proc job", bench_introspection.run())
     try:
         from benchmarks import bench_rdma
     except ImportError as exc:
