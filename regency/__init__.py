@@ -36,7 +36,7 @@ _TENSOR_NAMES = (
 )
 
 #: Seeing inside a running job (docs/observability.md): loaded on first use.
-_INTROSPECTION_NAMES = ("CallTimeoutError", "JobStacks", "stacks")
+_INTROSPECTION_NAMES = ("CallTimeoutError", "JobStacks", "stacks", "trace")
 
 __all__ = ["configure", *_INTROSPECTION_NAMES, *_TENSOR_NAMES]
 

@@ -1,7 +1,7 @@
 """Seeing inside a running job (docs/observability.md): ``stacks()`` of every proc, named
 by actor, mesh, rank and endpoint; the records it returns; the ``TimeoutError`` a late call
-raises. Stall warnings are logged by the controller (logger ``regency.stall``; the
-``stall_warning_s`` setting)."""
+raises; ``trace(path)``, a timeline of real runs (Chrome trace-event JSON). Stall warnings
+are logged by the controller (logger ``regency.stall``; the ``stall_warning_s`` setting)."""
 
 from .core._errors import CallTimeoutError
 from .core._introspect import stacks
@@ -15,6 +15,7 @@ from .core._stacks import (
     Stall,
     ThreadStack,
 )
+from .core._trace import trace
 
 __all__ = [
     "ActorState",
@@ -27,4 +28,5 @@ __all__ = [
     "Stall",
     "ThreadStack",
     "stacks",
+    "trace",
 ]

@@ -14,6 +14,7 @@ from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
 from ._replies import EachInTurn, Fold, OneReply, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
+from ._trace import sender_track
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
@@ -166,6 +167,9 @@ class Endpoint(Generic[P, R]):
         )
         local_ranks = range(len(route.addresses))
         port = rt.open_port(handler)
+        trace = rt.trace
+        if trace is not None:
+            trace.sent(self.qualname, port, local_ranks, sender_track())
         try:
             if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
                 self._check_alive(rt, local_ranks)
@@ -198,6 +202,9 @@ class Endpoint(Generic[P, R]):
             route.dest_sets[local],
         )
         port = rt.open_port(fut)
+        trace = rt.trace
+        if trace is not None:
+            trace.sent(self.qualname, port, (local,), sender_track())
         try:
             if rt.oversight.machine.causes:  # a rank of some mesh failed: is it this one?
                 self._check_alive(rt, (local,))
@@ -242,6 +249,9 @@ class Endpoint(Generic[P, R]):
         ranks = range(len(self._mesh._shape))
         if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
             self._check_alive(rt, ranks)
+        trace = rt.trace
+        if trace is not None:
+            trace.sent(self.qualname, None, ranks, sender_track())
         self._send(rt, ranks, None, payload)
 
     def _fold(

@@ -23,6 +23,7 @@ from ._errors import SupervisionError, UndeliverableError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
 from ._liveness import BusyWatch
+from ._trace import TraceRing
 
 if TYPE_CHECKING:
     from ._outbox import Outbox
@@ -97,6 +98,8 @@ class ChildProcs:
     _child_ids: itertools.count[int]
     #: CPU time of silent children between looks (busy or stuck, see _liveness).
     _busy: BusyWatch
+    #: The trace ring while tracing is on (core/_trace.py).
+    trace: TraceRing | None
 
     # Provided by Runtime, which this class is a part of.
     def on_runtime_thread(self) -> bool:
@@ -200,6 +203,9 @@ class ChildProcs:
         if ready is not None:
             ready.set()  # wakes senders waiting for it; they find the outbox broken
         error = ProcessLookupError(child.describe_exit())
+        trace = self.trace
+        if trace is not None:
+            trace.instant(f"proc {child.proc_id}", "proc exited", {"how": child.describe_exit()})
         self.outbox(child.address)._broken(error)
         for hook in self.on_child_exit:
             hook(child)

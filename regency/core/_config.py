@@ -122,6 +122,13 @@ class Config:
         default=120.0, validator=lambda _inst, a, v: _not_negative(a, v)
     )
 
+    #: Record a timeline of the whole run and write it to this file (Chrome trace-event JSON)
+    #: when the controller shuts down; "" (default): no tracing (``regency.trace(path)``
+    #: traces part of a program). docs/observability.md.
+    trace_path: str = ""
+    #: Events each proc keeps while tracing (older ones are dropped and counted).
+    trace_buffer: int = attrs.field(default=100_000, validator=lambda _inst, a, v: _positive(a, v))
+
     #: Threads that wait read their own messages from the sockets: a thread blocked in
     #: ``Future.get`` its reply, an idle actor thread its next call (leader/follower; see
     #: docs/internals.md, "Where the time goes"). False: only the trio loop reads, and hands

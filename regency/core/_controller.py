@@ -8,6 +8,7 @@ import gc
 import hashlib
 import os
 import secrets
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -154,6 +155,13 @@ def _shutdown_controller(rt: Runtime, thread: threading.Thread, jobdir: str) -> 
 
         shutil.rmtree(jobdir, ignore_errors=True)
         return
+    if rt.config.trace_path and rt.trace is not None:
+        from ._trace import collect_and_write
+
+        try:  # the run's timeline, before its procs stop
+            collect_and_write(rt, rt.config.trace_path, stop=True, timeout=5.0)
+        except Exception as exc:
+            print(f"regency: could not write the trace {rt.config.trace_path}: {exc}", file=sys.stderr)
     try:
         stop_owned_procs(rt, timeout=1.0)
         rt.call_soon(lambda: detach_all(rt))

@@ -57,6 +57,7 @@ from ._future import Future
 from ._shape import Extent, Point
 from ._spin import SpinPolicy, spin_limit
 from ._stacks import RECENT, Handled, outcome_of, stall_ended
+from ._trace import actor_track
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -406,16 +407,12 @@ class ActorCell:
         busy, now = self.busy, self._clock()
         self.busy = None
         started = busy[1] if busy is not None else now
-        self.recent.append(
-            (
-                item.method,
-                item.port,
-                item.__dict__.get("queued_at", started),
-                started,
-                now,
-                self._outcome,
-            )
-        )
+        queued = item.__dict__.get("queued_at", started)
+        outcome = self._outcome
+        self.recent.append((item.method, item.port, queued, started, now, outcome))
+        trace = self.rt.trace
+        if trace is not None:
+            trace.handled(self, item, queued, started, now, outcome)
         self._outcome = _RETURNED
         if self.stall_warned:
             self.stall_warned = 0
@@ -704,16 +701,12 @@ class ActorCell:
                         self.enqueue(M.Escalate(cause))
                 finally:
                     self.concurrent.pop(scope, None)
-                    self.recent.append(
-                        (
-                            item.method,
-                            item.port,
-                            item.__dict__.get("queued_at", record[1]),
-                            record[1],
-                            self._clock(),
-                            outcome,
-                        )
-                    )
+                    queued = item.__dict__.get("queued_at", record[1])
+                    now = self._clock()
+                    self.recent.append((item.method, item.port, queued, record[1], now, outcome))
+                    trace = self.rt.trace
+                    if trace is not None:
+                        trace.handled(self, item, queued, record[1], now, outcome)
                     self._running.discard(scope)
                     if not self._running and self._running_idle is not None:
                         self._running_idle.set()
@@ -878,6 +871,8 @@ class ActorCell:
         controller's), report to the owner."""
         failure = self._dead_failure(cause)
         log.error("%s\n%s", failure.message, cause.traceback)
+        if self.rt.trace is not None:
+            self.rt.trace.instant(actor_track(self), "actor failed", {"cause": cause.summary})
         rt = self.rt
         rt.call_soon(lambda: rt.poison(failure))
         address, _owner_key, _ = self.owner

@@ -55,6 +55,8 @@ from ._ports import PortHandler, PortTable
 from ._probe import Probe
 from ._stacks import Stall
 from ._ticker import Ticker
+from ._trace import TraceRing
+from ._trace import install as install_trace
 
 _REPLY_MARK = _codec.REPLY_MARK
 #: Port ids from here up are reserved for services (regency/_logs/_records.py, _introspect.py).
@@ -139,6 +141,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: ``_introspect.install``, with the stacks service and the stall sink.
         self.report_stall: Callable[[Stall], None] | None = None
         install_introspection(self)
+        #: The ring of trace events while tracing is on (core/_trace.py); None: off.
+        self.trace: TraceRing | None = None
+        install_trace(self)
 
     # What the environment decides, read-only: a runtime's world does not change under it.
 

@@ -417,6 +417,12 @@ def check_stalls(rt: Runtime, threshold: float, report: Any) -> None:
         if elapsed >= threshold * (1 << cell.stall_warned):
             cell.stall_warned += 1
             report(_stall(cell, "stalled", busy[0].method, elapsed))
+            if rt.trace is not None:
+                from ._trace import actor_track
+
+                rt.trace.instant(
+                    actor_track(cell), "stall", {"endpoint": busy[0].method, "elapsed_s": elapsed}
+                )
 
 
 def stall_ended(cell: ActorCell, endpoint: str, elapsed: float) -> None:
