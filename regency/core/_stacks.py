@@ -13,6 +13,7 @@ found in virtual time and replay from the seed.
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import socket
 import sys
@@ -423,6 +424,20 @@ def check_stalls(rt: Runtime, threshold: float, report: Any) -> None:
                 rt.trace.instant(
                     actor_track(cell), "stall", {"endpoint": busy[0].method, "elapsed_s": elapsed}
                 )
+
+
+def next_stall_due(rt: Runtime) -> float:
+    """When the stall watch of ``rt`` next has a warning to give (on its clock; inf: none):
+    a scheduler that skips idle time must not skip past it (the simulator's ticker)."""
+    threshold = rt.config.stall_warning_s
+    if not threshold:
+        return math.inf
+    due = math.inf
+    for cell in list(rt.actors.values()):
+        busy = cell.busy
+        if busy is not None:
+            due = min(due, busy[1] + threshold * (1 << cell.stall_warned))
+    return due
 
 
 def stall_ended(cell: ActorCell, endpoint: str, elapsed: float) -> None:

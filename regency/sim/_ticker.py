@@ -30,6 +30,7 @@ import attrs
 import trio
 from trio._core._run import GLOBAL_RUN_CONTEXT
 
+from ..core._stacks import next_stall_due
 from ..core._ticker import Tick
 
 #: The most virtual time one idle skip covers when nothing else is scheduled (virtual s).
@@ -153,6 +154,9 @@ class SimTicker:
         # With no other deadline at all (a notebook's main thread waiting for news that only
         # a fault could bring), skip a bounded stretch at a time, never to infinity.
         ahead = min(runner.deadlines.next_deadline(), now + _LONGEST_SKIP)
+        runtimes = self._runtimes()
+        # A stall warning falls due: the watchdog tick that gives it runs for real.
+        ahead = min([ahead, *(next_stall_due(rt) for rt in runtimes)])
         top = self._jobs.get(self._heap[0][1]) if self._heap else None
         if top is None or ahead - now < 2 * top.interval():
             return False  # cheap first: too little idle time ahead to be worth a look
@@ -160,7 +164,6 @@ class SimTicker:
         until = ahead - horizon
         if not network.quiet(now):
             return False
-        runtimes = self._runtimes()
         if not self._settled(runtimes):
             return False
         jobs = sorted(self._jobs.values(), key=lambda j: (j.next_due, j.seq))
