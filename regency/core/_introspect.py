@@ -243,9 +243,8 @@ def targets_of(rt: Runtime, target: Any) -> tuple[list[tuple[str, Any]], bool]:
         ], False
     if isinstance(target, HostMesh):
         hosts = target._hosts
-        if hosts is None:
-            chosen = [c for c in rt.children.values() if not c.address.startswith("tcp://")
-                      or c.handle is None or not c.handle.remote]
+        if hosts is None:  # this host: the procs it started itself
+            chosen = [c for c in rt.children.values() if c.handle is None or not c.handle.remote]
         else:
             ips = {hosts[r].ip for r in target._shape.ranks}
             chosen = [c for c in rt.children.values() if _host_of(c.address) in ips]
