@@ -13,6 +13,13 @@ what it yields is either one of trio's traps (passed up to trio unchanged, so tr
 working) or an asyncio future (waited for through the asyncio loop), so one endpoint may mix
 both. A bare ``yield`` (``asyncio.sleep(0)``) becomes a trio checkpoint.
 
+The asyncio loop never holds the trio loop: trio-asyncio takes each callback (a task's step,
+a ``call_soon``) from a trio memory channel, a checkpoint each, so trio polls the runtime's
+sockets (reads, acknowledgements, heartbeats) between any two, however many are ready (a
+task looping on ``await asyncio.sleep(0)`` included; tests/core/test_busy_loop.py). What
+could hold it is a step that never yields: an await that finds its value ready, which is
+why awaiting a resolved Regency Future is still a turn of the loop (``_future.py``).
+
 Tasks an endpoint starts with ``asyncio.create_task`` live on after it returns (as in
 Monarch) until the runtime stops; one that fails with nobody retrieving its exception is
 reported in the proc's log at once, naming the task, instead of when it is garbage collected.

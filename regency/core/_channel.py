@@ -102,7 +102,13 @@ class PortReceiver(Generic[T]):
         self._rt, self._inbox = rt, inbox
 
     def recv(self) -> Future[T]:
-        """The next value, in order: ``await recv.recv()`` or ``recv.recv().get()``."""
+        """The next value, in order: ``await recv.recv()`` or ``recv.recv().get()``.
+
+        Awaiting it is a turn of the loop even when a value is already queued (every await
+        of a Future is), so a receiver that senders keep busy still lets its proc read,
+        acknowledge and send heartbeats between two values."""
+        if self._rt.on_runtime_thread():  # (an async endpoint, an asyncio task): no hop
+            return self._inbox.take()
         fut: Future[T] = Future()
 
         def take() -> None:

@@ -56,7 +56,7 @@ loop_waiting: Callable[[], contextlib.AbstractContextManager[None]] | None = Non
 class Future(Generic[R]):
     """The eventual value of a remote call (Monarch's ``Future``)."""
 
-    __slots__ = ("_bell", "_callbacks", "_event", "_exception", "_lock", "_value")
+    __slots__ = ("_bell", "_callbacks", "_event", "_exception", "_explain", "_lock", "_value")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -69,6 +69,9 @@ class Future(Generic[R]):
         # The doorbell of a thread that waits for this future while it reads sockets
         # (``reader``): resolving rings it, as releasing ``_event`` wakes a lock waiter.
         self._bell: Any = None
+        #: Makes the error a timed-out ``get`` raises (a call's: which ranks are late and
+        #: what they are doing, core/_introspect.py); None: a plain ``TimeoutError``.
+        self._explain: Callable[[float | None], BaseException] | None = None
 
     # -- resolution (runtime side) -------------------------------------------------------
 
@@ -127,18 +130,28 @@ class Future(Generic[R]):
             wait: Callable[[Future[Any], float | None], None] = getattr(
                 blocking, "wait", _wait_on_lock
             )
-            if notebook is not None:
-                notebook.before_wait()
-                if notebook.is_main_thread():
-                    with notebook.interruptible():
-                        wait(self, timeout)
-                    return self._outcome()
-            wait(self, timeout)
+            try:
+                if notebook is not None:
+                    notebook.before_wait()
+                    if notebook.is_main_thread():
+                        with notebook.interruptible():
+                            wait(self, timeout)
+                        return self._outcome()
+                wait(self, timeout)
+            except TimeoutError:
+                explain = self._explainer()
+                if explain is None or self.done():
+                    raise
+                raise explain(timeout) from None
         # _outcome(), inlined: get() of a done future is most of a pipelined caller's gets.
         if self._exception is not None:
             raise self._exception
         value: R = self._value
         return value
+
+    def _explainer(self) -> Callable[[float | None], BaseException] | None:
+        """What makes this future's timeout error (see ``_explain``)."""
+        return self._explain
 
     def result(self, timeout: float | None = None) -> R:
         return self.get(timeout)
@@ -154,6 +167,16 @@ class Future(Generic[R]):
 
     def __await__(self) -> Generator[Any, None, R]:
         if self.done():
+            # Resolved already: still one turn of the running loop, as trio gives at every
+            # await of its own (a checkpoint: a cancel point too). A loop that keeps finding
+            # its values ready (``await receiver.recv()`` over a channel that fast senders
+            # flood, ``await`` on replies that came meanwhile) would otherwise hold its loop
+            # for as long as they keep coming: the runtime's sockets unread, no
+            # acknowledgements, no heartbeats, until its senders give the proc up as lost.
+            if sniffio.thread_local.name == "trio":  # a trio task, or an endpoint's driver
+                yield from trio.lowlevel.checkpoint().__await__()
+            else:
+                yield  # asyncio's (a task on the runtime's asyncio loop, Jupyter's): sleep(0)
             return self._outcome()
         if notebook is not None:
             notebook.before_wait()
