@@ -430,7 +430,7 @@ def _doing(
     mine = [a for a in proc.actors if a.mesh == mesh]
     actor = next((a for a in mine if a.rank == rank), mine[0] if len(mine) == 1 else None)
     if actor is None:
-        return (f"no actor of mesh {mesh!r} rank {rank} there",), None
+        return (f"no actor of mesh {mesh!r} rank {rank} there (not spawned yet, or gone)",), None
     if actor.endpoint is None:
         if actor.recent and actor.recent[-1].endpoint == method:
             return _HELD, None

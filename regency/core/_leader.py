@@ -48,6 +48,7 @@ from ..transports._answering import answering
 from . import _future
 from ._future import Future, block, blocked_in
 from ._inbound import deferred
+from ._messages import Call as _Call
 from ._replies import OneReply
 from ._spin import SpinPolicy, cpu_gauge, spin_limit
 
@@ -607,7 +608,8 @@ class LeadingMailbox:
     reaches it without a hop from the loop."""
 
     __slots__ = (
-        "_bell", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait", "qsize"
+        "_bell", "_clock", "_get", "_lead", "_leader", "_nonempty", "_queue", "get_nowait",
+        "qsize",
     )
 
     def __init__(self, leader: Leader) -> None:
@@ -616,13 +618,20 @@ class LeadingMailbox:
         self._get = self._queue.get
         self.get_nowait = self._queue.get_nowait
         self.qsize = self._queue.qsize
+        self._clock = leader._rt.env.clock
         self._bell: Bell | None = None
         # What ``get`` hands ``Leader._lead``, made once (not three closures per wait).
         self._lead = leader._lead
         empty = self._queue.empty
         self._nonempty = lambda: not empty()
 
+    #: ``put`` stamps each call with the time it was queued (the flight recorder's), as
+    #: ``ActorCell._accept_threaded`` does for other mailboxes: no call frame more per call.
+    stamps_calls = True
+
     def put(self, item: Any) -> None:
+        if type(item) is _Call:
+            item.__dict__["queued_at"] = self._clock()
         self._queue.put(item)
         bell = self._bell  # after the put: a getter that armed sees the item, or is rung
         # (Not the getter's own bell when the getter put it, reading for itself, the common

@@ -46,8 +46,8 @@ import trio
 
 from .. import supervision as S
 from .. import transports
-from .._debugger import _remote as _dbg
 from . import _codec
+from . import _extensions as _ext
 from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
@@ -153,8 +153,12 @@ class ActorCell:
         #: actor with a thread (on the loop, or on a thread that read the message), one
         #: call per message less; the deque for an all-async actor (on the loop).
         self._put = self._queue.put
+        # A mailbox that stamps calls itself (the leader's) takes them directly.
+        stamps = getattr(self._queue, "stamps_calls", False)
         self.accept: Callable[[M.MailboxItem], None] = (
-            self._accept_threaded if self.threaded else self._accept_on_loop
+            (self._put if stamps else self._accept_threaded)
+            if self.threaded
+            else self._accept_on_loop
         )
         # What introspection reads (core/_stacks.py): the runtime's clock (virtual in the
         # simulator), the call being handled and when it started, the last calls handled
@@ -380,15 +384,26 @@ class ActorCell:
         """The mailbox loop: construct, then handle one message at a time until death or
         stop."""
         alive = self._init()
+        clock, record = self._clock, self.recent.append
         while alive:
             item: M.MailboxItem = yield _NEXT
             match item:
                 case M.Call():
-                    self.busy = (item, self._clock())
+                    started = clock()
+                    self.busy = (item, started)
                     rest = self._call(item)  # None: handled (most calls: no generator)
                     if rest is not None:
                         alive = yield from rest
-                    self._handled(item)
+                    # The flight recorder (written out here: a call less per message).
+                    end = clock()
+                    self.busy = None
+                    outcome = self._outcome
+                    queued = item.__dict__.get("queued_at", started)
+                    record((item.method, item.port, queued, started, end, outcome))
+                    if outcome is not _RETURNED:
+                        self._outcome = _RETURNED
+                    if self.stall_warned or self.rt.trace is not None:
+                        self._handled(item, queued, started, end, outcome)
                 case M.Supervise():
                     yield from self._supervise(item.failure)
                 case M.Escalate():
@@ -402,21 +417,16 @@ class ActorCell:
                 case _:
                     assert_never(item)
 
-    def _handled(self, item: M.Call) -> None:
-        """The flight recorder: one more call handled (the mailbox loop's, after each)."""
-        busy, now = self.busy, self._clock()
-        self.busy = None
-        started = busy[1] if busy is not None else now
-        queued = item.__dict__.get("queued_at", started)
-        outcome = self._outcome
-        self.recent.append((item.method, item.port, queued, started, now, outcome))
+    def _handled(
+        self, item: M.Call, queued: float, started: float, end: float, outcome: str
+    ) -> None:
+        """A call handled while tracing, or after a stall warning (the rare cases)."""
         trace = self.rt.trace
         if trace is not None:
-            trace.handled(self, item, queued, started, now, outcome)
-        self._outcome = _RETURNED
+            trace.handled(self, item, queued, started, end, outcome)
         if self.stall_warned:
             self.stall_warned = 0
-            stall_ended(self, item.method, now - started)
+            stall_ended(self, item.method, end - started)
 
     def queued(self) -> int:
         """How many messages wait in this actor's mailbox."""
@@ -535,8 +545,8 @@ class ActorCell:
             result = fn(self.obj, *args, **kwargs)
             if type(result) is _Coroutine:  # an async plain method via as_endpoint
                 return self._await_result(item, ctx, result, explicit)
-            if _dbg.open_sessions:  # the endpoint returned: its debug session ends
-                _dbg.call_ended(None)
+            if _ext.debug_sessions:  # the endpoint returned: its debug session ends
+                _ext.debugger.call_ended(None)
             if not explicit:
                 self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
@@ -557,8 +567,8 @@ class ActorCell:
         """A call's handler raised ``exc``: why the actor must die, or None (see
         :meth:`_raised`)."""
         self._outcome = outcome_of(exc)
-        if _dbg.open_sessions:  # post-mortem, if this call was at a breakpoint
-            _dbg.call_ended(exc)
+        if _ext.debug_sessions:  # post-mortem, if this call was at a breakpoint
+            _ext.debugger.call_ended(exc)
         return self._raised(item, exc, explicit)
 
     def _die_of_call(
@@ -581,8 +591,8 @@ class ActorCell:
         self.coro = coro
         try:
             result = yield _Await(lambda: self.rt.run_coroutine(coro))
-            if _dbg.open_sessions:
-                _dbg.call_ended(None)
+            if _ext.debug_sessions:
+                _ext.debugger.call_ended(None)
             if not explicit:
                 self._succeeded(item, result)
         except (trio.Cancelled, trio.RunFinishedError):
@@ -623,7 +633,7 @@ class ActorCell:
                         # trio and asyncio both work in it (run_coroutine), and its steps
                         # run in a greenlet: a breakpoint() in it waits without stopping
                         # the loop.
-                        result = await _dbg.drive(self.rt.run_coroutine(coro))
+                        result = await _ext.debugger.drive(self.rt.run_coroutine(coro))
                     finally:
                         self._in_async_endpoint -= 1
                         self._endpoint_scope = None
@@ -686,7 +696,7 @@ class ActorCell:
                     fn, args, kwargs, explicit = self._prepare(item, spec)
                     coro = record[2] = fn(self.obj, *args, **kwargs)
                     try:
-                        result = await _dbg.drive(self.rt.run_coroutine(coro))
+                        result = await _ext.debugger.drive(self.rt.run_coroutine(coro))
                     finally:
                         coro.close()
                     if not explicit:

@@ -19,7 +19,15 @@ from ._clock import (
     current_trace,
     run_deterministic,
 )
-from ._cluster import SimCluster, SimLauncher, SimResult, check_simulation, current, simulate
+from ._cluster import (
+    ReplayDiverged,
+    SimCluster,
+    SimLauncher,
+    SimResult,
+    check_simulation,
+    current,
+    simulate,
+)
 from ._export import chrome_trace, write_chrome_trace
 from ._invariants import InvariantChecker, InvariantViolation
 from ._network import (
@@ -60,6 +68,7 @@ __all__ = [
     "LinkFaults",
     "PartitionFault",
     "PauseProcFault",
+    "ReplayDiverged",
     "ScheduledFault",
     "SimCluster",
     "SimConnection",

@@ -9,12 +9,15 @@ runner.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import random
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 
 import attrs
 import trio
@@ -30,20 +33,26 @@ from . import _targets
 from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
 from ._environ import forget_environments, give_environment
-from ._invariants import InvariantChecker
+from ._invariants import InvariantChecker, InvariantViolation
 from ._lockstep import Lockstep, LockstepExecutor
 from ._network import (
+    CONTROLLER_HOST,
+    ClogFault,
+    CrashHostFault,
     CrashProcFault,
+    DelayFault,
+    DisconnectFault,
     Faults,
     FaultSchedule,
+    PartitionFault,
     PauseProcFault,
-    ProcFault,
+    ScheduledFault,
     SimNetwork,
     SimTransport,
 )
+from ._runlog import RunLog, describe, root_faults_logged
 from ._ticker import SimTicker
 
-CONTROLLER_HOST = "controller"
 _SECRET = b"simulated-cluster-needs-no-secret"
 
 _current: SimCluster | None = None
@@ -323,11 +332,7 @@ class SimCluster:
         name, a rank in the simulation's host mesh, a ``HostMesh``/``ProcMesh`` slice, an
         ``ActorMesh`` (the hosts of its procs) or a proc address."""
         names = self._hosts_of(host, "crash_host(host)")
-        if CONTROLLER_HOST in names:
-            raise ValueError(
-                f"crash_host(host): the controller's host {CONTROLLER_HOST!r} cannot crash (the "
-                "program runs there); crash the procs on it with crash_proc"
-            )
+        _refuse_controller(names, "crash_host(host)")
 
         def crash() -> None:
             for name in names:
@@ -402,37 +407,60 @@ class SimCluster:
         self.network.heal()
         await self.checker.finish()
 
+    # -- scheduled and random faults -----------------------------------------------------
+    #
+    # Every fault of a schedule and every random one is applied by the very call a program
+    # makes (crash_host, partition, ...): one code path, so a scheduled fault does exactly
+    # what its direct call does (tests/sim/test_fault_paths.py holds each pair to it).
+
     async def _inject_faults(self) -> None:
         with self._faults:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.network.run_faults, self.schedule.link_faults)
-                nursery.start_soon(self._run_proc_faults)
+                nursery.start_soon(
+                    functools.partial(
+                        self.network.run_faults, self.schedule.faults, apply=self.apply_fault
+                    ),
+                    name="sim faults",
+                )
+                if self.schedule.rates.proc_rate > 0:
+                    nursery.start_soon(self._run_random_proc_faults, name="sim proc faults")
 
-    # -- process faults: scheduled and random -------------------------------------------
+    def apply_fault(self, fault: ScheduledFault) -> None:
+        """Apply one fault of a schedule (or a drawn one) now, through the call a program
+        would make: :meth:`partition`, :meth:`disconnect`, :meth:`clog`, :meth:`delay`,
+        :meth:`crash_host`, :meth:`crash_proc`, :meth:`pause_proc`. Its ``at`` is ignored.
 
-    async def _run_proc_faults(self) -> None:
-        start = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            if self.schedule.proc_faults:
-                nursery.start_soon(self._run_proc_schedule, start)
-            if self.schedule.rates.proc_rate > 0:
-                nursery.start_soon(self._run_random_proc_faults)
-
-    async def _run_proc_schedule(self, start: float) -> None:
-        for fault in sorted(self.schedule.proc_faults, key=lambda f: f.at):
-            await trio.sleep_until(start + fault.at)
-            self._apply_proc_fault(fault)
-
-    def _apply_proc_fault(self, fault: ProcFault) -> None:
-        running = list(self.procs)
-        if not running:
-            self.network._record("proc_fault", f"{type(fault).__name__}: no procs run")
-            return
-        address = running[fault.proc % len(running)]
-        if isinstance(fault, CrashProcFault):
-            self._crash(address)
-        elif isinstance(fault, PauseProcFault):
-            self._pause(address, fault.duration)
+        A partition with an empty side is the schedule's zero value (what Hypothesis shrinks
+        toward) and does nothing. A process fault takes the proc at position ``proc``
+        (modulo how many run) among the procs running now, in start order."""
+        if isinstance(fault, PartitionFault):
+            if fault.a_hosts and fault.b_hosts:
+                self.partition(
+                    list(fault.a_hosts),
+                    list(fault.b_hosts),
+                    duration=fault.duration,
+                    one_way=fault.one_way,
+                )
+        elif isinstance(fault, DisconnectFault):
+            self.disconnect(fault.host_a, fault.host_b)
+        elif isinstance(fault, ClogFault):
+            self.clog(fault.host, fault.duration)
+        elif isinstance(fault, DelayFault):
+            self.delay(fault.host_a, fault.host_b, fault.extra, fault.duration)
+        elif isinstance(fault, CrashHostFault):
+            self.crash_host(fault.host)
+        elif isinstance(fault, CrashProcFault | PauseProcFault):
+            running = list(self.procs)
+            if not running:
+                self.network._record("proc_fault", f"{type(fault).__name__}: no procs run")
+                return
+            address = running[fault.proc % len(running)]
+            if isinstance(fault, CrashProcFault):
+                self.crash_proc(address)
+            else:
+                self.pause_proc(address, fault.duration)
+        else:
+            raise TypeError(f"not a fault: {fault!r}")
 
     async def _run_random_proc_faults(self) -> None:
         rates = self.schedule.rates
@@ -445,9 +473,9 @@ class SimCluster:
                 continue
             address = net._draw("proc_fault.proc", running[self.rng.randrange(len(running))])
             if net._draw("proc_fault.kind", self.rng.random() * total) < rates.crash:
-                self._crash(address)
+                self.crash_proc(address)
             else:
-                self._pause(address, net._random_duration())
+                self.pause_proc(address, net._random_duration())
 
     def partition(
         self,
@@ -456,8 +484,9 @@ class SimCluster:
         duration: float | None = None,
         one_way: bool = False,
     ) -> None:
-        """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given).
-        Each side is a host target (as for :meth:`crash_host`) or a list of them."""
+        """Cut hosts ``a`` from hosts ``b`` (for ``duration`` virtual seconds, if given;
+        zero is no fault). Each side is a host target (as for :meth:`crash_host`) or a list
+        of them."""
         a_hosts = self._hosts_of(a, "partition(a)", group=True)
         b_hosts = self._hosts_of(b, "partition(b)", group=True)
         _targets.check_duration(duration, "partition(duration)", allow_none=True)
@@ -468,8 +497,11 @@ class SimCluster:
             )
 
         def cut() -> None:
-            number = self.network.partition(a_hosts, b_hosts, one_way=one_way)
-            if duration is not None:
+            number = self.network.partition(
+                a_hosts, b_hosts, one_way=one_way,
+                duration=math.inf if duration is None else duration,
+            )
+            if number and duration is not None and math.isfinite(duration):
                 assert self._nursery is not None
 
                 async def heal_later() -> None:
@@ -525,6 +557,98 @@ class SimCluster:
         self._on_loop(delay)
 
 
+def _refuse_controller(names: list[str], what: str) -> None:
+    if CONTROLLER_HOST in names:
+        raise ValueError(
+            f"{what}: the controller's host {CONTROLLER_HOST!r} cannot crash (the program runs "
+            "there); crash the procs on it with crash_proc"
+        )
+
+
+def _as_schedule(faults: Faults | FaultSchedule | None) -> FaultSchedule:
+    if faults is None:
+        return FaultSchedule()
+    if isinstance(faults, FaultSchedule):
+        return faults
+    if isinstance(faults, Faults):
+        return FaultSchedule(faults)
+    raise TypeError(
+        f"faults must be a regency.sim.Faults (random rates), a FaultSchedule or None "
+        f"(got {type(faults).__name__})"
+    )
+
+
+def check_schedule(faults: Faults | FaultSchedule | None, hosts: int) -> FaultSchedule:
+    """Refuse a schedule that a run of ``simulate(..., hosts=hosts)`` cannot apply, before
+    it starts, with the errors the direct calls raise: a host that will not exist
+    (``LookupError``, listing the hosts: ``controller``, ``host0`` .. ``host{hosts-1}``), the
+    controller's host to crash or a partition whose sides share a host (``ValueError``),
+    something that is no fault (``TypeError``). Returns the schedule."""
+    schedule = _as_schedule(faults)
+    ranked = [f"host{i}" for i in range(hosts)]
+    known = [CONTROLLER_HOST, *ranked]
+
+    def names(target: object, fault: object, call: str, *, group: bool = False) -> list[str]:
+        resolve = _targets.resolve_host_group if group else _targets.resolve_hosts
+        return resolve(
+            target, known=known, ranked=ranked, controller=CONTROLLER_HOST,
+            what=f"{fault!r}: {call}",
+        )
+
+    if not isinstance(schedule.faults, tuple | list):
+        raise TypeError(f"FaultSchedule.faults must be a tuple of faults (got {schedule.faults!r})")
+    for fault in schedule.faults:
+        if isinstance(fault, PartitionFault):
+            if fault.a_hosts and fault.b_hosts:  # else the zero value: no fault
+                a = names(list(fault.a_hosts), fault, "partition(a)", group=True)
+                b = names(list(fault.b_hosts), fault, "partition(b)", group=True)
+                if set(a) & set(b):
+                    raise ValueError(
+                        f"{fault!r}: partition sides must not share hosts (both have "
+                        f"{sorted(set(a) & set(b))!r})"
+                    )
+        elif isinstance(fault, DisconnectFault | DelayFault):
+            call = "disconnect" if isinstance(fault, DisconnectFault) else "delay"
+            names(fault.host_a, fault, f"{call}(host_a)", group=True)
+            names(fault.host_b, fault, f"{call}(host_b)", group=True)
+        elif isinstance(fault, ClogFault):
+            names(fault.host, fault, "clog(host)", group=True)
+        elif isinstance(fault, CrashHostFault):
+            what = "crash_host(host)"
+            _refuse_controller(names(fault.host, fault, what), f"{fault!r}: {what}")
+        elif not isinstance(fault, CrashProcFault | PauseProcFault):
+            raise TypeError(
+                f"FaultSchedule.faults holds {fault!r}, which is no fault (PartitionFault, "
+                "DisconnectFault, ClogFault, DelayFault, CrashHostFault, CrashProcFault, "
+                "PauseProcFault)"
+            )
+    return schedule
+
+
+#: simulate()'s defaults, left out of a replay line.
+_DEFAULT_TIMEOUT = 24 * 3600.0
+
+
+def replay_line(seed: int, hosts: int, arguments: Mapping[str, Any]) -> str:
+    """The call that reruns a run: every argument that shaped it (a schedule by its repr,
+    which reads back with the names of ``regency.sim``)."""
+    line = f"regency.sim.simulate(program, seed={seed!r}, hosts={hosts!r}"
+    if arguments.get("faults") is not None:
+        line += f", faults={arguments['faults']!r}"
+    if arguments.get("buggify", False) is not False:
+        line += f", buggify={arguments['buggify']!r}"
+    if arguments.get("timeout", _DEFAULT_TIMEOUT) != _DEFAULT_TIMEOUT:
+        line += f", timeout={arguments['timeout']!r}"
+    if not arguments.get("skip_idle", True):
+        line += ", skip_idle=False"
+    return line + ")"
+
+
+class ReplayDiverged(AssertionError):
+    """:meth:`SimResult.replay` ran the same program with the same arguments and got another
+    run: the program depends on something the simulation does not control."""
+
+
 @attrs.frozen
 class SimResult:
     """What :func:`simulate` returns."""
@@ -536,10 +660,53 @@ class SimResult:
     trace_hash: str
     events: list[SimEvent]
     seed: int
+    #: The runtime's own log records of the run (loggers under ``regency``), one entry per
+    #: record (a traceback's lines included), each starting with its virtual time.
+    log: tuple[str, ...] = attrs.field(default=(), kw_only=True, repr=False)
+    #: The program that ran, and every other argument of :func:`simulate` that shaped the run
+    #: (``hosts``, ``faults``, ``buggify``, ``timeout``, ``skip_idle``).
+    program: Callable[[Any], Any] | None = attrs.field(default=None, kw_only=True, repr=False)
+    arguments: Mapping[str, Any] = attrs.field(factory=dict, kw_only=True, repr=False)
 
     @property
-    def replay(self) -> str:
-        return f"regency.sim.simulate(program, seed={self.seed})"
+    def replay_line(self) -> str:
+        """``regency.sim.simulate(program, seed=..., hosts=..., faults=..., ...)``: the call
+        that reruns this run exactly (with ``from regency.sim import *`` the schedule's
+        repr reads back)."""
+        arguments = dict(self.arguments)
+        return replay_line(self.seed, arguments.pop("hosts", 4), arguments)
+
+    def replay(self, *, log: bool | IO[str] = False) -> SimResult:
+        """Run the same program with the same seed and arguments again, check that it is the
+        same run (the trace hash), and return the new result. Raises
+        :class:`ReplayDiverged` (an ``AssertionError``) naming the first event where the runs
+        part when it is not."""
+        if self.program is None:
+            raise ValueError("this SimResult does not know its program (made by hand?)")
+        again = simulate(self.program, seed=self.seed, log=log, **self.arguments)
+        if again.trace_hash != self.trace_hash:
+            index = next(
+                (i for i, (a, b) in enumerate(zip(self.events, again.events, strict=False))
+                 if a != b),
+                min(len(self.events), len(again.events)),
+            )
+
+            def at(events: list[SimEvent]) -> str:
+                return repr(str(events[index])) if index < len(events) else "nothing (the end)"
+
+            parted = (
+                f"they part at event {index}: {at(self.events)} then, {at(again.events)} now"
+                if index < max(len(self.events), len(again.events))
+                else "the event logs agree; the schedule or the random draws differ"
+            )
+            raise ReplayDiverged(
+                f"the replay of {self.replay_line} is not the same run: trace hash "
+                f"{self.trace_hash} then, {again.trace_hash} now; {parted}. The program "
+                "depends on something the simulation does not control (the global random "
+                "module, time.time(), os.urandom, a set's order, state it keeps between "
+                "runs), or its code changed"
+            )
+        return again
 
     def write_chrome_trace(self, path: str) -> None:
         """Save the event log for Perfetto / chrome://tracing."""
@@ -587,35 +754,48 @@ def simulate(
     seed: int = 0,
     hosts: int = 4,
     faults: Faults | FaultSchedule | None = None,
-    timeout: float | None = 24 * 3600.0,
+    timeout: float | None = _DEFAULT_TIMEOUT,
     buggify: bool | None = False,
     skip_idle: bool = True,
+    log: bool | IO[str] = False,
 ) -> SimResult:
     """Run ``program(host_mesh)`` on a simulated cluster of ``hosts`` hosts.
 
     ``program`` may be sync (blocking ``.get()`` style) or async. The same program and seed
     give the same result, virtual time, trace hash and event log. ``faults`` injects random
-    and scheduled faults; ``buggify`` switches on adversarial settings (shrunken timeouts,
-    other acknowledgement cadences; :mod:`regency.sim._buggify`): ``True``, ``False``, or
-    ``None`` to let the seed decide. Every run is checked against the runtime's invariants
-    (:mod:`regency.sim._invariants`); a violation raises :class:`InvariantViolation` with the
-    seed and how to replay the run. ``skip_idle=False`` runs every heartbeat tick instead of
-    skipping idle stretches of virtual time (:mod:`regency.sim._ticker`; for checking that
-    the skipping changes nothing that matters).
+    and scheduled faults (a schedule naming a host the run will not have, ``"controller"``
+    and ``"host0"`` .. ``"host{hosts-1}"``, is refused before the run starts); ``buggify``
+    switches on adversarial settings (shrunken timeouts, other acknowledgement cadences;
+    :mod:`regency.sim._buggify`): ``True``, ``False``, or ``None`` to let the seed decide.
+    Every run is checked against the runtime's invariants (:mod:`regency.sim._invariants`);
+    a violation raises :class:`InvariantViolation` with the seed and how to replay the run.
+    ``skip_idle=False`` runs every heartbeat tick instead of skipping idle stretches of
+    virtual time (:mod:`regency.sim._ticker`; for checking that the skipping changes nothing
+    that matters).
+
+    The runtime's own log records (loggers under ``regency``: reconnects, replies for
+    crashed procs, procs killed as stuck) go to the run's log, ``SimResult.log``, stamped
+    with virtual time, and not to stderr; a failed run's exception shows the last of them
+    (all in its ``sim_log`` attribute). ``log=True`` also prints each as it is written (to
+    ``sys.stderr``; or pass a text stream). ``SimResult.replay()`` reruns the run.
     """
 
     if buggify not in (True, False, None):
         raise TypeError(
             f"buggify must be True, False or None (the seed decides); got {buggify!r}"
         )
-    replay = f"regency.sim.simulate(program, seed={seed}, hosts={hosts}"
-    if faults is not None:
-        replay += f", faults={faults!r}"
-    if buggify is not False:
-        replay += f", buggify={buggify!r}"
-    if not skip_idle:
-        replay += ", skip_idle=False"
-    replay += ")"
+    if isinstance(hosts, bool) or not isinstance(hosts, int):
+        raise TypeError(f"hosts must be a number of simulated hosts (got {hosts!r})")
+    if hosts < 0:
+        raise ValueError(f"hosts must be a number of simulated hosts >= 0 (got {hosts})")
+    check_schedule(faults, hosts)
+    arguments: dict[str, Any] = {
+        "hosts": hosts, "faults": faults, "buggify": buggify, "timeout": timeout,
+        "skip_idle": skip_idle,
+    }
+    replay = replay_line(seed, hosts, arguments)
+    echo = sys.stderr if log is True else (log or None)
+    run_log = RunLog(echo=echo)
     checkers: list[InvariantChecker] = []
     locksteps: list[Lockstep] = []
     switched: list[Buggify] = []
@@ -630,6 +810,7 @@ def simulate(
         cluster = SimCluster(rng, faults, buggify=bug, skip_idle=skip_idle)
         checkers.append(cluster.checker)
         locksteps.append(cluster.lockstep)
+        run_log.lockstep, run_log.now = cluster.lockstep, cluster.now
         async with cluster.running() as controller:
             mesh = cluster.hosts(hosts)
             start = trio.current_time()
@@ -646,30 +827,47 @@ def simulate(
             await cluster.wind_down()
             return value, elapsed
 
-    try:
+    def with_log(exc: BaseException) -> None:
+        if run_log.entries:
+            exc.add_note(describe(run_log.entries))
         try:
-            (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
-        finally:
-            for lockstep in locksteps:
-                lockstep.close()  # threads of procs that never stopped unwind now
-    except BaseException as raised:
-        # The program's own error comes back as itself, not inside the cluster's nursery's
-        # exception group.
-        exc = _sole_exception(raised)
-        if checkers and checkers[0].violations:
-            exc.add_note("invariant violations seen before it:\n  " + "\n  ".join(
-                checkers[0].violations[:10]
-            ))
-        if switched and switched[0].on:
-            exc.add_note(switched[0].describe())
-        exc.add_note(f"replay: {replay}")
-        if exc is raised:
-            raise
-        raise exc from None
+            exc.sim_log = tuple(run_log.entries)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+
+    with run_log.capturing(), root_faults_logged(run_log):
+        try:
+            try:
+                (value, elapsed), digest, events = run_deterministic(main, seed, timeout=timeout)
+            finally:
+                for lockstep in locksteps:
+                    lockstep.close()  # threads of procs that never stopped unwind now
+        except BaseException as raised:
+            # The program's own error comes back as itself, not inside the cluster's
+            # nursery's exception group.
+            exc = _sole_exception(raised)
+            if checkers and checkers[0].violations:
+                exc.add_note("invariant violations seen before it:\n  " + "\n  ".join(
+                    checkers[0].violations[:10]
+                ))
+            if switched and switched[0].on:
+                exc.add_note(switched[0].describe())
+            with_log(exc)
+            exc.add_note(f"replay: {replay}")
+            if exc is raised:
+                raise
+            raise exc from None
     if switched[0].on:
         replay += f"  # {switched[0].describe()}"
-    checkers[0].raise_if_violated(replay)
-    return SimResult(value, elapsed, digest, events, seed)
+    try:
+        checkers[0].raise_if_violated(replay)
+    except InvariantViolation as violation:
+        with_log(violation)
+        raise
+    return SimResult(
+        value, elapsed, digest, events, seed,
+        log=tuple(run_log.entries), program=program, arguments=arguments,
+    )
 
 
 def _sole_exception(exc: BaseException) -> BaseException:

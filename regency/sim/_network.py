@@ -42,7 +42,7 @@ import logging
 import math
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
@@ -72,6 +72,10 @@ V = TypeVar("V")
 
 SCHEME: Final = "sim"
 
+#: The simulated host the controller (the program) runs on, next to ``host0``, ``host1``, ...
+#: of a simulated cluster's host mesh. Links to it may fail; it cannot crash.
+CONTROLLER_HOST: Final = "controller"
+
 # What a delivery heap entry carries. Frames and FINs travel the link (latency, clogs and
 # partitions apply); LOST and ACCEPT are the network telling one end something, at once.
 _FRAME: Final = 0
@@ -96,12 +100,18 @@ def _non_negative(what: str) -> Any:
     return check
 
 
-def _duration(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+def _duration_check(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value >= 0:  # inf allowed: a fault that lasts until healed
         raise ValueError(
             f"{type(instance).__name__}.{attribute.name} must be a duration >= 0 in virtual "
             f"seconds (got {value!r})"
         )
+
+
+def _number_repr(value: float) -> str:
+    """``repr`` that reads back: ``float('inf')`` for a fault that lasts until healed (a
+    schedule's repr is the replay line's, and ``inf`` alone is no Python name)."""
+    return "float('inf')" if value == math.inf else repr(value)
 
 
 @attrs.frozen
@@ -173,7 +183,7 @@ class PartitionFault:
     """
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
-    duration: float = attrs.field(validator=_duration)
+    duration: float = attrs.field(validator=_duration_check, repr=_number_repr)
     a_hosts: tuple[str, ...]
     b_hosts: tuple[str, ...]
     one_way: bool = False
@@ -194,7 +204,7 @@ class ClogFault:
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
     host: str
-    duration: float = attrs.field(validator=_duration)
+    duration: float = attrs.field(validator=_duration_check, repr=_number_repr)
 
 
 @attrs.frozen
@@ -205,12 +215,14 @@ class DelayFault:
     host_a: str
     host_b: str
     extra: float = attrs.field(validator=_non_negative("delay in seconds"))
-    duration: float = attrs.field(validator=_duration)
+    duration: float = attrs.field(validator=_duration_check, repr=_number_repr)
 
 
 @attrs.frozen
 class CrashHostFault:
-    """At ``at``, crash ``host`` (see :meth:`SimNetwork.crash_host`)."""
+    """At ``at``, crash ``host``: in a simulated cluster exactly what
+    ``regency.sim.current().crash_host(host)`` does (every proc on it dies at once, its links
+    break); on a bare :class:`SimNetwork`, :meth:`SimNetwork.crash_host`."""
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
     host: str
@@ -241,7 +253,7 @@ class PauseProcFault:
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
     proc: int = attrs.field(validator=_proc_position)
-    duration: float = attrs.field(validator=_duration)
+    duration: float = attrs.field(validator=_duration_check, repr=_number_repr)
 
 
 LinkFault = PartitionFault | DisconnectFault | ClogFault | DelayFault | CrashHostFault
@@ -269,7 +281,7 @@ class FaultSchedule:
 
 
 def fault_schedules(
-    hosts: Sequence[str],
+    hosts: Sequence[str] | int,
     *,
     horizon: float = 10.0,
     max_faults: int = 6,
@@ -285,12 +297,32 @@ def fault_schedules(
     restarts a host here), so they are only drawn when ``crashes`` is set. Process faults
     (:class:`CrashProcFault`, :class:`PauseProcFault` and the ``crash`` and ``pause`` rates),
     which a :class:`~regency.sim.SimCluster` applies, are only drawn when ``procs`` is set.
+
+    For ``regency.sim.simulate(program, hosts=N)`` the host names are ``"host0"`` to
+    ``"hostN-1"`` (rank ``i`` of the program's host mesh is ``"host{i}"``) and
+    ``"controller"``, the host the controller (the program, and procs it spawns on
+    ``this_host()``) runs on; ``fault_schedules(N)`` means all of them. ``simulate`` refuses
+    a schedule that names any other host. The controller's host is never drawn to crash
+    (crashing it is refused, as ``crash_host`` refuses it): its links may still fail.
     """
     from hypothesis import strategies as st
 
-    names = tuple(hosts)
+    if isinstance(hosts, bool | str):
+        raise TypeError(
+            f"fault_schedules takes a list of host names or a number of hosts (got {hosts!r})"
+        )
+    if isinstance(hosts, int):
+        if hosts < 1:
+            raise ValueError(f"fault_schedules needs at least one host (got {hosts})")
+        names: tuple[str, ...] = (CONTROLLER_HOST, *(f"host{i}" for i in range(hosts)))
+    else:
+        names = tuple(hosts)
     if not names:
         raise ValueError("fault_schedules needs at least one host name (got none)")
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(
+            f"fault_schedules takes host names (str) or a number of hosts (got {hosts!r})"
+        )
     if not (math.isfinite(horizon) and horizon > 0):
         raise ValueError(f"horizon must be a positive number of virtual seconds (got {horizon})")
     times = st.floats(0, horizon, allow_nan=False)
@@ -311,8 +343,9 @@ def fault_schedules(
         st.builds(ClogFault, times, host, durations),
         st.builds(DelayFault, times, host, host, st.floats(0, 1), durations),
     ]
-    if crashes:
-        kinds.append(st.builds(CrashHostFault, times, host))
+    crashable = [name for name in names if name != CONTROLLER_HOST]
+    if crashes and crashable:
+        kinds.append(st.builds(CrashHostFault, times, st.sampled_from(crashable)))
     if procs:
         which = st.integers(0, 64)
         kinds.append(st.builds(CrashProcFault, times, which))
@@ -1058,8 +1091,11 @@ class SimNetwork:
         links = [self._latency, *self._links.values()]
         return max(link.base + link.jitter for link in links)
 
-    def apply(self, fault: LinkFault) -> None:
-        """Apply one explicit link fault now (its ``at`` is ignored)."""
+    def apply(self, fault: ScheduledFault) -> None:
+        """Apply one explicit link fault now (its ``at`` is ignored); a process fault is the
+        cluster's and does nothing here."""
+        if isinstance(fault, ProcFault):
+            return
         if isinstance(fault, PartitionFault):
             self.partition(fault.a_hosts, fault.b_hosts, fault.one_way, duration=fault.duration)
         elif isinstance(fault, DisconnectFault):
@@ -1071,45 +1107,67 @@ class SimNetwork:
         else:
             self.crash_host(fault.host)
 
-    async def run_faults(self, schedule: Iterable[ScheduledFault] = ()) -> None:
+    async def run_faults(
+        self,
+        schedule: Iterable[ScheduledFault] = (),
+        *,
+        apply: Callable[[ScheduledFault], None] | None = None,
+    ) -> None:
         """Inject link faults until cancelled: ``schedule`` at its times, and random ones.
 
         Times in ``schedule`` count from the call. Random link faults are drawn at the rates
-        of ``faults`` (returns once the schedule is done when every link rate is zero); process
-        faults are the cluster's (:class:`~regency.sim.SimCluster`) and skipped here. Run it in a
-        nursery and cancel it to stop injecting; then :meth:`heal` to end what is in force.
+        of ``faults`` (returns once the schedule is done when every link rate is zero). Each
+        fault, scheduled or drawn, is handed to ``apply`` (by default :meth:`apply`, which
+        skips process faults: they are the cluster's); a simulated cluster passes its own,
+        which makes the same call a program makes (``regency.sim.current().partition(...)``
+        and so on). Run it in a nursery and cancel it to stop injecting; then :meth:`heal` to
+        end what is in force.
         """
-        faults: list[LinkFault] = sorted(  # stable: ties keep schedule order
-            (f for f in schedule if not isinstance(f, ProcFault)), key=lambda f: f.at
-        )
+        if apply is None:
+            apply = self.apply
+            schedule = [f for f in schedule if not isinstance(f, ProcFault)]
+        faults = sorted(schedule, key=lambda f: f.at)  # stable: ties keep schedule order
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
             if faults:
-                nursery.start_soon(self._run_schedule, faults, start, name="sim fault schedule")
+                nursery.start_soon(
+                    self._run_schedule, faults, start, apply, name="sim fault schedule"
+                )
             if self.faults.link_rate > 0:
-                nursery.start_soon(self._run_random, name="sim random faults")
+                nursery.start_soon(self._run_random, start, apply, name="sim random faults")
 
     # -- fault drivers --------------------------------------------------------------------
 
-    async def _run_schedule(self, faults: list[LinkFault], start: float) -> None:
+    async def _run_schedule(
+        self,
+        faults: list[ScheduledFault],
+        start: float,
+        apply: Callable[[ScheduledFault], None],
+    ) -> None:
         for fault in faults:
             await trio.sleep_until(start + fault.at)
-            self.apply(fault)
+            apply(fault)
 
-    async def _run_random(self) -> None:
+    async def _run_random(self, start: float, apply: Callable[[ScheduledFault], None]) -> None:
+        """Draw random link faults at the rates of ``faults``; each becomes a fault record
+        (its ``at`` counted from ``start``) that ``apply`` applies, as a scheduled one."""
         rates = self.faults
         total = rates.link_rate
         while True:
             await trio.sleep(self._draw("fault.wait", self._rng.expovariate(total)))
             pick = self._draw("fault.kind", self._rng.random() * total)
+            at = trio.current_time() - start
+            fault: LinkFault | None
             if pick < rates.delay:
-                self._random_delay()
+                fault = self._random_delay(at)
             elif pick < rates.delay + rates.disconnect:
-                self._random_disconnect()
+                fault = self._random_disconnect(at)
             elif pick < rates.delay + rates.disconnect + rates.partition:
-                self._random_partition()
+                fault = self._random_partition(at)
             else:
-                self._random_clog()
+                fault = self._random_clog(at)
+            if fault is not None:
+                apply(fault)
 
     def _random_duration(self) -> float:
         mean = self.faults.mean_duration
@@ -1123,35 +1181,38 @@ class SimNetwork:
             return None
         return self._draw(label, hosts[self._rng.randrange(len(hosts))])
 
-    def _random_delay(self) -> None:
+    def _random_delay(self, at: float) -> DelayFault | None:
         a, b = self._random_host("fault.delay.a"), self._random_host("fault.delay.b")
         if a is None or b is None:
-            return
+            return None
         extra = self._draw("fault.delay.extra", self._rng.random() * self.faults.max_delay)
-        self.delay(a, b, extra, self._random_duration())
+        return DelayFault(at, a, b, extra, self._random_duration())
 
-    def _random_disconnect(self) -> None:
+    def _random_disconnect(self, at: float) -> DisconnectFault | None:
         wires = list(self._wires.values())
         if not wires:
             self._record("disconnect", "(no connections)")
-            return
+            return None
         wire = wires[self._draw("fault.disconnect", self._rng.randrange(len(wires)))]
-        self.disconnect(*wire.hosts())
+        return DisconnectFault(at, *wire.hosts())
 
-    def _random_partition(self) -> None:
+    def _random_partition(self, at: float) -> PartitionFault | None:
         hosts = list(self.hosts)
         if len(hosts) < 2:
-            return
+            return None
         self._rng.shuffle(hosts)
         self._draw("fault.partition.order", tuple(hosts))
         k = self._draw("fault.partition.split", self._rng.randrange(1, len(hosts)))
         one_way = self._draw("fault.partition.one_way", self._rng.random() < 0.5)
-        self.partition(hosts[:k], hosts[k:], one_way, duration=self._random_duration())
+        return PartitionFault(
+            at, self._random_duration(), tuple(hosts[:k]), tuple(hosts[k:]), one_way
+        )
 
-    def _random_clog(self) -> None:
+    def _random_clog(self, at: float) -> ClogFault | None:
         host = self._random_host("fault.clog")
-        if host is not None:
-            self.clog(host, self._random_duration())
+        if host is None:
+            return None
+        return ClogFault(at, host, self._random_duration())
 
     # -- internals used by transports and connections --------------------------------------
 

@@ -18,8 +18,9 @@ class Simulated:
         self.seed = seed
 
     def run(self, program: Callable[[Any], Any], *, hosts: int = 4, **kw: Any) -> SimResult:
-        """``regency.sim.simulate`` on the fixture's seed; ``faults=``, ``buggify=`` and
-        ``timeout=`` pass through. Raises ``InvariantViolation`` if the run broke one."""
+        """``regency.sim.simulate`` on the fixture's seed; ``faults=``, ``buggify=``,
+        ``timeout=``, ``skip_idle=`` and ``log=`` pass through. Raises ``InvariantViolation``
+        if the run broke one; the result's ``replay()`` reruns it."""
         return simulate(program, seed=self.seed, hosts=hosts, **kw)
 
     def check_determinism(

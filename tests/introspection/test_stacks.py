@@ -66,7 +66,7 @@ def test_stacks_name_the_stuck_rank_its_endpoint_and_line(procs: ProcMesh, relea
     assert [p.answered for p in stacks.procs] == [True] * 4
     assert [dict(p.coords) for p in stacks.procs] == [{"gpus": i} for i in range(4)]
     assert all(p.pid > 0 and p.pid != os.getpid() for p in stacks.procs)
-    proc, actor = found
+    _, actor = found
     assert actor.cls.endswith("actors.Stuck") and actor.running_for is not None
     frames = stacks.frames_of("stuck", 2)
     assert any(f.function == "hang" and "the stuck line" in f.source for f in frames), frames
