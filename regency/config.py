@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import functools
 import inspect
 import itertools
@@ -26,6 +27,8 @@ from .core._config import reset_overrides as _reset_overrides
 from .core._config import runtime_overrides as _runtime_overrides
 
 __all__ = [
+    "ChannelTransport",
+    "Encoding",
     "clear_runtime_config",
     "configure",
     "configured",
@@ -34,6 +37,53 @@ __all__ = [
     "parametrize_config",
     "parametrize_config_pointwise",
 ]
+
+
+class ChannelTransport(enum.Enum):
+    """Monarch's kinds of channel (``monarch.actor.ChannelTransport``), with Monarch's values.
+
+    ``configure(default_transport=...)`` and :func:`regency.actor.enable_transport` take them
+    and use the Regency transport of :attr:`regency_transport`: ``Unix`` and ``Local`` the
+    unix sockets (a proc's own actors talk in-process anyway), both ``Tcp...`` kinds
+    ``tcp`` (procs listen on ``tcp_host``; a controller attached to workers listens where
+    they reach it), and the TLS kinds nng over TLS (certificates from ``REGENCY_TLS_*``;
+    docs/transports.md)."""
+
+    TcpWithLocalhost = "tcp(localhost)"
+    TcpWithHostname = "tcp(hostname)"
+    MetaTlsWithHostname = "metatls(hostname)"
+    MetaTlsWithIpV6 = "metatls(ipv6)"
+    Tls = "tls"
+    Local = "local"
+    Unix = "unix"
+
+    @property
+    def regency_transport(self) -> str:
+        """The ``default_transport`` this kind of channel means in Regency."""
+        return _CHANNEL_TRANSPORTS[self]
+
+
+_CHANNEL_TRANSPORTS = {
+    ChannelTransport.TcpWithLocalhost: "tcp",
+    ChannelTransport.TcpWithHostname: "tcp",
+    ChannelTransport.MetaTlsWithHostname: "nng+tls+tcp",
+    ChannelTransport.MetaTlsWithIpV6: "nng+tls+tcp",
+    ChannelTransport.Tls: "nng+tls+tcp",
+    ChannelTransport.Local: "unix",
+    ChannelTransport.Unix: "unix",
+}
+
+
+class Encoding(enum.Enum):
+    """Monarch's message encodings (``monarch.config.Encoding``). Regency has one codec
+    (pickle protocol 5, big buffers out of band), so ``configure(default_encoding=...)``
+    refuses every value with that reason; the enum exists so that Monarch code that names it
+    imports."""
+
+    Bincode = 0
+    Json = 1
+    Multipart = 2
+
 
 _UNITS = {
     "ns": 1e-9,
@@ -113,9 +163,17 @@ def _tcp_fallback(key: str, value: Any) -> tuple[str, Any]:
 
 
 def _transport(key: str, value: Any) -> tuple[str, Any]:
+    if isinstance(value, ChannelTransport):
+        return ("default_transport", value.regency_transport)
     name = getattr(value, "name", value)  # Monarch passes a ChannelTransport or a string
     text = str(name).lower()
-    text = {"metatls": "nng+tls+tcp", "tls": "nng+tls+tcp", "local": "unix"}.get(text, text)
+    text = {
+        "metatls": "nng+tls+tcp",
+        "metatls-hostname": "nng+tls+tcp",
+        "tls": "nng+tls+tcp",
+        "local": "unix",
+        "ipc": "unix",
+    }.get(text, text)
     return ("default_transport", text)
 
 

@@ -26,7 +26,14 @@ from __future__ import annotations
 from ._buffer import LocalMemory, RDMAAction, RDMABuffer  # isort: skip
 from . import _ibverbs  # isort: skip
 from ._backend import BACKEND_CHOICES, Backend, backend_choice, set_backend  # isort: skip
-from ._errors import RDMABufferDroppedError, RDMAError, RDMAOwnerLostError
+from ._errors import (
+    RDMABufferDroppedError,
+    RDMAError,
+    RDMAOwnerLostError,
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMAWriteTransferWarning,
+)
 from ._host import same_host_supported
 
 
@@ -77,6 +84,9 @@ __all__ = [
     "RDMABufferDroppedError",
     "RDMAError",
     "RDMAOwnerLostError",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
+    "RDMAWriteTransferWarning",
     "get_rdma_backend",
     "get_rdma_path",
     "is_ibverbs_available",

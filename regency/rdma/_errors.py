@@ -7,6 +7,8 @@ argument. Remote failures cross processes pickled, so these classes take one mes
 
 from __future__ import annotations
 
+import warnings
+
 from ..core import SupervisionError
 
 
@@ -23,6 +25,30 @@ class RDMAOwnerLostError(RDMAError, SupervisionError):
 
     Also a :class:`~regency.actor.SupervisionError`, the error any call to a lost proc raises.
     """
+
+
+class RDMAReadTransferWarning(Warning):
+    """Monarch's category for warnings about ``read_into`` transfers (shown once per process,
+    as in Monarch). Monarch 0.7 defines it without raising it; so does Regency, so that
+    filters naming it keep working."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """Monarch's category for warnings about ``write_from`` transfers (shown once per
+    process). Defined, never raised, as in Monarch 0.7."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Monarch's warning that RDMA bytes travel over TCP instead of an RDMA NIC (shown once
+    per process). Monarch raises it when an ``RDMABuffer`` is made on a machine without
+    ibverbs; Regency chooses the path per transfer (a same-host copy needs no NIC and is not
+    a fallback), and defines the category for filters (docs/porting.md)."""
+
+
+# As Monarch: each of these is shown once per process, however many transfers meet it.
+warnings.simplefilter("once", RDMAReadTransferWarning)
+warnings.simplefilter("once", RDMAWriteTransferWarning)
+warnings.simplefilter("once", RDMATcpFallbackWarning)
 
 
 def owner_lost(what: str, detail: str) -> RDMAOwnerLostError:

@@ -3,10 +3,13 @@ actor identity, rank and failure strings."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -305,3 +308,89 @@ def test_actor_logger_is_named_after_its_class_and_assignable() -> None:
     assert plain.logger is plain.logger
     assert plain.logger.level == logging.DEBUG  # as Monarch's: info() is not filtered out
     assert Own().logger.name == "mine"
+
+
+# -- every public name of Monarch 0.7 ------------------------------------------------------------
+
+#: The ``__all__`` of each public module of Monarch 0.7, copied from the torchmonarch 0.7.0
+#: wheel (python/monarch/{actor,job,rdma,config,spmd,timer}/__init__.py), in its order.
+MONARCH_07_NAMES: dict[str, list[str]] = {
+    "actor": [
+        "Accumulator", "Actor", "ActorError", "current_actor_name", "as_endpoint",
+        "current_rank", "current_size", "concurrent_endpoint", "endpoint", "Future",
+        "returns_future", "Point", "ProcMesh", "ProcId", "Channel", "send", "shutdown_context",
+        "ValueMesh", "debug_controller", "get_or_spawn_controller", "this_host", "this_proc",
+        "default_bootstrap_cmd", "HostMesh", "context", "Port", "PortReceiver", "Endpoint",
+        "Extent", "run_worker_loop_forever", "run_worker_loop_until_shutdown",
+        "start_worker_loop_forever", "attach_to_workers", "attach", "enable_transport",
+        "Context", "ChannelTransport", "unhandled_fault_hook", "MeshFailure", "config",
+        "get_meter", "span", "traced", "Uid",
+    ],
+    "job": [
+        "DEFAULT_JOB_PATH", "deserialize_service_proc_ids", "exec_command", "hosts_from_config",
+        "JobTrait", "job_load", "job_loads", "JobState", "load_current_job", "LocalJob",
+        "MeshAdminConfig", "new_service_proc_id", "PortForwarder", "ProcessJob",
+        "ranked_service_proc_id_from_env", "serialize_service_proc_ids", "service_proc_addr",
+        "service_proc_addrs", "SERVICE_PROC_IDS_ENV", "SERVICE_PROC_RANK_ENV",
+        "set_current_job", "shell", "SlurmJob", "TelemetryConfig",
+    ],
+    "rdma": [
+        "get_rdma_backend", "is_ibverbs_available", "is_rdma_available", "RDMABuffer",
+        "RDMAAction", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
+        "RDMAWriteTransferWarning",
+    ],
+    "config": [
+        "clear_runtime_config", "configure", "configured", "Encoding", "get_global_config",
+        "get_runtime_config", "parametrize_config", "parametrize_config_pointwise",
+    ],
+    "spmd": ["SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"],
+    "timer": [
+        "ExecutionTimer", "execution_timer_start", "execution_timer_stop",
+        "get_latest_timer_measurement", "get_execution_timer_average_ms",
+    ],
+}  # fmt: skip
+
+PORTING = Path(ROOT) / "docs" / "porting.md"
+_NOT_HERE_HEADING = "## Monarch 0.7 names that Regency does not have"
+_ROW = re.compile(r"^\|\s*`monarch\.(\w+)`\s*\|\s*`(\w+)`\s*\|\s*(.*?)\s*\|\s*$")
+
+
+def _names_not_here() -> dict[tuple[str, str], str]:
+    """The rows of porting.md's table of Monarch names Regency lacks: (module, name) -> why."""
+    text = PORTING.read_text()
+    assert _NOT_HERE_HEADING in text, f"docs/porting.md has no section {_NOT_HERE_HEADING!r}"
+    section = text.split(_NOT_HERE_HEADING, 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = _ROW.match(line)
+        if match is not None:
+            rows[(match.group(1), match.group(2))] = match.group(3)
+    return rows
+
+
+def _regency_module(name: str) -> types.ModuleType:
+    return importlib.import_module(f"regency.{name}")
+
+
+@pytest.mark.parametrize("module", sorted(MONARCH_07_NAMES))
+def test_every_monarch_name_is_here_or_listed_with_why(module: str) -> None:
+    regency_module = _regency_module(module)
+    exported = set(getattr(regency_module, "__all__", ()))
+    listed = _names_not_here()
+    missing = []
+    for name in MONARCH_07_NAMES[module]:
+        here = name in exported and hasattr(regency_module, name)
+        why = listed.get((module, name))
+        if here:
+            assert why is None, f"monarch.{module}.{name} is in regency.{module}: drop its row"
+        elif not why:
+            missing.append(name)
+    assert not missing, (
+        f"names of monarch.{module} neither in regency.{module}.__all__ nor listed (with the "
+        f"reason) in docs/porting.md: {missing}"
+    )
+
+
+def test_the_table_lists_only_monarch_names() -> None:
+    for module, name in _names_not_here():
+        assert name in MONARCH_07_NAMES.get(module, []), f"monarch.{module}.{name} is not Monarch's"
