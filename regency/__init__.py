@@ -15,6 +15,10 @@ from .config import configure  # noqa: E402
 
 __version__ = "0.1.0"
 
+# The packages above the core (debugger, tensor engine, log forwarding, the controller's boot)
+# plug into it here, in every process, before anything can call it (see regency/_boot.py).
+from . import _boot  # noqa: E402, F401
+
 #: The tensor engine's names (Monarch's ``monarch`` top level); they import torch, so they
 #: load on first use (docs/tensors.md).
 _TENSOR_NAMES = (
@@ -38,7 +42,10 @@ _TENSOR_NAMES = (
 #: Seeing inside a running job (docs/observability.md): loaded on first use.
 _INTROSPECTION_NAMES = ("CallTimeoutError", "JobStacks", "stacks", "trace")
 
-__all__ = ["configure", *_INTROSPECTION_NAMES, *_TENSOR_NAMES]
+#: The live dashboard (docs/observability.md): loaded on first use.
+_DASHBOARD_NAMES = ("serve_dashboard",)
+
+__all__ = ["configure", *_INTROSPECTION_NAMES, *_DASHBOARD_NAMES, *_TENSOR_NAMES]
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +53,12 @@ def __getattr__(name: str) -> Any:
         from . import introspection
 
         value = getattr(introspection, name)
+        globals()[name] = value
+        return value
+    if name in _DASHBOARD_NAMES:
+        from . import _dashboard
+
+        value = getattr(_dashboard, name)
         globals()[name] = value
         return value
     if name in _TENSOR_NAMES:

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import _stacks_cli
 
     _stacks_cli.add_command(commands)
+    from ._dashboard import _cli as _dashboard_cli
+
+    _dashboard_cli.add_command(commands)
     from .job._cli import CommandError, add_commands
 
     add_commands(commands)
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return _debug(args)
     if args.command == "stacks":
         return _stacks_cli.run(args)
+    if args.command == "dashboard":
+        return _dashboard_cli.run(args)
     if args.command != "worker":
         try:
             code: int = args.run(args)

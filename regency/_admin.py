@@ -7,7 +7,8 @@ port and a random token; the file goes when the controller's runtime stops. A cl
 line must be the token (the stacks show the program's source lines and arguments' names),
 its second a JSON request: ``{"command": "stacks", "timeout": 10.0}``. The answer is one JSON
 object: ``{"ok": true, "text": <the dump>, "stacks": <JobStacks as plain data>}`` or
-``{"ok": false, "error": ...}``.
+``{"ok": false, "error": ...}``. ``{"command": "dashboard"}`` (``regency dashboard``) starts
+the live dashboard unless it runs and answers ``{"ok": true, "url": ...}``.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ async def _answer(stream: trio.SocketStream, answer: dict[str, Any]) -> None:
 
 
 async def _handle(rt: Runtime, request: Any) -> dict[str, Any]:
+    if isinstance(request, dict) and request.get("command") == "dashboard":
+        return await _dashboard(rt)
     if not isinstance(request, dict) or request.get("command") != "stacks":
         raise ValueError(f'expected {{"command": "stacks", "timeout": <seconds>}} (got {request!r})')
     timeout = check_timeout(request.get("timeout", 10.0), "regency stacks")
@@ -126,3 +129,18 @@ async def _handle(rt: Runtime, request: Any) -> dict[str, Any]:
     procs = await gather(rt, targets, timeout, children=children)
     stacks = JobStacks(tuple(procs), timeout)
     return {"ok": True, "text": str(stacks), "stacks": attrs.asdict(stacks)}
+
+
+async def _dashboard(rt: Runtime) -> dict[str, Any]:
+    """``{"command": "dashboard"}``: start the live dashboard unless it runs, answer its URL
+    (``regency dashboard``; see regency/_dashboard)."""
+    from . import _dashboard
+
+    def start() -> str:
+        return _dashboard.serve(rt)
+
+    try:
+        url = await trio.to_thread.run_sync(start)  # imports the web stack: off the loop
+    except (ImportError, OSError, RuntimeError) as exc:
+        return {"ok": False, "error": f"could not start the dashboard: {exc}"}
+    return {"ok": True, "url": url}
