@@ -293,3 +293,23 @@ def test_a_dead_actors_report_ends_with_its_last_calls(
     tail = trace[trace.index("last 4 call(s) dying rank 1 handled, newest last:") :]
     assert tail.count("ping from unix://") == 3
     assert "fail (no reply): raised ValueError: bad value 42" in tail.splitlines()[-1]
+
+
+def test_stream_and_accumulator_timeouts_explain_too(procs: ProcMesh, release: str) -> None:
+    from regency.actor import Accumulator
+
+    mesh = procs.spawn("folded", Stuck)
+    mesh.ping.call().get(T)
+    streamed = list(mesh.hang.stream(release, 3))
+    answered = sorted(f.get(T) for f in streamed[:3])  # the first three to answer
+    assert answered == [0, 1, 2]
+    with pytest.raises(CallTimeoutError, match=r"(?s)folded\.hang did not finish .*rank 3 on proc"):
+        streamed[3].get(timeout=0.5)
+    total = Accumulator(mesh.hang, 0, lambda acc, rank: acc + rank).accumulate(release, 3)
+    with pytest.raises(CallTimeoutError) as info:
+        total.get(timeout=0.5)
+    assert info.value.ranks == (3,)
+    assert "1 queued behind it" in str(info.value)
+    Path(release).touch()
+    assert streamed[3].get(T) == 3
+    assert total.get(T) == 6
