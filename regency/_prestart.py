@@ -60,6 +60,30 @@ _zygote: Prestarted | None = None
 _lock = threading.Lock()
 
 
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (``/proc/<pid>/stat`` field 22, clock ticks since boot): with the
+    pid, an identity no later process can have. None when there is no such process, or only
+    its zombie (it has exited), or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()  # the name may hold spaces, parens
+        if fields[0] in (b"Z", b"X"):  # field 3, the state: exited
+            return None
+        return int(fields[19])  # field 22
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def identity() -> str:
+    """This process as the zygote's argv names its spawner: ``<pid>:<start time>`` (just
+    the pid without ``/proc``). The zygote checks it when it starts: asked afterwards, its
+    parent could already be init (see :mod:`regency.core._zygote`)."""
+    pid = os.getpid()
+    started = start_time(pid)
+    return str(pid) if started is None else f"{pid}:{started}"
+
+
 def _outputs() -> tuple[tuple[int, int] | None, ...]:
     found: list[tuple[int, int] | None] = []
     for fd in (1, 2):
@@ -99,7 +123,7 @@ def start() -> None:
     env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "regency.core._zygote", str(write_fd)],
+            [sys.executable, "-m", "regency.core._zygote", str(write_fd), identity()],
             stdin=subprocess.PIPE,
             pass_fds=(write_fd,),
             close_fds=True,

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +33,14 @@ def child_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     for name in PRIVATE_ENV:
         env.pop(name, None)
     return env
+
+
+def _reap_later(popen: subprocess.Popen[bytes]) -> None:
+    """Wait for ``popen`` on a thread of its own, unless it has been waited for: a child
+    that exits after the task that watched it was cancelled (the runtime stopped) would
+    otherwise stay a zombie of this process for as long as it lives (a test run had 20)."""
+    if popen.returncode is None:
+        threading.Thread(target=popen.wait, name="regency-reap", daemon=True).start()
 
 
 class ProcHandle(abc.ABC):
@@ -146,9 +155,10 @@ class LocalLauncher(ProcLauncher):
         finally:
             if popen.stdin is not None:
                 try:
-                    popen.stdin.close()
+                    popen.stdin.close()  # the proc reads EOF and exits
                 except OSError:
                     pass
+            _reap_later(popen)  # cancelled (the runtime stopped) before the proc exited
         on_exit(code)
 
 
@@ -225,7 +235,8 @@ class ZygoteLauncher(ProcLauncher):
         try:
             self._popen = subprocess.Popen(
                 # A controller that imported torch forks procs with torch imported too.
-                [sys.executable, "-m", "regency.core._zygote", str(write_fd), self._jobdir]
+                [sys.executable, "-m", "regency.core._zygote", str(write_fd),
+                 _prestart.identity(), self._jobdir]
                 + (["torch"] if "torch" in sys.modules else []),
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
@@ -276,11 +287,13 @@ class ZygoteLauncher(ProcLauncher):
 
     async def _read_reports(self, fd: int, popen: subprocess.Popen[bytes]) -> None:
         buffer = b""
+        ended = False  # the zygote closed its end: it has exited (or is exiting)
         try:
             while True:
                 await trio.lowlevel.wait_readable(fd)
                 chunk = os.read(fd, 65536)
                 if not chunk:
+                    ended = True
                     break
                 buffer += chunk
                 while b"\n" in buffer:
@@ -291,9 +304,11 @@ class ZygoteLauncher(ProcLauncher):
             os.close(fd)
             if popen.stdin is not None:
                 try:
-                    popen.stdin.close()
+                    popen.stdin.close()  # EOF: the zygote kills its procs and exits
                 except OSError:
                     pass
+            if not ended:  # cancelled (the runtime stopped): it exits after this
+                _reap_later(popen)
         # The zygote is gone: its procs died with it (PR_SET_PDEATHSIG).
         self._broken = True
         popen.wait()

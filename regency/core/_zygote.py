@@ -4,6 +4,11 @@ Starting a proc from scratch costs a Python start plus importing trio and the ru
 quarter of a second here, per proc, all of it CPU. The zygote pays that once; each proc is then
 an ``os.fork()`` of it, ready in milliseconds.
 
+Command line: ``python -m regency.core._zygote REPORT_FD SPAWNER [JOBDIR [torch]]``:
+``REPORT_FD`` the pipe for reports (below), ``SPAWNER`` the process that started us as
+``<pid>:<start time>`` (:func:`regency._prestart.identity`), ``JOBDIR`` its job directory
+when it already has one, ``torch`` to import torch before the first fork.
+
 Protocol (one JSON object per line):
 
 * controller -> zygote, on the zygote's stdin: ``{"id": N, "record": {...}, "env": {...},
@@ -20,12 +25,16 @@ A zygote may start before its spawner knows its job directory or whether it will
 Death: the zygote dies with its spawner (``PR_SET_PDEATHSIG`` with SIGTERM, and EOF on stdin)
 and kills its procs first; each proc dies with the zygote (``PR_SET_PDEATHSIG``). When the
 spawner died without cleaning up (a killed Jupyter kernel), the zygote also removes the job
-directory named by ``argv[2]`` (or by a ``jobdir`` message). It runs in a session of its own
-and ignores SIGINT. The zygote stays single-threaded so that forking it is safe.
+directory named by ``JOBDIR`` (or by a ``jobdir`` message, read on the way out too if it was
+still in the pipe). A spawner that died before the zygote even ran (killed just after it
+started it) is found by its identity: the zygote then removes the job directory at once and
+exits. It runs in a session of its own and ignores SIGINT. The zygote stays single-threaded so
+that forking it is safe.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -36,7 +45,10 @@ import sys
 import time
 from typing import Any
 
+from .. import _prestart
 from . import _bootstrap
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _report(out: int, message: dict[str, Any]) -> None:
@@ -67,57 +79,179 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
         raise SystemExit(0)
 
 
-def _parent_watch(parent: int) -> int | None:
-    """A pidfd of the spawner: readable once it has exited (None where unsupported)."""
+class _Spawner:
+    """The process that started us, as it named itself on our command line (``<pid>:<start
+    time>``, see :func:`regency._prestart.identity`).
+
+    Not ``os.getppid()`` read once we run: the interpreter starts and imports for a good
+    fraction of a second first, and a spawner that died meanwhile (a controller killed just
+    after its start) has left us to init by then; we watched init, waited the whole
+    :data:`_PARENT_EXIT_WAIT` on our way out and left its job directory behind. Named by
+    pid and start time, a spawner that is already gone is known to be, whoever our parent
+    is now."""
+
+    def __init__(self, described: str) -> None:
+        pid, _, start = described.partition(":")
+        self.pid = int(pid)
+        self._started = int(start) if start else None
+        self._gone = False
+        #: A pidfd of the spawner: readable once it has exited (None where unsupported).
+        self.fd: int | None = None
+        try:
+            self.fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._gone = True
+        except (AttributeError, OSError):
+            pass
+        # Opened first, checked second: a pid that another process took since names that
+        # process's start time (or none), so a pidfd that passes is the spawner's.
+        now = None if self._gone else _prestart.start_time(self.pid)
+        if self._started is not None and now != self._started:
+            self._mark_gone()
+
+    def _mark_gone(self) -> None:
+        self._gone = True
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def gone(self, timeout: float = 0.0) -> bool:
+        """Whether the spawner has exited, waiting up to ``timeout`` seconds for it to."""
+        deadline = time.monotonic() + timeout
+        while not self._gone:
+            left = max(0.0, deadline - time.monotonic())
+            if self.fd is not None:
+                ready, _, _ = select.select([self.fd], [], [], left)
+                if ready:
+                    self._mark_gone()
+                return self._gone
+            # No pidfd: ask /proc (a zombie counts as gone), or the kill(0) probe without it.
+            if self._started is not None:
+                if _prestart.start_time(self.pid) != self._started:
+                    self._mark_gone()
+            else:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    self._mark_gone()
+                except PermissionError:
+                    pass
+            if self._gone or left <= 0:
+                break
+            time.sleep(min(0.05, left))
+        return self._gone
+
+    def reparented(self) -> None:
+        """Our parent is no longer the spawner: it has exited (the kernel reparents a
+        process's children as it exits)."""
+        self._mark_gone()
+
+
+def _set_death_signal(sig: signal.Signals) -> None:
+    """``PR_SET_PDEATHSIG``: ``sig`` when the thread that started us ends."""
     try:
-        return os.pidfd_open(parent)
-    except (AttributeError, OSError):
-        return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
-def _remove_orphaned_jobdir(jobdir: str, parent_fd: int | None) -> None:
+def _ours(jobdir: str) -> bool:
+    """Whether ``jobdir`` is a job directory we may remove: a ``regency-*`` directory of
+    this user's that exists."""
+    if not os.path.basename(jobdir.rstrip("/")).startswith("regency-"):
+        return False
+    try:
+        return os.stat(jobdir).st_uid == os.getuid()
+    except OSError:
+        return False  # gone (its owner removed it), or never made
+
+
+def _remove_orphaned_jobdir(jobdir: str, spawner: _Spawner) -> None:
     """Remove the spawner's job directory once the spawner has exited (it removes the
     directory itself when it exits normally; killed, it cannot). Only a ``regency-*``
     directory of ours, never anything else.
 
     We get here when the spawner's runtime thread ended (the death signal) or its pipes
-    closed: the spawner is dying or about to, so waiting a moment for its exit is enough.
-    The death signal can come before the kernel has reparented us, so ``getppid`` cannot
-    tell; the pidfd can."""
-    if not jobdir or parent_fd is None:
-        return
-    ready, _, _ = select.select([parent_fd], [], [], _PARENT_EXIT_WAIT)
-    if not ready:
-        return  # still alive: its own exit removes the directory
-    name = os.path.basename(jobdir.rstrip("/"))
+    closed, or at our start when the spawner had already gone: it is dying or about to, so
+    waiting a moment for its exit is enough; we stop waiting as soon as the directory is
+    gone (a spawner that lives on, its runtime stopped: a test, ``shutdown_context``,
+    removes it itself). The death signal can come before the kernel has reparented us, so
+    ``getppid`` cannot tell; the spawner's identity can. A spawner that stopped its runtime
+    cleanly can still die before removing the directory (a worker killed by a second
+    SIGTERM on its way out), so a clean stop is no reason to stop watching."""
+    deadline = time.monotonic() + _PARENT_EXIT_WAIT
+    while True:
+        if not jobdir or not _ours(jobdir):
+            return  # nothing (left) to remove
+        if spawner.gone(min(0.05, max(0.0, deadline - time.monotonic()))):
+            break
+        if time.monotonic() >= deadline:
+            return  # still alive: its own exit removes the directory
     # A few tries: a file created while the removal listed the directory (a dying
     # process's last write) leaves it behind, and nobody else would remove it.
     for _ in range(5):
-        try:
-            if not (name.startswith("regency-") and os.stat(jobdir).st_uid == os.getuid()):
-                return
-        except OSError:
-            return  # gone
+        if not _ours(jobdir):
+            return
         shutil.rmtree(jobdir, ignore_errors=True)
         if not os.path.exists(jobdir):
             return
         time.sleep(0.05)
 
 
+class _State:
+    """What the spawner told us so far, and the part of a line not yet read whole."""
+
+    def __init__(self, jobdir: str) -> None:
+        #: The job directory (argv or a ``jobdir`` message).
+        self.jobdir = jobdir
+        self.pending = b""
+
+
+def _read_rest(state: _State) -> None:
+    """On our way out: the control messages still in the pipe. A spawner that wrote its
+    ``jobdir`` message and died at once, before we read it (not started yet, or the death
+    signal came first), must still have its directory removed. Fork requests are dropped."""
+    stdin = sys.stdin.fileno()
+    try:
+        os.set_blocking(stdin, False)
+        while True:
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                break
+            state.pending += chunk
+    except OSError:
+        pass  # nothing more now (EAGAIN: a living spawner), or no stdin
+    lines = state.pending.split(b"\n")
+    state.pending = lines.pop()  # an incomplete last line: the spawner died writing it
+    for line in lines:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(request, dict) and "jobdir" in request:
+            state.jobdir = str(request["jobdir"])
+
+
 def main() -> None:
     report_fd = int(sys.argv[1])
-    #: What the spawner told us: the job directory (argv or a message).
-    state = {"jobdir": sys.argv[2] if len(sys.argv) > 2 else ""}
-    parent = os.getppid()
+    spawner = _Spawner(sys.argv[2])
+    state = _State(sys.argv[3] if len(sys.argv) > 3 else "")
     zygote = os.getpid()
-    parent_fd = _parent_watch(parent)
     children: set[int] = set()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     global _exiting
     try:
-        _bootstrap._die_with_parent(parent, watch_stdin=False, sig=signal.SIGTERM)
-        _serve(report_fd, children, parent_fd, state)
+        if sys.platform.startswith("linux"):
+            _set_death_signal(signal.SIGTERM)
+        # After the death signal is set: a spawner that dies from here on sends it (or
+        # closes our stdin); one that died before is gone now, or is no longer our parent.
+        if os.getppid() != spawner.pid:
+            spawner.reparented()
+        if spawner.gone():
+            return  # nobody to fork for: remove its job directory (finally) and exit
+        _serve(report_fd, children, spawner, state)
     finally:
         _exiting = True  # before any call (where a pending signal's handler would run)
         if os.getpid() == zygote:  # not a proc's clean exit unwinding through our frames
@@ -136,12 +270,11 @@ def main() -> None:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-            _remove_orphaned_jobdir(state["jobdir"], parent_fd)
+            _read_rest(state)
+            _remove_orphaned_jobdir(state.jobdir, spawner)
 
 
-def _serve(
-    report_fd: int, children: set[int], parent_fd: int | None, state: dict[str, str]
-) -> None:
+def _serve(report_fd: int, children: set[int], spawner: _Spawner, state: _State) -> None:
     """Fork procs on request until the spawner goes; ``children`` holds the living ones."""
     # Import what every proc needs before the first fork, then freeze it out of the GC.
     import trio  # noqa: F401
@@ -149,7 +282,7 @@ def _serve(
     from .. import _actor_config  # noqa: F401
     from . import _lines, _proc_mesh, _runtime  # noqa: F401
 
-    if "torch" in sys.argv[2:]:  # seconds of import paid once, not per proc (tensor engine)
+    if "torch" in sys.argv[4:]:  # seconds of import paid once, not per proc (tensor engine)
         import torch  # noqa: F401
 
     gc.freeze()
@@ -158,8 +291,7 @@ def _serve(
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     stdin = sys.stdin.fileno()
-    inherited = (wake_r, wake_w, report_fd, *([] if parent_fd is None else [parent_fd]))
-    pending = b""
+    inherited = (wake_r, wake_w, report_fd, *([] if spawner.fd is None else [spawner.fd]))
     while True:
         ready, _, _ = select.select([stdin, wake_r], [], [])
         if wake_r in ready:
@@ -178,24 +310,27 @@ def _serve(
         chunk = os.read(stdin, 65536)
         if not chunk:
             return  # the spawner is gone
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            request = json.loads(line)
+        state.pending += chunk
+        while b"\n" in state.pending:
+            # A line leaves ``pending`` once handled: a death signal meanwhile (SystemExit)
+            # leaves it to :func:`_read_rest`, should it name the job directory.
+            end = state.pending.index(b"\n")
+            request = json.loads(state.pending[:end])
             if "id" not in request:
                 _control(request, state)
-                continue
-            pid = os.fork()
-            if pid == 0:
-                _become(request, *inherited)
-            children.add(pid)
-            _report(report_fd, {"id": request["id"], "pid": pid})
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    _become(request, *inherited)
+                children.add(pid)
+                _report(report_fd, {"id": request["id"], "pid": pid})
+            state.pending = state.pending[end + 1 :]
 
 
-def _control(request: dict[str, Any], state: dict[str, str]) -> None:
+def _control(request: dict[str, Any], state: _State) -> None:
     """A message that is not a fork request: the job directory, or a module to import."""
     if "jobdir" in request:
-        state["jobdir"] = str(request["jobdir"])
+        state.jobdir = str(request["jobdir"])
     if request.get("import") == "torch":  # seconds, paid once here rather than per proc
         gc.unfreeze()
         try:

@@ -88,13 +88,19 @@ class VirtualHost:
         assert self.worker.stdout is not None
         line = self.worker.stdout.readline()
         if "listening" not in line:
+            self.stop_worker()
             raise RuntimeError(f"the worker in {self.name} did not start: {line!r}")
         return self.worker_address
 
     def stop_worker(self) -> None:
-        if self.worker is not None and self.worker.poll() is None:
+        """Kill the worker (its zygote removes its job directory) and wait for it."""
+        if self.worker is None:
+            return
+        if self.worker.poll() is None:
             self.worker.kill()
-            self.worker.wait()
+        self.worker.wait()
+        if self.worker.stdout is not None:
+            self.worker.stdout.close()
 
     def cut(self) -> None:
         """Take this host's link down (packets are lost; connections are not reset)."""

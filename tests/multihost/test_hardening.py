@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from regency.core._runtime import derive_secret
 from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 from regency.transports import open_transport
 
-from ..conftest import TEST_SECRET
+from ..conftest import TEST_SECRET, TEST_WORKER_PREFIX
 from ..transports.relay import Relay
 
 pytestmark = [
@@ -58,7 +59,9 @@ class Worker:
     def __init__(self, host: VirtualHost, port: int, env: dict[str, str] | None = None) -> None:
         self.address = f"tcp://{host.ip}:{port}"
         self.host, self.port = host, port
-        self.tmp = tempfile.mkdtemp(prefix="regency-test-worker-")
+        #: Its TMPDIR (job directory, log); removed by :meth:`stop`. Named with our pid: the
+        #: suite's final check (tests/conftest.py) looks for this run's.
+        self.tmp = tempfile.mkdtemp(prefix=f"{TEST_WORKER_PREFIX}{os.getpid()}-")
         self.log_path = os.path.join(self.tmp, "worker.log")
         full_env = {
             **os.environ,
@@ -67,14 +70,19 @@ class Worker:
             "TMPDIR": self.tmp,
             **(env or {}),
         }
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                ["ip", "netns", "exec", host.name, sys.executable, "-c", WORKER, self.address],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=full_env,
-                text=True,
-            )
+        try:
+            with open(self.log_path, "w") as log:
+                self.proc = subprocess.Popen(
+                    ["ip", "netns", "exec", host.name, sys.executable, "-c", WORKER,
+                     self.address],
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=full_env,
+                    text=True,
+                )
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert "listening" in line, (line, self.log())
@@ -84,9 +92,20 @@ class Worker:
             return f.read()
 
     def stop(self) -> None:
+        """Kill the worker, wait for it, and remove its directory: once its zygote has
+        removed the job directory in it (it does when the worker dies), or after a while."""
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        deadline = time.monotonic() + T
+        while os.path.exists(self.tmp):
+            if time.monotonic() > deadline or not any(
+                name.startswith("regency-") for name in os.listdir(self.tmp)
+            ):
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +117,11 @@ def hosts() -> Iterator[list[VirtualHost]]:
 @pytest.fixture
 def worker_factory(hosts: list[VirtualHost]) -> Iterator[list[Worker]]:
     made: list[Worker] = []
-    yield made
-    for w in made:
-        w.stop()
+    try:
+        yield made
+    finally:
+        for w in made:
+            w.stop()
 
 
 def _start(made: list[Worker], host: VirtualHost, **env: str) -> Worker:
@@ -418,6 +439,7 @@ def test_reserved_ports_stay_reserved_and_a_stolen_one_is_named(
     finally:
         for s in squatters:
             s.kill()
+            s.communicate()
         controller.kill()
         controller.wait()
 
@@ -472,8 +494,8 @@ def test_a_worker_serving_many_controllers_in_a_row_stays_flat_and_cleans_up_on_
         worker_factory, hosts[0], REGENCY_DELIVERY_TIMEOUT="0.3", REGENCY_HEARTBEAT_INTERVAL="0.1"
     )
     here = hosts[0].ip.rsplit(".", 1)[0] + ".1"  # this namespace's address on the bridge
-    jobdir = tempfile.mkdtemp(prefix="regency-test-")
-    os.chmod(jobdir, 0o700)
+    jobdir = os.path.join(worker.tmp, "controllers")  # removed with the worker's directory
+    os.mkdir(jobdir, 0o700)
 
     async def attach(rt: Runtime) -> object:
         fut: Future[object] = Future()

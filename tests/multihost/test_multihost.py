@@ -274,14 +274,18 @@ def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
         [sys.executable, "-c", CONTROLLER, address],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )
-    assert controller.stdout is not None
-    pids = [int(p) for p in controller.stdout.readline().split()]
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
-    # While it lives, the worker refuses a second controller.
-    with pytest.raises(ConnectionRefusedError, match="already serves the controller"):
-        attach_to_workers([address], lease=5.0)
-    controller.send_signal(signal.SIGKILL)
-    controller.wait()
+    try:
+        assert controller.stdout is not None
+        pids = [int(p) for p in controller.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        # While it lives, the worker refuses a second controller.
+        with pytest.raises(ConnectionRefusedError, match="already serves the controller"):
+            attach_to_workers([address], lease=5.0)
+    finally:
+        controller.send_signal(signal.SIGKILL)
+        controller.wait()
+        if controller.stdout is not None:
+            controller.stdout.close()
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids):
         assert time.monotonic() < deadline, "procs outlived their controller's lease"
