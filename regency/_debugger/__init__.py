@@ -9,6 +9,11 @@
 
 from __future__ import annotations
 
+from . import _remote
 from ._remote import call_ended, drive, install_breakpoint_hook
 
-__all__ = ["call_ended", "drive", "install_breakpoint_hook"]
+#: What the core's mailbox calls (``regency.core._extensions.Debugger``; plugged in by
+#: :mod:`regency._boot`): ``call_ended`` and ``drive``.
+hooks = _remote
+
+__all__ = ["call_ended", "drive", "hooks", "install_breakpoint_hook"]

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from ..core import _extensions
 from ..core._context import Context
 from ..core._context import current as current_context
 from ..core._future import Future
@@ -41,8 +42,8 @@ R = TypeVar("R")
 #: The remote pdb of each endpoint call being debugged, by the call's Context (one object
 #: per call, seen alike by its thread, its task and a greenlet driving it).
 _by_call: dict[Context, RemotePdb] = {}
-#: How many sessions are open in this process: the mailbox's hook costs nothing at 0.
-open_sessions = 0
+# How many sessions are open in this process is core's ``_extensions.debug_sessions``: the
+# mailbox tests it after every call, and calls call_ended only when it is not 0.
 
 _CONTROLLER_NAME = "debug_controller"
 _controller: Any = None
@@ -100,11 +101,11 @@ def _steps(coro: Coroutine[Any, Any, Any]) -> tuple[str, Any]:
         try:
             trap = coro.throw(error) if error is not None else coro.send(value)
         except StopIteration as stop:
-            if open_sessions:
+            if _extensions.debug_sessions:
                 call_ended(None)
             return ("done", stop.value)
         except BaseException as exc:
-            if open_sessions:
+            if _extensions.debug_sessions:
                 call_ended(exc)  # a post-mortem here, where pdb can wait off the loop
             return ("raise", exc)
         tracer = sys.gettrace()
@@ -260,7 +261,6 @@ class RemotePdb(pdb.Pdb):
         self._started = False
 
     def start(self) -> None:
-        global open_sessions
         if self._started:
             return
         from ..core._controller import current_runtime
@@ -272,7 +272,7 @@ class RemotePdb(pdb.Pdb):
             )
         )
         self._started = True
-        open_sessions += 1
+        _extensions.debug_sessions += 1
 
     def where(self) -> tuple[str | None, int | None]:
         frame = self.curframe
@@ -297,12 +297,11 @@ class RemotePdb(pdb.Pdb):
 
     def end(self) -> None:
         """The endpoint returned: tell the controller and stop tracing."""
-        global open_sessions
         sys.settrace(None)
         self.stdout.flush()
         if self._started:
             self._started = False
-            open_sessions -= 1
+            _extensions.debug_sessions -= 1
             try:
                 wait(self.controller.session_end.call_one(self.name, self.rank))
             except Exception:

@@ -46,18 +46,11 @@ def _die_with_parent(
 
 
 def _install_services(rt: Any) -> None:
-    """Log forwarding (when configured) and the remote ``breakpoint()`` hook."""
-    from .._debugger import install_breakpoint_hook
+    """What the packages above core install in a new proc (log forwarding's tee or level
+    control, the remote ``breakpoint()`` hook): see :mod:`._extensions`."""
+    from ._extensions import install_in_proc
 
-    if rt.config.enable_log_forwarding:
-        from .._logs import install_proc
-
-        install_proc(rt)
-    else:  # logging_option(level=...) still applies
-        from .._logs import install_level_control
-
-        install_level_control(rt)
-    install_breakpoint_hook()
+    install_in_proc(rt)
 
 
 def main() -> None:

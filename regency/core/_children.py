@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..supervision import ProcStopped
+from . import _extensions
 from . import _messages as M
 from ._config import Config, current_config
 from ._errors import SupervisionError, UndeliverableError
@@ -308,9 +309,8 @@ async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -
 
 
 async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> None:
-    from .. import _logs
-
-    await _logs.flush_procs(rt, addresses)  # a barrier: no line printed before stop is lost
+    # A barrier: no line printed before stop is lost.
+    await _extensions.log_forwarding().flush_procs(rt, addresses)
     for address in addresses:
         rt.oversight.feed(ProcStopped(address))  # stopping is not failing
     children = [rt.children[a] for a in addresses if a in rt.children]

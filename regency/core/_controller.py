@@ -1,6 +1,6 @@
-"""The controller's runtime: the first :func:`current_runtime` in a script starts it
-(:mod:`regency._boot` chooses production, started here, or the simulated cluster), and the
-job secret."""
+"""The controller's runtime: the first :func:`current_runtime` in a script starts it (through
+the boot :mod:`regency._boot` plugs in, see :mod:`._extensions`: production, started here, or
+the simulated cluster), and the job secret."""
 
 from __future__ import annotations
 
@@ -48,16 +48,17 @@ def job_secret() -> bytes:
 
 
 def current_runtime() -> Runtime:
-    """This process's runtime; in a controller the first call starts it (see
-    :mod:`regency._boot`, which chooses production or the simulator)."""
+    """This process's runtime; in a controller the first call starts it (through the boot
+    plugged into :mod:`._extensions`: :mod:`regency._boot` chooses production or the
+    simulator)."""
     rt = _runtime_var.get() or _current._runtime
     if rt is not None:
         return rt
     with _runtime_lock:
         if _current._runtime is None:
-            from .. import _boot
+            from ._extensions import boot_controller
 
-            _current._runtime = _boot.start_controller()
+            _current._runtime = boot_controller()
         return _current._runtime
 
 

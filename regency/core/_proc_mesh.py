@@ -7,8 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .._tensor_engine._procmesh import TensorEngineMesh
-from . import _codec
+from . import _codec, _extensions
 from . import _messages as M
 from ._actor_mesh import _MESH_ATTRIBUTES, ActorMesh, ProcRef, _owner, _StopEndpointActorMesh
 from ._adverbs import _pickle_args
@@ -27,8 +26,10 @@ from ._singletons import ensure_registry
 A = TypeVar("A", bound=Actor)
 
 
-class ProcMesh(TensorEngineMesh, MeshAlgebra):
-    """Processes, arranged as a mesh; spawn actors on them."""
+class ProcMesh(MeshAlgebra):
+    """Processes, arranged as a mesh; spawn actors on them. The tensor engine's methods
+    (``activate``, ``rank_tensor``) and ``logging_option`` run what the packages above core
+    plugged in (:mod:`regency.core._extensions`)."""
 
     __slots__ = ("_procs", "_ready", "_shape")
 
@@ -115,9 +116,44 @@ class ProcMesh(TensorEngineMesh, MeshAlgebra):
         """Forward this mesh's stdout/stderr to the controller (docs/logging.md). Await it
         (trio or asyncio) or ``.get()`` it: it resolves once every proc applies the change,
         after the lines written before it."""
-        from .. import _logs
+        return _extensions.log_forwarding().logging_option(
+            self, stream_to_client, aggregate_window_sec, level
+        )
 
-        return _logs.logging_option(self, stream_to_client, aggregate_window_sec, level)
+    # The tensor engine (docs/tensors.md).
+
+    def activate(self) -> Any:
+        """``with mesh.activate():`` torch ops, factories included, run on every proc."""
+        return _extensions.mesh_tensors().activate(self)
+
+    def rank_tensor(self, dim: str | tuple[str, ...] | list[str]) -> Any:
+        """A tensor whose value on each proc is its coordinate along ``dim`` (row-major over
+        several dims)."""
+        dims = (dim,) if isinstance(dim, str) else tuple(dim)
+        return _extensions.mesh_tensors().rank_tensor(self, dims)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        """``{dim: rank_tensor(dim)}`` for every dim of the mesh."""
+        return {d: self.rank_tensor(d) for d in self._shape.labels}
+
+    def to_table(self) -> str:
+        """The mesh as a text table: one row per proc, its coordinates and global rank."""
+        shape = self._shape
+        header = [*shape.labels, "rank", "proc"]
+        rows = [header]
+        for local, rank in enumerate(shape.ranks):
+            coords = shape.coords(local)
+            proc = self._procs[rank][0]
+            rows.append([*(str(coords[d]) for d in shape.labels), str(rank), proc])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        last = len(header) - 1  # proc names read better left-aligned
+        return "\n".join(
+            "  ".join(
+                cell.ljust(w) if i == last else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+            for row in rows
+        )
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._shape.dim_sizes()}>"
@@ -222,10 +258,8 @@ class HostMesh(MeshAlgebra):
             child.coords = tuple(Point(rank, extent).items())
         if rt.parent_address is None:  # procs may ask the controller for its singletons
             rt.call_soon(lambda: ensure_registry(rt))
-        if rt.config.enable_log_forwarding:  # log forwarding is imported when it is on
-            from .. import _logs
-
-            _logs.procs_planned(rt, children)
+        if rt.config.enable_log_forwarding:  # log forwarding is loaded when it is on
+            _extensions.log_forwarding().procs_planned(rt, children)
         python = self._python
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
