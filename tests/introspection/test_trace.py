@@ -75,7 +75,9 @@ def test_a_traced_block_writes_spans_flows_and_instants(
     events = data["traceEvents"]
     processes = [e["args"]["name"] for e in events if e["name"] == "process_name"]
     assert len(processes) == 3  # the controller and two procs
-    assert any(".p0 (" in name and "pid" in name for name in processes)
+    procs = {p.proc_id for p in regency.stacks(pm).procs}
+    assert sum(any(name.startswith(f"{proc} (") for name in processes) for proc in procs) == 2
+    assert all("pid" in name for name in processes)
     threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert {"Stuck traced[0]", "Stuck traced[1]", "thread MainThread"} <= threads
     spans = [e for e in events if e["ph"] == "X"]
