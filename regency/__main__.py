@@ -1,6 +1,7 @@
 """``regency`` command line: ``regency worker --listen tcp://HOST:PORT`` (``--listen`` also
-takes ``nng+tcp://`` and ``nng+tls+tcp://``), ``regency debug``; the job commands (``apply``,
-``exec``, ``kill``, ``kubernetes``) live in :mod:`regency.job._cli`."""
+takes ``nng+tcp://`` and ``nng+tls+tcp://``), ``regency debug``, ``regency sim explore``
+(:mod:`regency.sim._explore`); the job commands (``apply``, ``exec``, ``kill``,
+``kubernetes``) live in :mod:`regency.job._cli`."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         "--secret-file", help="file holding the job secret (default: $REGENCY_SECRET)"
     )
     _add_debug_command(commands)
+    _add_sim_command(commands)
     from . import _stacks_cli
 
     _stacks_cli.add_command(commands)
@@ -89,6 +91,56 @@ def _add_debug_command(commands: Any) -> None:
     debug.add_argument(
         "--token", help="the server's token (default: read from ~/.regency/debug-PORT.token)"
     )
+
+
+def _add_sim_command(commands: Any) -> None:
+    sim = commands.add_parser(
+        "sim", help="the deterministic simulator (see docs/simulation.md)"
+    )
+    sim_commands = sim.add_subparsers(dest="sim_command", required=True)
+    explore = sim_commands.add_parser(
+        "explore",
+        help="simulate a program on many seeds in parallel and print each failing seed's "
+        "replay line (exit status 1 when a seed failed)",
+    )
+    explore.add_argument(
+        "program", metavar="MODULE:FUNCTION", help="the program, a function of the host mesh"
+    )
+    explore.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
+    explore.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    explore.add_argument("--hosts", type=int, default=4, help="simulated hosts (default 4)")
+    explore.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: one per CPU)"
+    )
+    explore.add_argument(
+        "--faults",
+        default="none",
+        help="none (default); random: a schedule drawn per seed from "
+        "fault_schedules(HOSTS, crashes=True, procs=True), shrunk when it fails; or an "
+        "expression of regency.sim names, e.g. 'Faults(crash=0.5)' or a FaultSchedule(...) "
+        "from a replay line",
+    )
+    explore.add_argument(
+        "--buggify", choices=["off", "on", "seed"], default="off",
+        help="adversarial settings: off (default), on, or seed (the seed decides)",
+    )
+    explore.add_argument(
+        "--stop-after", type=int, default=1,
+        help="stop after this many failing seeds (default 1; 0: run every seed)",
+    )
+    explore.add_argument(
+        "--no-shrink", action="store_true", help="do not shrink a failing random schedule"
+    )
+    explore.add_argument(
+        "--log-tail", type=int, default=5, help="run log entries shown per failure (default 5)"
+    )
+    explore.set_defaults(run=_sim)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from .sim._explore import run_command
+
+    return run_command(args)
 
 
 def _debug(args: argparse.Namespace) -> int:

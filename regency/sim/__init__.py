@@ -5,7 +5,9 @@ The same core and supervision code that production runs can run here, inside one
 package provides the ``sim://`` transport (:class:`SimNetwork`), its faults
 (:class:`Faults`, explicit :class:`FaultSchedule` entries and the Hypothesis strategy
 :func:`fault_schedules`), and the tools that run a workload deterministically and check that
-it is (:func:`run_deterministic`, :func:`check_determinism`, :class:`Trace`).
+it is (:func:`run_deterministic`, :func:`check_determinism`, :class:`Trace`), and
+:func:`explore`, which runs a program on many seeds in parallel worker processes and returns
+the failing runs with their replay lines.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ._cluster import (
     current,
     simulate,
 )
+from ._explore import ExploreFailure, ExploreResult, explore
 from ._export import chrome_trace, write_chrome_trace
 from ._invariants import InvariantChecker, InvariantViolation
 from ._network import (
@@ -60,6 +63,8 @@ __all__ = [
     "CrashProcFault",
     "DelayFault",
     "DisconnectFault",
+    "ExploreFailure",
+    "ExploreResult",
     "FaultSchedule",
     "Faults",
     "InvariantChecker",
@@ -84,6 +89,7 @@ __all__ = [
     "chrome_trace",
     "current",
     "current_trace",
+    "explore",
     "fault_schedules",
     "run_deterministic",
     "simulate",
