@@ -12,6 +12,7 @@ from . import _codec
 from ._controller import current_runtime
 from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
+from ._metrics import count_sent
 from ._replies import EachInTurn, Fold, OneReply, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 from ._trace import sender_track
@@ -189,6 +190,9 @@ class Endpoint(Generic[P, R]):
                 )
         except (SupervisionError, ValueError) as exc:
             _unsent(rt, port, handler, exc)
+        else:
+            if rt.config.metrics:
+                count_sent(rt, mesh._name, self._name, len(local_ranks))
         return handler
 
     def _call_rank(self, rt: Runtime, local: int, payload: list[Any]) -> Future[R]:
@@ -211,6 +215,9 @@ class Endpoint(Generic[P, R]):
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
         except (SupervisionError, ValueError) as exc:
             _unsent(rt, port, fut, exc)
+        else:
+            if rt.config.metrics:
+                count_sent(rt, mesh._name, self._name, 1)
         return fut
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -253,6 +260,8 @@ class Endpoint(Generic[P, R]):
         if trace is not None:
             trace.sent(self.qualname, None, ranks, sender_track())
         self._send(rt, ranks, None, payload)
+        if rt.config.metrics:
+            count_sent(rt, self._mesh._name, self._name, len(ranks))
 
     def _fold(
         self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
@@ -318,6 +327,8 @@ def send(
     n = len(endpoint._mesh._shape)
     ranks: Sequence[int] = [rt.rng.randrange(n)] if selection == "choose" else range(n)
     endpoint._send(rt, ranks, port._ref if port is not None else None, payload)
+    if rt.config.metrics:
+        count_sent(rt, endpoint._mesh._name, endpoint._name, len(ranks))
 
 
 # -- meshes --------------------------------------------------------------------------------

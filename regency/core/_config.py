@@ -128,6 +128,13 @@ class Config:
     trace_path: str = ""
     #: Events each proc keeps while tracing (older ones are dropped and counted).
     trace_buffer: int = attrs.field(default=100_000, validator=lambda _inst, a, v: _positive(a, v))
+    #: Keep message statistics for ``regency.telemetry.instrument()`` (docs/observability.md,
+    #: "Metrics"): each actor counts its handled calls, errors and handling time per endpoint
+    #: (latency buckets), each runtime the calls it sends. Off (default): nothing is kept; a
+    #: handled call pays nothing for it, a sent one an attribute test. Read when a proc or an
+    #: actor starts (the controller's sends: when it spawns procs); procs inherit the
+    #: controller's setting, so set it before spawning.
+    metrics: bool = False
 
     #: Threads that wait read their own messages from the sockets: a thread blocked in
     #: ``Future.get`` its reply, an idle actor thread its next call (leader/follower; see

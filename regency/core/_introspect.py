@@ -8,14 +8,15 @@ own children's, gathered the same way: procs spawned by actors are included), an
 :data:`STALL_PORT` in the controller takes :class:`~._stacks.Stall` reports and logs them
 (logger ``regency.stall``). A proc that does not answer in time is listed with what its
 spawner knows of it: exited (and how), paused (stopped by a signal), or not answering (its
-event loop is blocked: busy computing, or waiting in a blocking call).
+event loop is blocked: busy computing, or waiting in a blocking call). The metrics port
+(core/_metrics.py) gathers the same way, through :func:`ask`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -89,7 +90,7 @@ class _Collect:
 
     def __init__(self, addresses: Sequence[str]) -> None:
         self.dests = frozenset(addresses)
-        self.answers: dict[int, list[ProcStacks]] = {}
+        self.answers: dict[int, list[Any]] = {}
         self.lost: dict[str, str] = {}
         self.missing = len(addresses)
         self.done = trio.Event()
@@ -114,6 +115,36 @@ class _Collect:
             self.done.set()
 
 
+async def ask(
+    rt: Runtime,
+    service: int,
+    addresses: Sequence[str],
+    request: Callable[[tuple[str, int]], Any],
+    timeout: float,
+) -> tuple[_Collect, dict[str, int | None]]:
+    """Send ``request(reply_port)`` to the reserved port ``service`` of each proc at
+    ``addresses`` and wait at most ``timeout`` seconds for their answers (lists), on the
+    loop. The answers, by the address's index, and why some are missing; and each proc's
+    CPU time before (for :func:`_silent`)."""
+    collect = _Collect(addresses)
+    if not addresses:
+        return collect, {}
+    port = rt.open_port(collect)
+    before = {a: _cpu(rt, a) for a in addresses}
+    try:
+        message = request(port)
+        for index, address in enumerate(addresses):
+            try:
+                rt.send_port((address, service), index, M.OK, message)
+            except Exception as exc:
+                collect.fail(exc, address)
+        with trio.move_on_after(timeout):
+            await collect.done.wait()
+    finally:
+        rt.close_port(port[1])
+    return collect, before
+
+
 async def gather(
     rt: Runtime,
     targets: Sequence[tuple[str, tuple[tuple[str, int], ...]]],
@@ -127,24 +158,13 @@ async def gather(
     if not targets:
         return []
     addresses = [address for address, _ in targets]
-    collect = _Collect(addresses)
-    port = rt.open_port(collect)
-    before = {a: _cpu(rt, a) for a in addresses}
-    try:
-        for index, address in enumerate(addresses):
-            try:
-                rt.send_port(
-                    (address, STACKS_PORT),
-                    index,
-                    M.OK,
-                    StacksRequest(port, timeout * _NESTED, children),
-                )
-            except Exception as exc:
-                collect.fail(exc, address)
-        with trio.move_on_after(timeout):
-            await collect.done.wait()
-    finally:
-        rt.close_port(port[1])
+    collect, before = await ask(
+        rt,
+        STACKS_PORT,
+        addresses,
+        lambda port: StacksRequest(port, timeout * _NESTED, children),
+        timeout,
+    )
     out: list[ProcStacks] = []
     nested: list[ProcStacks] = []
     for index, (address, coords) in enumerate(targets):
@@ -340,9 +360,13 @@ def log_stall(stall: Stall) -> None:
 
 
 def install(rt: Runtime) -> None:
-    """Give a runtime its stacks service, stall sink and stall reporter."""
+    """Give a runtime its stacks service, stall sink and stall reporter, and its metrics
+    service (core/_metrics.py)."""
+    from ._metrics import install as install_metrics
+
     rt.ports[STACKS_PORT] = StacksService(rt)
     rt.ports[STALL_PORT] = StallSink()
+    install_metrics(rt)
 
     def report(stall: Stall) -> None:
         root = rt.root_address or rt.parent_address

@@ -54,6 +54,7 @@ from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
 from ._executor import Mailbox, ThreadExecutor
 from ._future import Future
+from ._metrics import actor_stats
 from ._shape import Extent, Point
 from ._spin import SpinPolicy, spin_limit
 from ._stacks import RECENT, Handled, outcome_of, stall_ended
@@ -166,9 +167,15 @@ class ActorCell:
         self._clock = runtime.env.clock
         #: (call, started) of the message being handled; None while idle.
         self.busy: tuple[M.Call, float] | None = None
+        #: With metrics on (``config.metrics``), this actor's statistics per endpoint
+        #: (core/_metrics.py); None while off.
+        self._metrics = actor_stats(runtime, self, table)
         #: The last RECENT calls handled: (endpoint, reply port, queued, started, finished,
-        #: outcome), oldest first.
-        self.recent: deque[tuple[str, Any, float, float, float, str]] = deque(maxlen=RECENT)
+        #: outcome), oldest first. With metrics on, the statistics are this deque: they
+        #: count each call as it is recorded (no test per call while metrics are off).
+        self.recent: deque[tuple[str, Any, float, float, float, str]] = (
+            deque(maxlen=RECENT) if self._metrics is None else self._metrics
+        )
         #: How the call being handled ended, when not by returning (set where it raised).
         self._outcome = _RETURNED
         #: The ident of the actor's thread (an actor with a thread), once it runs.
@@ -292,6 +299,10 @@ class ActorCell:
                         effect = throw(exc)
                     else:
                         effect = send(value)
+                        # Handled, or held by the mailbox loop's generators while needed:
+                        # this thread keeps no reference of its own while it waits in get()
+                        # for the next (a call's arguments may be hundreds of megabytes).
+                        value = None
                     continue
                 try:
                     if type(effect) is _Await:
@@ -307,6 +318,7 @@ class ActorCell:
                     effect = throw(exc)
                 else:
                     effect = send(value)
+                    value = None  # (an awaited result, or a future's: as above)
         except (StopIteration, trio.RunFinishedError):
             return  # done, or the runtime is gone
 
@@ -394,6 +406,9 @@ class ActorCell:
                     rest = self._call(item)  # None: handled (most calls: no generator)
                     if rest is not None:
                         alive = yield from rest
+                        if self._metrics is not None:  # (a call of a concurrent endpoint
+                            # is counted when its own task ends, not as it is handed over)
+                            self._metrics.handed_over(item.method, started)
                     # The flight recorder (written out here: a call less per message).
                     end = clock()
                     self.busy = None
@@ -404,6 +419,7 @@ class ActorCell:
                         self._outcome = _RETURNED
                     if self.stall_warned or self.rt.trace is not None:
                         self._handled(item, queued, started, end, outcome)
+                    del item, rest  # idle until the next message: keep nothing of this one
                 case M.Supervise():
                     yield from self._supervise(item.failure)
                 case M.Escalate():

@@ -265,6 +265,10 @@ class SocketConnection(Connection):
         self._fd = sock.fileno()
         self._rview: memoryview | None = None
         self._rstart = self._rend = 0
+        # The reader task's buffer for frames bigger than the receive buffer (see
+        # _KEEP_BIG), or None. The reader task's alone: a thread that reads hands such a
+        # frame back unread, so the reader task may drop it while a thread leads.
+        self._big: mmap.mmap | None = None
         self._wait_scope: trio.CancelScope | None = None
         self._handed_back: trio.Event | None = None
 
@@ -461,10 +465,13 @@ class SocketConnection(Connection):
         """Receive frames and hand each to the sink, in order."""
         assert self.sink is not None
         try:
-            if self._opener is not None:
-                await self._read_records(self._opener)
-            else:
-                await self._read_frames()
+            try:
+                if self._opener is not None:
+                    await self._read_records(self._opener)
+                else:
+                    await self._read_frames()
+            finally:
+                self._big = None  # (the connection object may outlive its reader)
         except trio.ClosedResourceError:
             pass  # closed locally: close() already told the sink
         except ConnectionBroken as exc:
@@ -492,17 +499,18 @@ class SocketConnection(Connection):
         received, limit = self.sink.frame_received, self._size_limit  # (per frame: no lookups)
         buf = bytearray(_RECV_BUFFER)
         view = self._rview = memoryview(buf)
-        big: mmap.mmap | None = None
-        big_used = 0.0  # trio time the big buffer last took a frame
+        big_used = 0.0  # trio time the big buffer (self._big) last took a frame
         while True:
             start, end = self._rstart, self._rend  # a thread may have read meanwhile
             if not _frame_ready(view, start, end):  # (a thread may have left one)
                 try:
                     n = sock.recv_into(view[end:])
                 except BlockingIOError:
-                    if big is not None and trio.current_time() - big_used > _KEEP_BIG:
-                        big = None  # no big frame for a while: give the buffer back
-                    await self._await_readable(None if big is None else big_used + _KEEP_BIG)
+                    if self._big is not None and trio.current_time() - big_used > _KEEP_BIG:
+                        self._big = None  # no big frame for a while: give the buffer back
+                    await self._await_readable(
+                        None if self._big is None else big_used + _KEEP_BIG
+                    )
                     continue
                 except OSError as exc:
                     raise ConnectionBroken(str(exc)) from exc
@@ -527,10 +535,11 @@ class SocketConnection(Connection):
                     if _HEADER + size > len(buf):
                         # A frame bigger than the buffer: receive it into a buffer of its
                         # own (see _KEEP_BIG; the sink may not keep the view).
-                        if big is None or len(big) < size:
-                            big = None
-                            big = _fresh_memory(size)
-                        frame = memoryview(big)[:size]
+                        # (No local reference to it: _await_readable may drop it.)
+                        if self._big is None or len(self._big) < size:
+                            self._big = None  # (the old one goes before the new one comes)
+                            self._big = _fresh_memory(size)
+                        frame = memoryview(self._big)[:size]
                         have = end - start - _HEADER
                         frame[:have] = view[start + _HEADER : end]
                         self._rstart = self._rend = 0
@@ -557,8 +566,12 @@ class SocketConnection(Connection):
         raise ConnectionBroken(f"frame of {size} bytes exceeds max_frame_bytes={self._max_frame}")
 
     async def _await_readable(self, until: float | None) -> None:
-        """Wait until the socket is readable (or ``until``, trio time), letting a thread
-        take over reading meanwhile; return once the reader task may read again."""
+        """Wait until the socket is readable (or ``until``, trio time: when the big buffer
+        is due to go), letting a thread take over reading meanwhile; return once the reader
+        task may read again. A thread that leads the connection past ``until`` (an idle
+        actor thread leads it until its next call, however long that is) does not keep the
+        big buffer alive: it goes at ``until``, while the reader task waits for the thread
+        to hand the connection back."""
         if self._epoll is None:
             if until is None:
                 await trio.lowlevel.wait_readable(self._sock)
@@ -580,6 +593,11 @@ class SocketConnection(Connection):
             else:  # still ours, handed back with frames to handle, or held by no reader
                 self._baton = _LOOP
                 return
+        if until is not None and self._big is not None:
+            with trio.move_on_at(until):
+                await handed.wait()
+                return
+            self._big = None  # (the caller finds it gone; no thread reads into it)
         await handed.wait()
 
     # -- reading on a thread ----------------------------------------------------------------
