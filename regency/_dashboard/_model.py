@@ -575,9 +575,8 @@ class Timeline:
             for event in trace.events:
                 kind, track = event[0], event[1]
                 lane = f"{trace.proc_id}|{track}"
-                if kind == "X":
-                    _, _, name, begin, end, args = event
-                    outcome = args.get("outcome", "") if isinstance(args, dict) else ""
+                if kind == "C":  # a handled call (core/_trace.py)
+                    name, begin, end, outcome = event[2], event[4], event[5], event[6]
                     self.events.append(("X", lane, name, begin, end, outcome))
                 elif kind == "i":
                     name = event[2]

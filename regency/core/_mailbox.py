@@ -186,6 +186,8 @@ class ActorCell:
         self.concurrent: dict[trio.CancelScope, list[Any]] = {}
         #: Stall warnings given for the call being handled (core/_stacks.StallWatch).
         self.stall_warned = 0
+        #: This actor's track in a trace (core/_trace.py).
+        self.track = actor_track(self)
         #: Async endpoints of this actor now running on the loop (0 or 1, but counted).
         self._in_async_endpoint = 0
         #: The cancel scope of the (non-concurrent) async endpoint running now, if any, and

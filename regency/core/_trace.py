@@ -2,13 +2,14 @@
 is on; the controller collects the rings (each proc its children's, clocks aligned) and
 writes Chrome's trace-event JSON, which Perfetto and chrome://tracing open.
 
-What a ring holds, as tuples (cheap to make; turned into JSON only when written):
+What a ring holds, as tuples, as raw as they come (cheap to make: one per call sent, one
+per call handled; spans, arrows and ids are made only when the file is written):
 
-* ``("X", track, name, start, end, args)``: a span (a handled call: endpoint, sender,
-  outcome, time queued);
-* ``("s", track, flow, time)`` / ``("f", track, flow, time)``: a flow arrow from the send of a
-  call to the start of its handling (``flow`` names the reply port and rank, the same on both
-  sides);
+* ``("C", track, endpoint, queued, started, end, outcome, port, rank)``: a handled call, a
+  span (its sender is the port's address); with a reply port, the end of an arrow;
+* ``("S", track, endpoint, time, port, indices)``: a call sent to the ranks ``indices``: an
+  instant, and with a reply port the start of an arrow to each (an arrow's id names the reply
+  port and the rank, the same on both sides);
 * ``("i", track, name, time, args)``: an instant (a stall, a failure, a proc's exit).
 
 Tracks are named by what runs on them: ``Class mesh[rank]`` for an actor, ``thread NAME``
@@ -68,33 +69,27 @@ class TraceRing:
         self.lock = threading.Lock()
 
     def add(self, event: tuple[Any, ...]) -> None:
-        with self.lock:
-            if len(self.events) == self.capacity:
-                self.dropped += 1
-            self.events.append(event)
+        # No lock: deque.append is atomic, and a count of dropped events that two threads
+        # race on is off by one at worst. (Collection takes the lock, and copies in C.)
+        events = self.events
+        if len(events) == self.capacity:
+            self.dropped += 1
+        events.append(event)
 
     def handled(
         self, cell: ActorCell, item: M.Call, queued: float, started: float, end: float,
         outcome: str,
     ) -> None:
-        track = actor_track(cell)
-        port = item.port
-        sender = port[0] if port else ""
-        if port:
-            self.add(("f", track, flow_id(port[0], port[1], item.rank), started))
-        args = {"sender": sender, "outcome": outcome, "queued_us": round((started - queued) * 1e6)}
-        self.add(("X", track, item.method, started, end, args))
+        self.add(
+            ("C", cell.track, item.method, queued, started, end, outcome, item.port, item.rank)
+        )
 
     def sent(
         self, endpoint: str, port: tuple[str, int] | None, indices: Sequence[int], track: str
     ) -> None:
         """A call was sent to the ranks ``indices`` (local to the mesh: what each reply
         names), its replies to ``port``."""
-        now = self.clock()
-        self.add(("i", track, f"send {endpoint}", now, {"ranks": len(indices)}))
-        if port is not None:
-            for index in indices:
-                self.add(("s", track, flow_id(port[0], port[1], index), now))
+        self.add(("S", track, endpoint, self.clock(), port, indices))
 
     def instant(self, track: str, name: str, args: dict[str, Any]) -> None:
         self.add(("i", track, name, self.clock(), args))
@@ -104,6 +99,10 @@ def actor_track(cell: ActorCell) -> str:
     return f"{cell.instance.class_name.rsplit('.', 1)[-1]} {cell.name}[{cell.point.rank}]"
 
 
+#: Tracks of sending actors, by actor id (a name is made once per actor, not per call).
+_actor_tracks: dict[str, str] = {}
+
+
 def sender_track() -> str:
     """The track of the code sending now: its actor, or its thread."""
     from ._context import current
@@ -111,7 +110,14 @@ def sender_track() -> str:
     ctx = current.get(None)
     instance = getattr(ctx, "actor_instance", None) if ctx is not None else None
     if instance is not None and instance.class_name:
-        return f"{instance.class_name.rsplit('.', 1)[-1]} {instance.name}[{instance.rank.rank}]"
+        track = _actor_tracks.get(instance.actor_id)
+        if track is None:
+            if len(_actor_tracks) > 4096:
+                _actor_tracks.clear()
+            track = _actor_tracks[instance.actor_id] = (
+                f"{instance.class_name.rsplit('.', 1)[-1]} {instance.name}[{instance.rank.rank}]"
+            )
+        return track
     return f"thread {threading.current_thread().name}"
 
 
@@ -318,10 +324,10 @@ async def collect(rt: Runtime, timeout: float, *, stop: bool) -> list[ProcTrace]
 def _shifted(trace: ProcTrace, offset: float) -> ProcTrace:
     events = []
     for event in trace.events:
-        kind = event[0]
-        if kind == "X":
-            events.append((*event[:3], event[3] + offset, event[4] + offset, *event[5:]))
-        else:
+        if event[0] == "C":  # three times: queued, started, end
+            times = tuple(t + offset for t in event[3:6])
+            events.append((*event[:3], *times, *event[6:]))
+        else:  # one time
             events.append((*event[:3], event[3] + offset, *event[4:]))
     return attrs.evolve(trace, events=tuple(events))
 
@@ -344,8 +350,9 @@ def chrome_trace(traces: Sequence[ProcTrace]) -> dict[str, Any]:
     flows_started: set[int] = set()
     for t in traces:
         for event in t.events:
-            if event[0] == "s":
-                flows_started.add(event[2])
+            if event[0] == "S" and event[4] is not None:
+                address, port_id = event[4]
+                flows_started.update(flow_id(address, port_id, i) for i in event[5])
     for pid, trace in enumerate(traces, start=1):
         label = f"{trace.proc_id} ({trace.host}" + (f", pid {trace.pid})" if trace.pid else ")")
         out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
@@ -368,21 +375,37 @@ def chrome_trace(traces: Sequence[ProcTrace]) -> dict[str, Any]:
             )
         for event in trace.events:
             kind, track = event[0], event[1]
-            if kind == "X":
-                _, _, name, begin, end, args = event
+            if kind == "C":
+                _, _, name, queued, begin, end, outcome, port, rank = event
+                if port:
+                    flow = flow_id(port[0], port[1], rank)
+                    if flow in flows_started:  # (its send may not have been traced)
+                        out.append(
+                            {"ph": "f", "bp": "e", "name": "call", "cat": "flow", "id": flow,
+                             "pid": pid, "tid": tid(track), "ts": us(begin)}
+                        )
+                args = {
+                    "sender": port[0] if port else "",
+                    "outcome": outcome,
+                    "queued_us": round((begin - queued) * 1e6),
+                }
                 out.append(
                     {"ph": "X", "name": name, "cat": "call", "pid": pid, "tid": tid(track),
                      "ts": us(begin), "dur": round(max(end - begin, 0.0) * 1e6, 3), "args": args}
                 )
-            elif kind in ("s", "f"):
-                flow, at = event[2], event[3]
-                if kind == "f" and flow not in flows_started:
-                    continue  # its send was not traced (another controller, or before)
-                entry = {"ph": kind, "name": "call", "cat": "flow", "id": flow, "pid": pid,
-                         "tid": tid(track), "ts": us(at)}
-                if kind == "f":
-                    entry["bp"] = "e"
-                out.append(entry)
+            elif kind == "S":
+                _, _, name, at, port, indices = event
+                out.append(
+                    {"ph": "i", "s": "t", "name": f"send {name}", "cat": "event", "pid": pid,
+                     "tid": tid(track), "ts": us(at), "args": {"ranks": len(indices)}}
+                )
+                if port is not None:
+                    for index in indices:
+                        out.append(
+                            {"ph": "s", "name": "call", "cat": "flow",
+                             "id": flow_id(port[0], port[1], index), "pid": pid,
+                             "tid": tid(track), "ts": us(at)}
+                        )
             else:
                 _, _, name, at, args = event
                 out.append(

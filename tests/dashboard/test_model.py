@@ -3,6 +3,8 @@ rates and latencies from the flight recorder, the timeline's lanes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from regency._dashboard import _model
 from regency._dashboard._model import ChildInfo, MeshInfo, Snapshot, Timeline
 from regency.core._stacks import (
@@ -122,13 +124,16 @@ def test_the_tree_places_actors_on_their_procs_with_state_and_failure() -> None:
 
 def test_the_timeline_merges_close_calls_and_keeps_the_last_minutes() -> None:
     timeline = Timeline(keep=60.0)
-    events = [("X", "Worker w[0]", "step", 100.0 + i * 0.001, 100.0 + i * 0.001 + 0.0005,
-               {"outcome": "returned"}) for i in range(10)]  # fmt: skip
+    # Events as a proc's trace ring holds them (core/_trace.py): handled calls, sends, instants.
+    port = ("unix:///tmp/c1.sock", 5)
+    events: list[tuple[Any, ...]] = [
+        ("C", "Worker w[0]", "step", t - 0.0001, t, t + 0.0005, "returned", port, 0)
+        for t in (100.0 + i * 0.001 for i in range(10))
+    ]
     events += [
-        ("X", "Worker w[0]", "step", 110.0, 111.0, {"outcome": "raised ValueError: x"}),
-        ("i", "Worker w[0]", "send step", 110.0, {}),  # sends are left out
+        ("C", "Worker w[0]", "step", 110.0, 110.0, 111.0, "raised ValueError: x", None, 0),
+        ("S", "Worker w[0]", "step", 110.0, port, range(2)),  # sends are left out
         ("i", "Worker w[0]", "stall", 112.0, {}),
-        ("f", "Worker w[0]", 7, 110.0),  # flow arrows too
     ]
     timeline.add([ProcTrace("c1.p0", "node3", 11, tuple(events), 2)], now=112.0)
     view = timeline.view(now=120.0, window=30.0, width=1000)
