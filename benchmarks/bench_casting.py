@@ -96,12 +96,12 @@ def counting(address: Callable[[], str]) -> Iterator[dict[str, int]]:
     original = _outbox.Outbox.send
     me = address()
 
-    def send(self: _outbox.Outbox, frame: Any) -> None:
+    def send(self: _outbox.Outbox, frame: Any, *rest: Any) -> None:
         if self._rt.address == me:
             counts["sent"] += 1
         elif self.address == me:
             counts["received"] += 1
-        original(self, frame)
+        original(self, frame, *rest)
 
     _outbox.Outbox.send = send  # type: ignore[method-assign]
     try:

@@ -7,11 +7,13 @@ The shape of a tree is :mod:`regency.core._tree`'s business (pure). Here:
   per rank) and a tree; holds the sender's *fences* (below); and runs the forwarders'
   :class:`TreeNode` for each :class:`~regency.core._messages.Cast` that arrives.
 * :class:`TreeNode` is one forwarding proc's part in one cast (and the sender's), a
-  reply-port handler: it counts the TREE_ACKs of the subtrees it forwarded to and
-  acknowledges its own subtree to its sender once its ranks have the message in their
-  mailboxes and every child acknowledged; in *gather* mode (a ``call()``) it collects its
-  subtree's replies into one BATCH for its sender instead, which acknowledges the subtree
-  too. A proc with no one to forward to delivers and acknowledges without a node.
+  reply-port handler that runs a :class:`~regency.core._treenode.TreeMachine` (the logic,
+  pure, with its transitions as a table) and performs its decisions: the node counts the
+  TREE_ACKs of the subtrees it forwarded to and acknowledges its own subtree to its sender
+  once its ranks have the message in their mailboxes and every child acknowledged; in
+  *gather* mode (a ``call()``) it collects its subtree's replies into one BATCH for its
+  sender instead, which acknowledges the subtree too. A proc with no one to forward to
+  delivers and acknowledges without a node (what a one-proc machine decides).
   A child lost before it acknowledged is handed up: a forwarder names its range in its own
   TREE_ACK, and the sender of the cast sends that range the cast itself, or, if it cannot
   reach that proc either, its children (a proc reached twice delivers once: casts are
@@ -46,7 +48,22 @@ from . import _codec
 from . import _messages as M
 from ._config import current_config
 from ._errors import RemoteFailure, UndeliverableError
-from ._tree import child_ranges, root_ranges, subtree
+from ._tree import root_ranges, subtree
+from ._treenode import (
+    FINISHED,
+    Acknowledge,
+    Answer,
+    Decisions,
+    Deliver,
+    Finish,
+    Forward,
+    OpenPort,
+    SendBatch,
+    TakeOver,
+    TreeMachine,
+    UnexpectedEvent,
+    Unfence,
+)
 
 if TYPE_CHECKING:
     from ._replies import _Route
@@ -424,9 +441,11 @@ class Casting:
         except Exception as exc:  # the sender is gone: its loss is reported elsewhere
             log.info("could not acknowledge a tree cast to %s: %s", up[0], exc)
 
-    def node_done(self, node: TreeNode) -> None:
-        if node.cast_id in self._seen:
-            self._seen[node.cast_id] = tuple(node.unreached)
+    def node_done(self, cast_id: tuple[str, int], unreached: tuple[tuple[int, int], ...]) -> None:
+        """A forwarding node is done: a proc reached again for its cast acknowledges at
+        once, naming ``unreached``."""
+        if cast_id in self._seen:
+            self._seen[cast_id] = unreached
 
 
 class _Behind:
@@ -445,20 +464,12 @@ class _Behind:
 
 
 class TreeNode:
-    """One proc's part in one tree cast: a reply-port handler (see the module docstring).
+    """One proc's part in one tree cast, a reply-port handler: the shell that feeds its
+    :class:`~regency.core._treenode.TreeMachine` (states, events, decisions: see that module)
+    what happens to the port and performs what it decides (sends, deliveries, fences).
 
-    Two modes. Without ``gather`` (``broadcast``, ``stream``, ``send``) every proc
-    acknowledges its subtree (TREE_ACK) once the message is in all of its mailboxes, and the
-    sender's fences drop on those acknowledgements; a lost child is taken over. With
-    ``gather`` (``call``, ``Accumulator``) nothing is acknowledged: a forwarder collects its
-    subtree's replies (a leaf's go straight to its forwarder) and sends them up as one BATCH,
-    which tells the sender that subtree has the message too; a lost child's ranks are
-    answered DEAD.
-
-    At the sender (``key`` set) the node counts what comes back per range it sent to and
-    drops the fences of a range once it is acknowledged (or answered); in gather mode it
-    hands each reply to the caller's ``Replies`` (``inner``).
-    """
+    At the sender (``key`` set) the machine's fence decisions drop this runtime's fences,
+    and, in gather mode, its replies go to the caller's ``Replies`` (``inner``)."""
 
     #: A lost child does not close this port: the node takes over for it.
     keep_port_on_loss = True
@@ -486,81 +497,119 @@ class TreeNode:
         self.cast_dests, self.fanout, self.parts, self.key = dests, fanout, parts, key
         self.inner = inner
         self.endpoint = f"{actor}.{method}"  # names an undecodable reply
-        #: Ranges sent to and not acknowledged (answered, in gather mode) yet: offset ->
-        #: (lo, hi). A forwarder in gather mode keeps them until it has sent its batch.
-        self.pending: dict[int, tuple[int, int]] = {}
-        #: The addresses of the pending ranges' first procs (the port waits on them).
-        self.dests: frozenset[str] = frozenset()
-        #: Where this subtree's TREE_ACK goes: (port, offset) per sender (two when a sender
-        #: took over for a lost forwarder and reached this proc again).
-        self.up: list[tuple[M.PortRef, int]] = []
-        self.offset = 0
-        #: Ranges (ours) this proc could not reach: its TREE_ACK hands them to its sender,
-        #: and so on up to the sender of the cast, which tries them itself.
-        self.unreached: list[tuple[int, int]] = []
-        self.local_done = False
-        # In gather mode nothing is acknowledged: the batch says it all.
-        self.acked = gather
+        self.machine = TreeMachine(dests, fanout, gather=gather, root=key is not None)
         self.port_id: int | None = None
-        # A forwarder in gather mode: its subtree's replies, sent up as one BATCH.
-        self.collect = gather and key is None
-        self.expected = sum(len(r) for _, r in dests) if self.collect else 0
-        self.replies: list[tuple[int, int, Any]] = []
-        self.answered: set[int] = set()
-        self.batched = not self.collect
-        # The sender in gather mode: ranks still unanswered per range, and the range of the
-        # ranks of a one-proc range (whose replies come alone, not in a batch).
-        self.remaining: dict[int, int] = {}
-        self.alone: dict[int, int] = {}
+        #: The procs the port waits on (their loss is reported to :meth:`fail`): the
+        #: machine's, as of its last event.
+        self.dests: frozenset[str] = frozenset()
 
-    # -- starting ----------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------
 
     def start_root(self) -> None:
         """At the sender (on the loop; the port is open): send to the first proc of each
         range."""
-        self.local_done = self.acked = True  # the sender has no ranks and no sender
-        ranges = root_ranges(len(self.cast_dests), self.fanout)
-        if self.gather:
-            for lo, hi in ranges:
-                self.remaining[lo] = sum(len(r) for _, r in self.cast_dests[lo:hi])
-                if hi - lo == 1:
-                    for rank in self.cast_dests[lo][1]:
-                        self.alone[rank] = lo
-        self._forward(ranges)
+        self._perform(self.machine.start())
 
     def start_forwarder(self, up: M.PortRef, offset: int) -> None:
-        rt = self.rt
-        self.up.append((up, offset))
-        self.offset = offset
-        children = child_ranges(0, len(self.cast_dests), self.fanout)
-        if children or not self.gather:
-            if children:
-                self.port_id = rt.open_port(self)[1]
-        elif self.gather:
-            # A leaf of a gathered call: its ranks answer its forwarder directly.
-            self.collect, self.batched = False, True
-        self._forward(children)
-        here = (rt.address, self.port_id) if self.collect and self.port_id else self.port
-        actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
-        payload = M.Unpickled(tuple(self.parts))
-        for rank in self.cast_dests[0][1]:
-            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
-            rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+        self._perform(self.machine.start(up, offset))
         # A forwarder never sends the cast again (a lost child's range goes up, to the
         # sender), so the payload is not kept while the subtree answers.
         self.parts = ()
-        self.local_done = True
-        if self._progress():
-            self._close()
 
-    def _forward(self, ranges: Sequence[tuple[int, int]]) -> None:
+    def deliver(self, index: int, status: int, value: Any) -> bool:
+        machine = self.machine
+        try:
+            if status == M.TREE_ACK:
+                decisions = machine.tree_ack(index, value)
+            elif status == M.BATCH:  # a batch that could not be unpickled
+                error = value.error if type(value) is M.Undecodable else value
+                decisions = machine.unreadable(index, error)
+            else:
+                decisions = machine.reply(index, status, value)
+        except UnexpectedEvent as exc:  # a peer that breaks the protocol: ignored
+            log.warning("tree cast %s: %s (status %s, index %s)", self.cast_id, exc, status, index)
+            return machine.state is FINISHED
+        if decisions:
+            self._perform(decisions)
+        self.dests = machine.waiting_on
+        return machine.state is FINISHED
+
+    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
+        """The replies of the range at ``offset``, gathered by its first proc."""
+        machine = self.machine
+        try:
+            decisions = machine.batch(offset, entries)
+        except UnexpectedEvent as exc:
+            log.warning("tree cast %s: %s (offset %s)", self.cast_id, exc, offset)
+            return machine.state is FINISHED
+        if decisions:
+            self._perform(decisions)
+        self.dests = machine.waiting_on
+        return machine.state is FINISHED
+
+    def fail(self, exc: BaseException, address: str | None = None) -> None:
+        """A child is lost (``address``) before it acknowledged, or the runtime stops."""
+        machine = self.machine
+        try:
+            decisions = machine.stop() if address is None else machine.lost(address, exc)
+        except UnexpectedEvent as unexpected:
+            log.warning("tree cast %s: %s (%s)", self.cast_id, unexpected, address)
+            return
+        self._perform(decisions)
+
+    def ack_also(self, up: M.PortRef, offset: int) -> None:
+        """This proc was reached again for the same cast (a sender took over for a lost
+        forwarder): acknowledge to that sender too, once done."""
+        try:
+            decisions = self.machine.duplicate(up, offset)
+        except UnexpectedEvent as exc:  # a node whose start raised
+            log.warning("tree cast %s: %s", self.cast_id, exc)
+            return
+        self._perform(decisions)
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def _perform(self, decisions: Decisions) -> None:
+        """Carry the machine's decisions out, in order; then report the sends that raised."""
+        failed: list[tuple[str, BaseException]] = []
+        casting = self.casting
+        for decision in decisions:
+            if isinstance(decision, Forward):
+                self._send(decision.ranges, failed)
+            elif isinstance(decision, Deliver):
+                self._deliver_here(decision)
+            elif isinstance(decision, Acknowledge):
+                for up, offset in decision.ups:
+                    casting._ack(up, offset, decision.unreached)
+            elif isinstance(decision, Answer):
+                self._answer(decision.entries)
+            elif isinstance(decision, Unfence):
+                assert self.key is not None
+                casting.unfence(self.key, decision.addresses)
+            elif isinstance(decision, SendBatch):
+                self._send_batch(decision)
+            elif isinstance(decision, TakeOver):
+                log.info(
+                    "took over a tree cast for the lost proc at %s (%s)",
+                    decision.address, decision.cause,
+                )
+                self._send(decision.ranges, failed)
+            elif isinstance(decision, Finish):
+                casting.node_done(self.cast_id, decision.unreached)
+                self._close()
+            elif isinstance(decision, OpenPort):
+                self.port_id = self.rt.open_port(self)[1]
+            else:
+                self._close()  # Close: stopped before done
+        for address, cause in failed:
+            self._perform(self.machine.send_failed(address, cause))
+        self.dests = self.machine.waiting_on
+
+    def _send(self, ranges: Sequence[tuple[int, int]], failed: list[tuple[str, BaseException]]) -> None:
+        """Send the cast to the first proc of each range; note the sends that raise."""
         rt = self.rt
         mine = (rt.address, self.port_id) if self.port_id is not None else None
-        lost: list[tuple[str, BaseException]] = []
         payload = M.Pickled(self.parts)
-        for lo, hi in ranges:
-            self.pending[lo] = (lo, hi)
-        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
         for lo, hi in ranges:
             address = self.cast_dests[lo][0]
             assert mine is not None
@@ -572,51 +621,21 @@ class TreeNode:
             try:
                 rt.outbox(address).send(_codec.encode(msg))
             except UndeliverableError as error:
-                lost.append((address, error))
-        for address, cause in lost:
-            self.fail(cause, address)
+                failed.append((address, error))
 
-    # -- the port ----------------------------------------------------------------------
+    def _deliver_here(self, decision: Deliver) -> None:
+        """The call to this proc's ranks (their replies: to this node's port when it
+        collects them, else to the cast's)."""
+        rt = self.rt
+        here = (rt.address, self.port_id) if decision.collect and self.port_id else self.port
+        actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
+        payload = M.Unpickled(tuple(self.parts))
+        for rank in decision.ranks:
+            args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
+            rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
 
-    def deliver(self, index: int, status: int, value: Any) -> bool:
-        if status == M.TREE_ACK:
-            span = self.pending.pop(index, None)
-            if span is not None:
-                # Ranges the child could not reach, in its coordinates: ours are shifted.
-                unreached = [
-                    (index + a, index + b) for a, b in value or () if index + a not in self.pending
-                ]
-                self._range_done(span, keep=unreached)
-                if self.key is not None:
-                    self._forward(unreached)  # the sender tries them itself
-                else:
-                    self.unreached.extend(unreached)
-                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
-        elif status == M.BATCH:  # a batch that could not be unpickled
-            error = value.error if type(value) is M.Undecodable else value
-            self._lose_replies(index, f"its replies could not be read: {error}")
-        elif self.key is not None:  # the sender: a one-proc range's reply
-            self._answered(self.alone.get(index), [(index, status, value)])
-        elif index not in self.answered:
-            self.answered.add(index)
-            self.replies.append((index, status, value))
-        return self._progress()
-
-    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
-        """The replies of the range at ``offset``, gathered by its first proc."""
-        if self.key is not None:
-            self._answered(offset, entries)
-        else:
-            answered, replies = self.answered, self.replies
-            for entry in entries:
-                if entry[0] not in answered:
-                    answered.add(entry[0])
-                    replies.append(entry)
-        return self._progress()
-
-    def _answered(self, offset: int | None, entries: list[tuple[int, int, Any]]) -> None:
-        """(At the sender, gather mode) hand replies to the caller; a range fully answered
-        has the message everywhere: its fences drop."""
+    def _answer(self, entries: list[tuple[int, int, Any]]) -> None:
+        """(At the sender, gather mode) hand replies to the caller's ``Replies``."""
         inner = self.inner
         if inner is not None and self.rt.ports.get(self.port[1] if self.port else -1) is not inner:
             inner = self.inner = None  # the call is over (failed, or answered directly)
@@ -627,124 +646,23 @@ class TreeNode:
                     assert self.port is not None
                     self.rt.close_port(self.port[1])
                     break
-        if offset is None or offset not in self.remaining:
-            return
-        self.remaining[offset] -= len(entries)
-        if self.remaining[offset] <= 0:
-            del self.remaining[offset]
-            span = self.pending.pop(offset, None)
-            if span is not None:
-                self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
-                self._range_done(span)
 
-    def fail(self, exc: BaseException, address: str | None = None) -> None:
-        """A child is lost (``address``) before it acknowledged, or the runtime stops."""
-        if address is None:
-            for span in list(self.pending.values()):
-                self._range_done(span)
-            self.pending.clear()
-            self.dests = frozenset()
-            self._close()
-            return
-        for offset, span in list(self.pending.items()):
-            if self.cast_dests[offset][0] == address:
-                del self.pending[offset]
-                self._take_over(span, address, exc)
-        self.dests = frozenset(self.cast_dests[lo][0] for lo in self.pending)
-        if self._progress():
-            self._close()
+    def _send_batch(self, decision: SendBatch) -> None:
+        assert self.port is not None
+        try:
+            self.rt.send_port(self.port, decision.offset, M.BATCH, decision.replies)
+        except UndeliverableError as exc:  # the sender is gone: nobody waits any more
+            log.info("could not send the replies of a tree cast up: %s", exc)
+        except Exception:  # a reply that unpickled here but does not pickle again
+            self._send_one_by_one(decision.offset, decision.replies)
 
-    def ack_also(self, up: M.PortRef, offset: int) -> None:
-        """This proc was reached again for the same cast (a sender took over for a lost
-        forwarder): acknowledge to that sender too, once done."""
-        if self.acked:
-            self.casting._ack(up, offset, self.unreached)
-        else:
-            self.up.append((up, offset))
-
-    # -- progress ----------------------------------------------------------------------
-
-    def _take_over(self, span: tuple[int, int], address: str, exc: BaseException) -> None:
-        lo, hi = span
-        if self.gather:
-            # The replies of the range went to the lost proc. A forwarder answers DEAD for
-            # what it has not heard; at the sender, the caller's Replies names the ranks
-            # itself (its port waits on every proc of the call).
-            if self.collect:
-                self._lose_replies(lo, f"lost the proc at {address}, which was to forward "
-                                   f"the call and gather the replies of ranks {{ranks}} ({exc})")
-            self.remaining.pop(lo, None)
-            self._range_done(span)
-            return
-        if self.key is None:
-            # A forwarder hands the range up: the proc may be alive and only cut off from
-            # here (a partition), and the sender of the cast may reach it.
-            self.unreached.append(span)
-            return
-        # The sender reaches the range another way: it sends the lost proc's ranges
-        # directly. A proc the lost one reached already delivers once (the cast's id) and
-        # acknowledges again.
-        self.casting.unfence(self.key, (address,))
-        log.info("took over a tree cast for the lost proc at %s (%s)", address, exc)
-        self._forward(child_ranges(lo, hi, self.fanout))
-
-    def _lose_replies(self, lo: int, why: str) -> None:
-        """Answer DEAD for the unanswered ranks of the range at ``lo`` (a forwarder)."""
-        span = self.pending.get(lo) or next(
-            ((a, b) for a, b in child_ranges(0, len(self.cast_dests), self.fanout) if a == lo),
-            (lo, lo + 1),
-        )
-        ranks = [r for _, rs in self.cast_dests[span[0]:span[1]] for r in rs]
-        failure = RemoteFailure("regency.SupervisionError", why.replace("{ranks}", str(ranks)), "")
-        if self.key is not None:
-            self._answered(lo, [(r, M.DEAD, failure) for r in ranks])
-            return
-        for rank in ranks:
-            if rank not in self.answered:
-                self.answered.add(rank)
-                self.replies.append((rank, M.DEAD, failure))
-
-    def _range_done(
-        self, span: tuple[int, int], keep: Sequence[tuple[int, int]] = ()
-    ) -> None:
-        """At the sender: the range has the message; its fences drop (but those of the
-        ``keep`` ranges in it, which are sent again)."""
-        if self.key is not None:
-            lo, hi = span
-            kept = {i for a, b in keep for i in range(a, b)}
-            self.casting.unfence(
-                self.key, [self.cast_dests[i][0] for i in range(lo, hi) if i not in kept]
-            )
-
-    def _progress(self) -> bool:
-        """Acknowledge and batch what is due; True once this node is finished."""
-        if not self.acked and self.local_done and not self.pending:
-            self.acked = True
-            for up, offset in self.up:
-                self.casting._ack(up, offset, self.unreached)
-        if not self.batched and len(self.answered) >= self.expected:
-            self.batched = True
-            self.pending.clear()
-            self.dests = frozenset()
-            assert self.port is not None
-            try:
-                self.rt.send_port(self.port, self.offset, M.BATCH, self.replies)
-            except UndeliverableError as exc:  # the sender is gone: nobody waits any more
-                log.info("could not send the replies of a tree cast up: %s", exc)
-            except Exception:  # a reply that unpickled here but does not pickle again
-                self._send_one_by_one()
-        finished = self.acked and self.batched and not self.pending
-        if finished:
-            self.casting.node_done(self)
-        return finished
-
-    def _send_one_by_one(self) -> None:
+    def _send_one_by_one(self, offset: int, replies: list[tuple[int, int, Any]]) -> None:
         """Send the gathered replies one per frame; one that cannot be pickled again goes as
         a DEAD answer saying so, so the caller never waits for it."""
         assert self.port is not None
-        for index, status, value in self.replies:
+        for index, status, value in replies:
             try:
-                self.rt.send_port(self.port, self.offset, M.BATCH, [(index, status, value)])
+                self.rt.send_port(self.port, offset, M.BATCH, [(index, status, value)])
             except UndeliverableError:
                 return
             except Exception as exc:
@@ -755,9 +673,7 @@ class TreeNode:
                     "",
                 )
                 try:
-                    self.rt.send_port(
-                        self.port, self.offset, M.BATCH, [(index, M.DEAD, failure)]
-                    )
+                    self.rt.send_port(self.port, offset, M.BATCH, [(index, M.DEAD, failure)])
                 except Exception as again:
                     log.info("could not send a reply up a casting tree: %s", again)
 
