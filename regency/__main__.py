@@ -62,9 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.secret_file) as f:
             text = f.read()
     else:
-        text = os.environ.get("REGENCY_SECRET", "")
+        from .core._hosts import secret_text
+
+        try:  # REGENCY_SECRET, else this user's secret file (~/.regency/secret, made if missing)
+            text = secret_text(create=True)
+        except (OSError, ValueError) as exc:
+            print(f"regency worker: {exc}", file=sys.stderr)
+            return 2
     if not text.strip():
-        parser.error("the job secret must come from --secret-file or REGENCY_SECRET")
+        parser.error(
+            "the job secret must come from --secret-file, REGENCY_SECRET or ~/.regency/secret"
+        )
     try:
         serve_worker(args.listen, derive_secret(text))
     except (ValueError, OSError) as exc:

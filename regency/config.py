@@ -148,6 +148,17 @@ def _always_on(key: str, value: Any) -> tuple[str, Any]:
     return ("", None)
 
 
+def _orphan_timeout(key: str, value: Any) -> tuple[str, Any]:
+    if value is None:
+        # Monarch's None keeps orphans forever; Regency's procs never outlive their controller
+        # for longer than the lease.
+        raise ValueError(
+            f"{key}=None: Regency procs always die when their controller is gone (at once on "
+            "this machine, after the worker_lease on workers); give a number of seconds"
+        )
+    return ("worker_lease", parse_duration(key, value))
+
+
 def _no_ibverbs(key: str, value: Any) -> tuple[str, Any]:
     if not isinstance(value, bool):
         raise TypeError(f"{key} must be True or False (got {value!r})")
@@ -190,6 +201,10 @@ _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
     "mesh_terminate_timeout": _seconds("stop_timeout"),
     "cleanup_timeout": _seconds("cleanup_timeout"),
     "supervision_watchdog_timeout": _seconds("heartbeat_timeout"),
+    # How long attaching waits for a worker, and how long a worker's procs outlive a
+    # controller it no longer hears from (the lease; docs/porting.md).
+    "mesh_attach_config_timeout": _seconds("attach_timeout"),
+    "mesh_orphan_timeout": _orphan_timeout,
     "mesh_bootstrap_enable_pdeathsig": _always_on,
     "rdma_disable_ibverbs": _no_ibverbs,
     "rdma_allow_tcp_fallback": _tcp_fallback,

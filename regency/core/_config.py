@@ -113,6 +113,18 @@ class Config:
     heartbeat_timeout: float = attrs.field(
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
     )
+    #: Seconds ``attach_to_workers`` waits for each worker to answer before it fails with
+    #: ``ConnectionError`` (Monarch's ``mesh_attach_config_timeout``).
+    attach_timeout: float = attrs.field(
+        default=60.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
+    #: Seconds a worker keeps the procs of a controller it stopped hearing from (the
+    #: controller died or its network is gone) before it kills them: the lease
+    #: ``attach_to_workers`` takes when not given one (Monarch's ``mesh_orphan_timeout``).
+    #: Procs of this machine need none: they die with the controller (``PR_SET_PDEATHSIG``).
+    worker_lease: float = attrs.field(
+        default=10.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
 
     #: Seconds an endpoint may run before the controller logs a stall warning for it
     #: (logger ``regency.stall``: actor, rank, host, pid, endpoint, elapsed time, innermost

@@ -44,6 +44,32 @@ class ActorInstance:
         return f"<{self.class_name} {self.name}{self.rank}>"
 
     @property
+    def creator(self) -> CreatorInstance | None:
+        """The actor that spawned this actor's mesh (Monarch's ``creator``): the root client
+        (name ``"root"``) for meshes the controller's main code spawned; None for the root
+        client itself. Where the spawning actor runs in this process its class, rank and own
+        creator are filled in; elsewhere only its name, id and proc are known here."""
+        from ..supervision import ROOT
+        from ._controller import current_runtime
+
+        if not self.class_name:
+            return None
+        rt = current_runtime()
+        cell = rt.actors.get(self.actor_id)
+        if cell is None:
+            return None
+        address, key, name = cell.owner
+        if key == ROOT:
+            return CreatorInstance("root", key, _ROOT_POINT, "", address, None, None)
+        spawner = rt.actors.get(key) if address == rt.address else None
+        if spawner is not None:
+            inst = spawner.instance
+            return CreatorInstance(
+                inst.name, key, inst.rank, inst.proc_id, address, inst.class_name, inst.creator
+            )
+        return CreatorInstance(name, key, None, "", address, None, None)
+
+    @property
     def _children(self) -> list[ProcMesh] | None:
         """The proc meshes this actor spawned from this process (None when none), as
         Monarch's private attribute of that name; assigning replaces the list."""
@@ -113,6 +139,29 @@ class ActorInstance:
         rt.call_soon(lambda: cell.enqueue(M.Escalate(cause)))
 
 
+@attrs.frozen
+class CreatorInstance:
+    """The actor that spawned an actor's mesh, as ``ActorInstance.creator`` gives it
+    (Monarch's ``CreatorInstance``): ``name`` ("root" for the controller's main code),
+    ``actor_id``, ``rank`` and ``class_name`` (None where not known in this process; None
+    for the root), ``proc_id`` and ``address`` of its proc, and its own ``creator``."""
+
+    name: str
+    actor_id: str
+    rank: Point | None
+    proc_id: str
+    address: str
+    class_name: str | None
+    creator: CreatorInstance | None
+
+    def __str__(self) -> str:
+        """``<module.Class name{'gpus': 0/2}>`` as far as known; ``<root>``."""
+        if self.name == "root" and self.class_name is None:
+            return "<root>"
+        prefix = "" if self.class_name is None else f"{self.class_name} "
+        return f"<{prefix}{self.name}{'' if self.rank is None else self.rank}>"
+
+
 class Context:
     """The running actor and the message it handles (Monarch's ``context()``).
 
@@ -143,6 +192,7 @@ class Context:
 
 
 _EMPTY = Extent([], [])
+_ROOT_POINT = Point(0, _EMPTY)
 current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "regency_context", default=None
 )

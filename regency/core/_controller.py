@@ -40,10 +40,19 @@ secret_override: bytes | None = None
 
 def job_secret() -> bytes:
     """The secret given to ``attach_to_workers``, else ``REGENCY_SECRET`` (multi-host jobs
-    share it), else a fresh random secret."""
+    share it), else the per-user secret file ``~/.regency/secret`` where it exists and is
+    private (workers of this user on this machine share it), else a fresh random secret."""
     if secret_override is not None:
         return secret_override
     text = os.environ.get("REGENCY_SECRET")
+    if text:
+        return derive_secret(text)
+    from ._hosts import user_secret
+
+    try:
+        text = user_secret(create=False)
+    except (OSError, ValueError):
+        text = None  # unusable here; attach_to_workers says why if it needs it
     return derive_secret(text) if text else secrets.token_bytes(32)
 
 

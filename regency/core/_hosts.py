@@ -180,15 +180,84 @@ def missing_secret_message(where: str) -> str:
         f"{where} needs the job secret shared by the workers and the controller: set "
         "REGENCY_SECRET (at least 16 characters, e.g. the output of "
         "`python -c 'import secrets; print(secrets.token_hex(24))'`) in the environment of "
-        "every worker and of the controller"
+        "every worker and of the controller (workers and a controller of one user on one "
+        f"machine share {user_secret_path()} without it)"
     )
+
+
+def user_secret_path() -> str:
+    """The per-user secret file, ``~/.regency/secret``."""
+    return os.path.join(os.path.expanduser("~"), ".regency", "secret")
+
+
+def user_secret(create: bool = True) -> str | None:
+    """The per-user job secret: the text of ``~/.regency/secret``, which the workers and the
+    controllers one user starts on one machine share, so that they need no ``REGENCY_SECRET``.
+    Whoever needs it first creates it (a random secret, mode 0600, in a directory of mode
+    0700); None when it does not exist and ``create`` is false. Refused (``PermissionError``,
+    naming the file and its mode) when group or others may read or write it, or another user
+    owns it."""
+    import secrets
+    import stat
+    import tempfile
+
+    path = user_secret_path()
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            if not create:
+                return None
+        else:
+            with os.fdopen(fd) as f:
+                info = os.fstat(f.fileno())
+                if info.st_mode & 0o077 or info.st_uid != os.getuid():
+                    raise PermissionError(
+                        f"the per-user job secret {path} has mode "
+                        f"{stat.S_IMODE(info.st_mode):04o}"
+                        + (f" and belongs to uid {info.st_uid}" if info.st_uid != os.getuid() else "")
+                        + ": group and others must not be able to read or write it; "
+                        f"run `chmod 600 {path}` (and set a new secret: it may have leaked), "
+                        "or set REGENCY_SECRET"
+                    )
+                text = f.read()
+            if len(text.strip()) < 16:
+                raise ValueError(
+                    f"the per-user job secret {path} must hold at least 16 characters "
+                    f"(it holds {len(text.strip())}); delete it to have a new one made"
+                )
+            return text
+        # Written in full under another name, then linked into place: whoever links first
+        # wins, and nobody reads a half-written secret.
+        directory = os.path.dirname(path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".secret-")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass  # someone else made it first: read theirs
+        finally:
+            os.unlink(temporary)
+    raise RuntimeError(f"could not create the per-user job secret {path}")
+
+
+def secret_text(create: bool = True) -> str:
+    """The job secret's passphrase for workers and attaching controllers: ``REGENCY_SECRET``
+    when set, else the per-user secret file (:func:`user_secret`, made when ``create``)."""
+    text = os.environ.get("REGENCY_SECRET", "")
+    if text.strip():
+        return text
+    return user_secret(create) or ""
 
 
 def attach_to_workers(
     workers: Sequence[str] | None = None,
     secret: str | bytes | None = None,
     *,
-    lease: float = 10.0,
+    lease: float | None = None,
     ca: str | None = None,
     private_key: object = None,
     name: str | None = None,
@@ -196,15 +265,17 @@ def attach_to_workers(
     """Attach to running workers (``regency worker`` or ``run_worker_loop_forever``); return a
     ``HostMesh`` with dim ``hosts``.
 
-    Two forms: Regency's ``attach_to_workers(workers, secret=None, lease=10.0)`` and Monarch's
+    Two forms: Regency's ``attach_to_workers(workers, secret=None, lease=None)`` and Monarch's
     ``attach_to_workers(workers=..., ca="trust_all_connections", private_key=None, name=None)``.
     Worker addresses are ``tcp://``, ``nng+tcp://`` or ``nng+tls+tcp://`` ``HOST:PORT``. Links
     to and between procs on other hosts use ``configure(default_transport=...)`` when that is
     one of these three, else the scheme of the first worker's address.
     ``secret`` (else ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
     process's job secret, so call this before anything else starts Regency here. ``lease``:
-    seconds a worker keeps our procs alive without hearing from us. ``name`` names the mesh
-    in errors.
+    seconds a worker keeps our procs alive without hearing from us (default: the
+    ``worker_lease`` setting, Monarch's ``mesh_orphan_timeout``). Each worker has the
+    ``attach_timeout`` setting (Monarch's ``mesh_attach_config_timeout``) to answer.
+    ``name`` names the mesh in errors.
     """
     from ._proc_mesh import HostMesh
     from ._shape import Shape
@@ -235,8 +306,20 @@ def attach_to_workers(
                 "in this process (or set REGENCY_SECRET before starting)"
             )
     elif _controller.secret_override is None and not os.environ.get("REGENCY_SECRET", "").strip():
-        raise RuntimeError(missing_secret_message(what))
+        # Workers this user started on this machine share the per-user secret file.
+        key = derive_secret(secret_text())
+        if _current.current_runtime_or_none() is None:
+            _controller.secret_override = key
+        elif current_runtime().secret != key:
+            raise RuntimeError(
+                f"{what}: Regency started in this process before the per-user job secret "
+                f"{user_secret_path()} existed, so its procs use another secret; call "
+                "attach_to_workers before anything else starts Regency here, or set "
+                "REGENCY_SECRET (or pass secret=...) for the workers and this process"
+            )
     rt = current_runtime()
+    if lease is None:
+        lease = rt.config.worker_lease
     hosts = getattr(rt, "hosts", None)
     if hosts is None:
         hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
@@ -264,10 +347,13 @@ def attach_to_workers(
                 address,
                 functools.partial(M.Attach, rt.address, lease),
                 f"{what}: attaching to the worker at {address}",
-                rt.config.spawn_timeout,
+                rt.config.attach_timeout,
             )
         except TimeoutError:
-            raise ConnectionError(f"{what}: the worker at {address} did not answer") from None
+            raise ConnectionError(
+                f"{what}: the worker at {address} did not answer within "
+                f"{rt.config.attach_timeout:g} s (attach_timeout)"
+            ) from None
         except SupervisionError as exc:
             raise ConnectionError(f"{what}: cannot reach the worker at {address}: {exc}") from None
         hosts.lapsed.pop(address, None)

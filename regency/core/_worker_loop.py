@@ -48,7 +48,12 @@ def run_worker_loop_forever(*, address: str, ca: str, private_key: object = None
             "run_worker_loop_forever: address must name this host as the controller reaches "
             f"it (a hostname or IP), not a wildcard (got {address!r})"
         )
-    text = os.environ.pop("REGENCY_SECRET", "")
+    from ._hosts import secret_text
+
+    # REGENCY_SECRET, else this user's secret file (made if missing); the variable is taken out
+    # of this process's environment so the procs (and what they run) do not see it.
+    text = secret_text(create=True)
+    os.environ.pop("REGENCY_SECRET", None)
     if not text.strip():
         raise RuntimeError(missing_secret_message("run_worker_loop_forever"))
     serve_worker(address, derive_secret(text), exit_on_shutdown=True)

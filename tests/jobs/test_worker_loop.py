@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +40,14 @@ def _free_port() -> int:
         return port
 
 
-def _start_worker(address: str, secret: str | None) -> subprocess.Popen[str]:
+def _start_worker(
+    address: str, secret: str | None, home: str | None = None
+) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
     if secret is not None:
         env["REGENCY_SECRET"] = secret
+    if home is not None:
+        env["HOME"] = home
     program = (
         "from regency.actor import run_worker_loop_forever; "
         f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
@@ -103,28 +108,35 @@ def test_keyword_forms_on_a_loopback_only_host_name_and_shutdown_ends_the_worker
 
 
 @pytest.mark.slow
-def test_without_a_secret_both_sides_say_how_to_set_it() -> None:
-    worker = _start_worker(f"tcp://127.0.0.1:{_free_port()}", None)
+def test_a_secret_file_others_can_read_is_refused_by_both_sides(tmp_path: Path) -> None:
+    """Without REGENCY_SECRET both sides use this user's ~/.regency/secret (made when
+    missing: tests/compat/test_monarch_07_fixes.py); one that others can read is refused,
+    naming the file, by the worker and by the controller."""
+    home = tmp_path / "home"
+    (home / ".regency").mkdir(parents=True, mode=0o700)
+    secret = home / ".regency" / "secret"
+    secret.write_text("a-secret-that-others-can-read-0123456789\n")
+    secret.chmod(0o644)
+    worker = _start_worker(f"tcp://127.0.0.1:{_free_port()}", None, home=str(home))
     _, err = worker.communicate(timeout=T)
     assert worker.returncode != 0
-    assert "run_worker_loop_forever needs the job secret" in err
-    assert "set REGENCY_SECRET" in err
+    assert str(secret) in err and "mode 0644" in err, err
     controller = textwrap.dedent(
         """
         from regency.actor import attach_to_workers
         try:
             attach_to_workers(workers=["tcp://127.0.0.1:9"], ca="trust_all_connections")
-        except RuntimeError as exc:
+        except (RuntimeError, PermissionError) as exc:
             print(exc)
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
+    env["HOME"] = str(home)
     out = subprocess.run(
         [sys.executable, "-c", controller], env=env, cwd=ROOT, capture_output=True, text=True,
         timeout=T,
     )  # fmt: skip
-    assert "attach_to_workers needs the job secret" in out.stdout, out.stderr
-    assert "set REGENCY_SECRET" in out.stdout
+    assert str(secret) in out.stdout and "mode 0644" in out.stdout, (out.stdout, out.stderr)
 
 
 @pytest.mark.parametrize(
