@@ -8,8 +8,13 @@ A controller drives meshes on several local procs (and, as root where
 kills procs (SIGKILL), pauses them (SIGSTOP, SIGCONT a moment later; now and then for longer
 than ``heartbeat_timeout``), respawns the meshes that failed and, for the namespace hosts, cuts
 links for a few seconds: the host's link down, a black-hole route between the two hosts, a lossy
-link (tbf: a slow link that drops what queues past 50 ms), connection resets (``ss -K``), and a relay in front of one worker stopped and
-started again.
+link (tbf: a slow link that drops what queues past 50 ms), connection resets (``ss -K``),
+the worker paused (SIGSTOP) for up to 12 s, and a relay in front of one worker that cuts the
+controller's links through it (FIN or RST) and holds new ones for a few seconds.
+``--kinds relay_restart`` adds killing that relay and starting it again (connections are
+refused meanwhile), which is not in the default mix: a refused reconnect makes the
+controller give the worker up (see ``Outbox._reconnect``), and the worker then drops the
+controller when its lease runs out.
 
 Traffic, each slot (a proc mesh with an echo, a sink, a sender and a pinger actor on every
 proc):
@@ -37,7 +42,11 @@ It checks that:
 
 No wait is unbounded: a get that times out is a finding, reported with what was going on.
 A watchdog dumps the stacks of a thread that made no progress for three minutes and ends the
-run (table printed, namespaces removed) if it overruns by 20 minutes.
+run (table printed, namespaces removed) if it overruns by 20 minutes. The exit status is 1
+when anything was lost, duplicated, reordered or not reported, a call timed out or failed
+unexpectedly, or a resource grew past its threshold. ``--canary`` sends one duplicate and
+skips one number on purpose before the final check (the table must show them);
+``--samples CSV`` writes every resource sample; ``--kinds`` limits the fault kinds.
 """
 
 from __future__ import annotations
@@ -1207,6 +1216,8 @@ class Soak:
                 except BaseException:
                     traceback.print_exc()
                 print(self.table(), flush=True)
+                if self.args.samples:
+                    self.write_samples(self.args.samples)
         self.cleaned = True
         bad = {"lost (tail)", "lost (port)", "extra (tail)", "sequence violation",
                "failure not reported", "timeout", "unexpected error", "stall", "overrun",
@@ -1298,6 +1309,14 @@ class Soak:
                 out.append(f"- (not listed: {more})")
         return "\n".join(out)
 
+    def write_samples(self, path: str) -> None:
+        """Every sample as CSV: seconds, process, RSS MiB, fds, threads, descendants."""
+        with open(path, "w") as f:
+            f.write("t,process,rss_mib,fds,threads,descendants\n")
+            for t, row in self.samples:
+                for name, (rss, fds, threads, kids) in row.items():
+                    f.write(f"{t:.1f},{name},{rss:.2f},{fds:.0f},{threads:.0f},{kids:.0f}\n")
+
     def warmup(self, elapsed: float) -> float:
         return max(30.0, min(300.0, 0.1 * elapsed))
 
@@ -1367,6 +1386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="controller traffic threads")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 8.0),
                         metavar=("MIN", "MAX"), help="seconds between faults")
+    parser.add_argument("--samples", default="", metavar="CSV",
+                        help="write every resource sample to this file")
     parser.add_argument("--canary", action="store_true", help="before the final check, send "
                         "one duplicate and skip one number on purpose: the table must show them")
     parser.add_argument("--kinds", default="", help="only these fault kinds (comma-separated): "
