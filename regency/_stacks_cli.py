@@ -59,47 +59,63 @@ def controllers() -> list[dict[str, Any]]:
     return found
 
 
+def choose(command: str, pid: int | None) -> dict[str, Any] | None:
+    """The record of the running controller a command talks to (``pid`` when several run),
+    or None after saying on stderr why there is none (``regency stacks``, ``regency
+    dashboard``)."""
+    running = controllers()
+    if pid is not None:
+        running = [r for r in running if r.get("pid") == pid]
+        if not running:
+            print(
+                f"regency {command}: no running controller with pid {pid} "
+                f"(none wrote ~/.regency/controller-{pid}.json)",
+                file=sys.stderr,
+            )
+            return None
+    if not running:
+        print(
+            f"regency {command}: no running controller found (a controller writes "
+            "~/.regency/controller-<pid>.json once it starts its runtime)",
+            file=sys.stderr,
+        )
+        return None
+    if len(running) > 1:
+        listing = "\n".join(f"  --pid {r['pid']}: {' '.join(r.get('argv', []))}" for r in running)
+        print(f"regency {command}: {len(running)} controllers run; pick one:\n{listing}", file=sys.stderr)
+        return None
+    return running[0]
+
+
+def ask(record: dict[str, Any], request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One request to a controller's admin endpoint (regency/_admin.py), and its answer.
+    Raises OSError when the controller cannot be reached, ValueError when it gave no answer."""
+    with socket.create_connection((record["host"], record["port"]), timeout=timeout) as sock:
+        sock.sendall(f"{record['token']}\n{json.dumps(request)}\n".encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    answer = json.loads(data)
+    if not isinstance(answer, dict):
+        raise ValueError("not an answer")
+    return answer
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print(f"regency stacks: --timeout must be positive (got {args.timeout})", file=sys.stderr)
         return 2
-    running = controllers()
-    if args.pid is not None:
-        running = [r for r in running if r.get("pid") == args.pid]
-        if not running:
-            print(
-                f"regency stacks: no running controller with pid {args.pid} "
-                f"(none wrote ~/.regency/controller-{args.pid}.json)",
-                file=sys.stderr,
-            )
-            return 2
-    if not running:
-        print(
-            "regency stacks: no running controller found (a controller writes "
-            "~/.regency/controller-<pid>.json once it starts its runtime)",
-            file=sys.stderr,
-        )
+    record = choose("stacks", args.pid)
+    if record is None:
         return 2
-    if len(running) > 1:
-        listing = "\n".join(f"  --pid {r['pid']}: {' '.join(r.get('argv', []))}" for r in running)
-        print(f"regency stacks: {len(running)} controllers run; pick one:\n{listing}", file=sys.stderr)
-        return 2
-    record = running[0]
     try:
-        with socket.create_connection((record["host"], record["port"]), timeout=args.timeout + 30) as sock:
-            request = {"command": "stacks", "timeout": args.timeout}
-            sock.sendall(f"{record['token']}\n{json.dumps(request)}\n".encode())
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    break
-                data += chunk
+        answer = ask(record, {"command": "stacks", "timeout": args.timeout}, args.timeout + 30)
     except OSError as exc:
         print(f"regency stacks: cannot reach the controller (pid {record['pid']}): {exc}", file=sys.stderr)
         return 1
-    try:
-        answer = json.loads(data)
     except ValueError:
         print("regency stacks: the controller gave no answer", file=sys.stderr)
         return 1

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import socket
 import sys
 from typing import Any
 
@@ -22,33 +20,11 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._stacks_cli import controllers
+    from .._stacks_cli import ask, choose
 
-    running = controllers()
-    if args.pid is not None:
-        running = [r for r in running if r.get("pid") == args.pid]
-        if not running:
-            print(
-                f"regency dashboard: no running controller with pid {args.pid} "
-                f"(none wrote ~/.regency/controller-{args.pid}.json)",
-                file=sys.stderr,
-            )
-            return 2
-    if not running:
-        print(
-            "regency dashboard: no running controller found (a controller writes "
-            "~/.regency/controller-<pid>.json once it starts its runtime)",
-            file=sys.stderr,
-        )
+    record = choose("dashboard", args.pid)
+    if record is None:
         return 2
-    if len(running) > 1:
-        listing = "\n".join(f"  --pid {r['pid']}: {' '.join(r.get('argv', []))}" for r in running)
-        print(
-            f"regency dashboard: {len(running)} controllers run; pick one:\n{listing}",
-            file=sys.stderr,
-        )
-        return 2
-    record = running[0]
     try:
         answer = ask(record, {"command": "dashboard"}, timeout=30.0)
     except OSError as exc:
@@ -65,19 +41,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(answer["url"])
     return 0
-
-
-def ask(record: dict[str, Any], request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One request to a controller's admin endpoint, and its answer."""
-    with socket.create_connection((record["host"], record["port"]), timeout=timeout) as sock:
-        sock.sendall(f"{record['token']}\n{json.dumps(request)}\n".encode())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            data += chunk
-    answer = json.loads(data)
-    if not isinstance(answer, dict):
-        raise ValueError("not an answer")
-    return answer
