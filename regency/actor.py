@@ -42,7 +42,7 @@ from .core import (
     ProcMesh,
     SupervisionError,
     ValueMesh,
-    _future,
+    _waiting,
     as_endpoint,
     concurrent_endpoint,
     context,
@@ -385,20 +385,37 @@ def _in_running_loop() -> bool:
     return bool(sniffio.thread_local.name)
 
 
-def _hand_back_while_awaiting() -> bool:
-    """On a simulator's lockstep thread of an actor (it waits by handing the baton back to the
-    simulation, ``blocking.wait``, and has no ``blocking.async_wait`` of its own): make a body's
-    ``await`` of a Regency Future on this thread's own loop wait that way too, so the
-    simulation runs meanwhile (an asyncio wait would block it). Returns whether it did."""
-    wait = getattr(_future.blocking, "wait", None)
-    if wait is None or getattr(_future.blocking, "async_wait", None) is not None:
-        return False
+def _hand_back_while_awaiting() -> Any:
+    """On a simulator's lockstep thread of an actor (whose waits hand the baton back to the
+    simulation, and whose ``await`` would wait on its own loop): make a body's ``await`` of
+    a Regency Future on this thread's own loop wait that way too, so the simulation runs
+    meanwhile (an asyncio wait would block it). Returns the waiter to restore (None: this
+    thread's waiter runs freely, nothing changed)."""
 
-    async def async_wait(fut: Future[Any]) -> None:
-        wait(fut, None)
+    waiter = _waiting.current()
+    if waiter.runs_freely:
+        return None
+    _waiting.bind(_AwaitByWaiting(waiter))
+    return waiter
 
-    _future.blocking.async_wait = async_wait
-    return True
+
+class _AwaitByWaiting:
+    """A waiter whose ``await`` waits as its ``get()`` does (see above)."""
+
+    serves_any_thread = False
+    runs_freely = False
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def wait(self, fut: Future[Any], timeout: float | None) -> None:
+        self.inner.wait(fut, timeout)
+
+    async def wait_async(self, fut: Future[Any]) -> None:
+        self.inner.wait(fut, None)
+
+    def sending(self, send: Callable[[], None]) -> None:
+        self.inner.sending(send)
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
@@ -502,7 +519,7 @@ class _BodyFuture(Future[T]):
                 "Future.get() cannot block inside a returns_future body; await the Future "
                 "instead"
             )
-        if threading.get_ident() in _future.runtime_threads:
+        if _waiting.would_block_loop():
             raise RuntimeError(
                 "Future.get() would block the runtime's event loop; "
                 "use `await fut` inside async endpoints"
@@ -541,8 +558,8 @@ class _BodyFuture(Future[T]):
                 loop.run_until_complete(asyncio.wait({task}))
         finally:
             _this_thread.driving = False
-            if handed_back:
-                del _future.blocking.async_wait
+            if handed_back is not None:
+                _waiting.bind(handed_back)
             _cancel_leftovers(loop)
         return super().get()
 

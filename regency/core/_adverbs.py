@@ -16,6 +16,8 @@ from ._metrics import count_sent
 from ._replies import EachInTurn, Fold, OneReply, Reducer, Replies, ToMesh
 from ._shape import ValueMesh
 from ._trace import sender_track
+from ._waiting import here as _here
+from ._waiting import served as _served
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
@@ -174,10 +176,11 @@ class Endpoint(Generic[P, R]):
         try:
             if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
                 self._check_alive(rt, local_ranks)
-            leader, casting = rt.leader, rt.casting
-            if leader is not None and len(local_ranks) > 1:
-                # Replies that come while the later ranks are sent are read by this thread.
-                leader.sending(
+            casting = rt.casting
+            if len(local_ranks) > 1:
+                # Replies that come while the later ranks are sent may be read by this
+                # thread (the leader's, core/_leader.py).
+                (_here.waiter or _served.waiter).sending(
                     lambda: casting.send(
                         route, local_ranks, mesh._key, self._name, port, payload,
                         gather=gather, replies=handler,

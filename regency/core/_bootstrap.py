@@ -128,14 +128,11 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
         sys.stderr.flush()
         if code != 0:
             os._exit(code)
-    from ._executor import ThreadExecutor
-
-    if isinstance(rt.executor, ThreadExecutor):
-        # The actor threads were told to stop (their mailboxes abandoned) but may still be
-        # on their way out: finalizing under them lost module-level __del__ calls.
-        # Threads on their way out end in microseconds; one blocked in user code never
-        # will, so the wait is short.
-        rt.executor.join_threads(min(1.0, rt.config.stop_timeout / 2))
+    # The actor threads were told to stop (their mailboxes abandoned) but may still be on
+    # their way out: finalizing under them lost module-level __del__ calls. Threads on
+    # their way out end in microseconds; one blocked in user code never will, so the wait
+    # is short.
+    rt.executor.join_threads(min(1.0, rt.config.stop_timeout / 2))
     _finalize_then_exit(rt.config.stop_timeout)
 
 

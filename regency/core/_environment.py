@@ -23,7 +23,9 @@ from .. import transports
 from ._executor import Executor, ThreadExecutor
 from ._inbound import _ACK_DELAY, _ACK_EVERY
 from ._launcher import ProcLauncher, default_launcher
+from ._leader import Leader
 from ._ticker import Ticker, TrioTicker
+from ._waiting import LOCK, Waiter
 
 if TYPE_CHECKING:
     from ._probe import Probe
@@ -33,6 +35,14 @@ if TYPE_CHECKING:
 TransportFactory = Callable[["Runtime"], AbstractAsyncContextManager[transports.Transport]]
 #: Makes a runtime's executor: where its actor threads run and how they block.
 ExecutorFactory = Callable[["Runtime"], Executor]
+#: Makes a runtime's waiter: how its threads wait for futures (core/_waiting.py).
+WaiterFactory = Callable[["Runtime"], Waiter]
+
+
+def production_waiter(rt: Runtime) -> Waiter:
+    """A thread that waits reads its reply off the sockets itself (``thread_reads``,
+    core/_leader.py), else waits on a lock the loop releases."""
+    return Leader(rt) if rt.config.thread_reads else LOCK
 
 
 def open_real_transport(rt: Runtime) -> AbstractAsyncContextManager[transports.Transport]:
@@ -65,6 +75,9 @@ class Environment:
     #: (:class:`ThreadExecutor`), or the simulator's lockstep threads, which run the same
     #: mailbox code (:mod:`._executor`).
     executor: ExecutorFactory = ThreadExecutor
+    #: How its threads wait for futures: production's leader (a thread reads its own
+    #: reply, spinning first where that pays), or the simulator's lockstep waiter.
+    waiter: WaiterFactory = production_waiter
     #: Runs a runtime's periodic jobs (heartbeats, watchdog): sleeps here; the simulator's
     #: skips idle virtual time (:mod:`._ticker`).
     ticker: Ticker = attrs.field(factory=TrioTicker)

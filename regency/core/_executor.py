@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
+from ._waiting import bind
+
 if TYPE_CHECKING:
     from ._leader import Leader
     from ._runtime import Runtime
@@ -48,6 +50,12 @@ class Mailbox(Protocol):
 class Executor(Protocol):
     """The blocking primitives of actor threads (see the module docstring)."""
 
+    #: Whether its threads run beside the loop as the operating system schedules them
+    #: (production): work that would hold the loop long (unpickling an actor's class, whose
+    #: modules may import torch) then goes to a thread, and an idle actor may spin for its
+    #: next call. False: they take turns with the loop (the simulator's lockstep threads).
+    runs_freely: bool
+
     def start_thread(self, fn: Callable[[], None], name: str) -> None:
         """Run ``fn`` (an actor's mailbox loop) on a thread of its own. Called on the loop."""
         ...
@@ -72,9 +80,16 @@ class Executor(Protocol):
         """From the loop: run blocking ``fn`` off the loop; cancelling abandons it."""
         ...
 
+    def join_threads(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds in all for every actor thread to end (after the
+        runtime abandoned their mailboxes); False if some still run."""
+        ...
+
 
 class ThreadExecutor:
     """Production: real threads, real blocking."""
+
+    runs_freely = True
 
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
@@ -82,7 +97,13 @@ class ThreadExecutor:
         self._threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
     def start_thread(self, fn: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=fn, name=name, daemon=True)
+        waiter = self._rt.waiter
+
+        def main() -> None:
+            bind(waiter)  # it waits as its runtime's threads do (core/_waiting.py)
+            fn()
+
+        thread = threading.Thread(target=main, name=name, daemon=True)
         self._threads.add(thread)
         thread.start()
 

@@ -12,8 +12,6 @@ The result or exception is cached, so every observer sees the same outcome.
 
 from __future__ import annotations
 
-import _thread
-import contextlib
 import threading
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
@@ -21,36 +19,11 @@ from typing import Any, Generic, TypeVar
 import sniffio
 import trio
 
-from ..transports._answering import answering
+from ._waiting import here as _here
+from ._waiting import served as _served
 
 R = TypeVar("R")
 _PENDING = object()
-
-#: Thread ids that run a runtime's trio loop: blocking there would freeze message delivery.
-runtime_threads: set[int] = set()
-
-#: ``blocking.wait(fut, timeout)``, when set on a thread, is how that thread waits in
-#: ``Future.get`` instead of on a lock: the simulator's lockstep threads hand control back to
-#: its loop.
-blocking = threading.local()
-
-#: Set when the controller runs inside a Jupyter kernel (``core/_notebook.py``): waits that
-#: would block consult it, so an unhandled fault ends the running cell's wait instead of
-#: being raised in the kernel's own code. ``before_wait()`` may raise; ``watch(waiter)``
-#: tracks an asyncio future awaited on the main thread (returns its forget function).
-notebook: Any = None
-
-#: Set by a production runtime (``core/_leader.py``): ``reader(fut, timeout)`` waits for
-#: ``fut`` on the calling thread by reading the runtime's inbound connections itself, so the
-#: reply wakes this thread directly instead of the loop, which would then wake this thread.
-#: Returns False when it cannot (the loop is reading, no connection to lead...): the thread
-#: then waits on a lock as before.
-reader: Callable[[Future[Any], float | None], bool] | None = None
-
-#: Set with ``reader``: ``with loop_waiting():`` around a wait in which the loop resolves the
-#: future (an ``await``), so that connections a thread set aside for its next wait
-#: (``Leader.sending``) go back to the loop for its duration.
-loop_waiting: Callable[[], contextlib.AbstractContextManager[None]] | None = None
 
 
 class Future(Generic[R]):
@@ -122,22 +95,21 @@ class Future(Generic[R]):
         """Block this thread until resolved; ``TimeoutError`` after ``timeout`` seconds.
 
         A timeout does not cancel the call: ``get`` may be called again later. How the
-        thread waits is the thread's own (``blocking.wait``): on a lock in production, by
-        handing the baton back to the loop on a simulator's lockstep thread; the rest of
-        this method is the same for both.
+        thread waits is its waiter's (``core/_waiting.py``): reading its reply itself or on
+        a lock in production, by handing the baton back to the loop on a simulator's
+        lockstep thread; the rest of this method is the same for all.
         """
         if self._value is _PENDING and self._exception is None:  # not done()
-            wait: Callable[[Future[Any], float | None], None] = getattr(
-                blocking, "wait", _wait_on_lock
-            )
+            waiter = _here.waiter or _served.waiter
             try:
+                notebook = _served.notebook
                 if notebook is not None:
                     notebook.before_wait()
                     if notebook.is_main_thread():
                         with notebook.interruptible():
-                            wait(self, timeout)
+                            waiter.wait(self, timeout)
                         return self._outcome()
-                wait(self, timeout)
+                waiter.wait(self, timeout)
             except TimeoutError:
                 explain = self._explainer()
                 if explain is None or self.done():
@@ -178,16 +150,11 @@ class Future(Generic[R]):
             else:
                 yield  # asyncio's (a task on the runtime's asyncio loop, Jupyter's): sleep(0)
             return self._outcome()
+        notebook = _served.notebook
         if notebook is not None:
             notebook.before_wait()
-        # A simulation's lockstep thread (the program's main thread) hands the baton back
-        # to the simulator while it awaits, as it does while it blocks in get().
-        async_wait = getattr(blocking, "async_wait", None)
         try:
-            if async_wait is not None:
-                yield from async_wait(self).__await__()
-            else:
-                yield from self.wait_on_loop().__await__()
+            yield from (_here.waiter or _served.waiter).wait_async(self).__await__()
         except KeyboardInterrupt as exc:
             # An interrupted wait (Jupyter's Interrupt): show the user's line, not ours.
             raise exc.with_traceback(None) from None
@@ -196,14 +163,12 @@ class Future(Generic[R]):
     async def wait_on_loop(self) -> None:
         """Wait for resolution on the running trio or asyncio loop (no lockstep)."""
         library = sniffio.current_async_library()
-        waiting = loop_waiting
-        with contextlib.nullcontext() if waiting is None else waiting():
-            if library == "trio":
-                await self._wait_trio()
-            elif library == "asyncio":
-                await self._wait_asyncio()
-            else:  # pragma: no cover
-                raise RuntimeError(f"cannot await a Regency Future from {library}")
+        if library == "trio":
+            await self._wait_trio()
+        elif library == "asyncio":
+            await self._wait_asyncio()
+        else:  # pragma: no cover
+            raise RuntimeError(f"cannot await a Regency Future from {library}")
 
     async def _wait_trio(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -236,6 +201,7 @@ class Future(Generic[R]):
             loop.call_soon_threadsafe(settle)
 
         self.add_done_callback(wake)
+        notebook = _served.notebook
         forget = notebook.watch(waiter) if notebook is not None else None
         try:
             await waiter
@@ -256,40 +222,6 @@ class Future(Generic[R]):
         if self._exception is not None:
             return f"<Future failed: {self._exception!r}>"
         return f"<Future done: {self._value!r}>"
-
-
-def _wait_on_lock(fut: Future[Any], timeout: float | None) -> None:
-    """How a plain thread waits for ``fut``: reading its reply itself where the runtime
-    lets it (``reader``), else on a lock the resolver releases."""
-    if threading.get_ident() in runtime_threads:
-        raise RuntimeError(
-            "Future.get() would block the runtime's event loop; "
-            "use `await fut` inside async endpoints"
-        )
-    answering.waited = True  # what this thread sends next answers this (_answering.py)
-    lead = reader
-    if lead is not None and lead(fut, timeout):
-        return
-    block(fut, timeout)
-
-
-def block(fut: Future[Any], timeout: float | None) -> None:
-    """Wait for ``fut`` on a lock its resolver releases (``TimeoutError`` after
-    ``timeout`` seconds)."""
-    with fut._lock:
-        if fut._event is None:
-            fut._event = _thread.allocate_lock()
-            if not fut.done():
-                fut._event.acquire()
-        event = fut._event
-    if not event.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-        raise TimeoutError(f"future not resolved within {timeout} s")
-    event.release()  # let every other waiting thread through too
-
-
-#: The code of the functions in which a thread blocks in ``Future.get`` (a signal handler
-#: that may raise only there, ``core/_notebook.py``, checks its frame against these).
-blocked_in: set[Any] = {_wait_on_lock.__code__, block.__code__}
 
 
 def resolved(value: R) -> Future[R]:

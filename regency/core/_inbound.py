@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .. import transports
-from ..transports._answering import answering
 from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
@@ -250,9 +249,8 @@ class InboundSink:
             return
         count = self._receiver.ack()
         if count is not None:
-            # An acknowledgement a reading thread sends is not the answer to what it waited
-            # for: the mark that lets that answer skip the burst window stays for it.
-            waited = answering.waited
+            # (Not an answer, ``send_nowait``'s default: the mark a reading thread's wait
+            # left, core/_waiting.py, stays for the frame that answers what it waited for.)
             try:
                 conn.send_nowait(_codec.encode(Ack(count)))
             except transports.TransportError:
@@ -271,8 +269,6 @@ class InboundSink:
                 except (trio.RunFinishedError, RuntimeError):
                     pass  # the runtime is closing: its connections close with it
                 raise
-            finally:
-                answering.waited = waited
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None

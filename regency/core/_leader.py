@@ -26,8 +26,9 @@ the sink as before; a proc that dies ends the stream, which hands the connection
 loop, whose reader reports the loss and fails the future (the thread's doorbell wakes it);
 ``get(timeout)`` polls with the time left and raises ``TimeoutError`` as before.
 
-The simulator's threads wait in lockstep (``blocking.wait``) and never come here; its
-transport has no sockets to lead.
+The Leader is production's :class:`~regency.core._waiting.Waiter` (the environment gives
+it to a runtime with ``thread_reads`` on); the simulator's threads wait in lockstep with
+their own waiter.
 """
 
 from __future__ import annotations
@@ -44,13 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..transports._answering import answering
-from . import _future
-from ._future import Future, block, blocked_in
+from ._future import Future
 from ._inbound import deferred
 from ._messages import Call as _Call
 from ._replies import OneReply
 from ._spin import SpinPolicy, cpu_gauge, spin_limit
+from ._waiting import block, blocked_in, here, served
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -153,7 +153,11 @@ class _Threads(threading.local):
 
 
 class Leader:
-    """One runtime's side of leader/follower: :meth:`wait` is ``_future.reader``."""
+    """One runtime's side of leader/follower: the :class:`~regency.core._waiting.Waiter`
+    of its threads, and of the process's other threads while it serves."""
+
+    serves_any_thread = True
+    runs_freely = True
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -220,10 +224,10 @@ class Leader:
             bell = local.bell = Bell()
         return bell
 
-    def wait(self, fut: Future[Any], timeout: float | None) -> bool:
+    def wait(self, fut: Future[Any], timeout: float | None) -> None:
         """Wait for ``fut``, reading this runtime's inbound connections on this thread
-        where it can, else on the future's lock while the loop reads (always True: it
-        waited)."""
+        where it can, else on the future's lock while the loop reads."""
+        here.waited = True  # what this thread sends next answers this (core/_waiting.py)
 
         def arm(bell: Bell | None) -> bool:
             with fut._lock:
@@ -247,10 +251,15 @@ class Leader:
         local = self._threads.reading or self._reading()
         after_fan_out, local.fanned_out = local.fanned_out, False
         if self._lead(fut.done, arm, timeout, rest, via, hold=after_fan_out):
-            return True
+            return
         with self.loop_waiting():
             rest(timeout)
-        return True
+
+    async def wait_async(self, fut: Future[Any]) -> None:
+        """``await fut`` on this thread's loop: the loop reads for it meanwhile, so what
+        threads set aside goes back to the loop (:meth:`loop_waiting`)."""
+        with self.loop_waiting():
+            await fut.wait_on_loop()
 
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
@@ -291,7 +300,7 @@ class Leader:
         # In a Jupyter kernel, interrupts and faults arrive on the main thread as signals
         # that may unwind it anywhere, also while it hands sockets back to the loop: there
         # it waits on its lock and the loop reads, as with thread_reads=False.
-        return _future.notebook is None or threading.current_thread() is not threading.main_thread()
+        return served.notebook is None or threading.current_thread() is not threading.main_thread()
 
     def sending(self, send: Callable[[], None]) -> None:
         """Run ``send()`` (a call's fan-out to several ranks) leading this runtime's
@@ -384,7 +393,7 @@ class Leader:
     def loop_waiting(self) -> Iterator[None]:
         """Around a wait in which the loop must read for this thread (it could lead no
         connection, the ones it led went back, or it awaits the future on an event loop:
-        ``_future.loop_waiting``): connections set aside go back to the loop now, and none
+        :meth:`wait_async`): connections set aside go back to the loop now, and none
         is set aside until the wait ends."""
         with self._waiters_lock:
             self._loop_waiters += 1
@@ -527,7 +536,6 @@ class Leader:
             on_lead = self.on_lead
             if on_lead is not None:
                 on_lead()
-            notebook = _future.notebook
             ms: int | None = None
             spinner = (local.callee_spinner if callee else local.spinner) or self._spinner(
                 local, callee
@@ -545,11 +553,6 @@ class Leader:
             read_by = None
             while not done():
                 waited = True
-                if notebook is not None:
-                    # A fault for the cell whose SIGUSR2 came while this thread was in a
-                    # callee (reading or handling a frame), where the handler does not raise:
-                    # raised here, before the thread polls again (else it would wait forever).
-                    notebook.before_wait()
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -645,7 +648,7 @@ class LeadingMailbox:
 
     def get(self) -> Any:
         if self._queue.empty():
-            answering.waited = True  # its reply goes out at once (transports/_answering.py)
+            here.waited = True  # its reply goes out at once (core/_waiting.py)
             self._lead(self._nonempty, self._arm, None, _rest_nowhere, callee=True)
         return self._get()
 

@@ -52,7 +52,7 @@ from . import _messages as M
 from ._context import ActorInstance, Context, current
 from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
-from ._executor import Mailbox, ThreadExecutor
+from ._executor import Mailbox
 from ._future import Future
 from ._metrics import actor_stats
 from ._shape import Extent, Point
@@ -208,7 +208,7 @@ class ActorCell:
         #: simulator's runtimes never do), and its back-off, made on its first spin.
         self._spin_limit = (
             spin_limit(runtime.config.spin_us)
-            if not self.threaded and isinstance(self._executor, ThreadExecutor)
+            if not self.threaded and self._executor.runs_freely
             else 0.0
         )
         self._spinner: SpinPolicy | None = None

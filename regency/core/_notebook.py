@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _future
+from . import _waiting
 
 if TYPE_CHECKING:
     import asyncio
@@ -188,7 +188,7 @@ class _Cells:
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Python runs handlers in the main thread between bytecodes: ``frame`` is where it
         # stands. Raise only from a blocked Future.get, never in the kernel's own code.
-        if frame is not None and frame.f_code in _future.blocked_in:
+        if frame is not None and frame.f_code in _waiting.blocked_in:
             exc = self._take()
             if exc is not None:
                 raise exc
@@ -256,7 +256,7 @@ def install() -> bool:
             signal.SIGUSR2
         ) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR2, cells._on_signal)
-        _future.notebook = cells
+        _waiting.in_notebook(cells)
         _cells = cells
     return True
 

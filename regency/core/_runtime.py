@@ -29,7 +29,7 @@ import trio
 
 from .. import transports
 from ..supervision import FailureCause, ProcLost, RanksFailed
-from . import _codec, _future
+from . import _codec, _waiting
 from . import _messages as M
 from ._aio import AsyncioBridge, drive
 from ._casting import Casting
@@ -40,8 +40,7 @@ from ._current import _runtime_var, current_runtime_or_none, set_current_runtime
 from ._delivery import FAILED
 from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, SupervisionError, UndeliverableError
-from ._executor import Executor, ThreadExecutor
-from ._future import runtime_threads
+from ._executor import Executor
 from ._inbound import _ACK_DELAY, _ACK_EVERY, InboundSessions, InboundSink
 from ._introspect import install as install_introspection
 from ._introspect import watch_stalls
@@ -127,12 +126,13 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
         self.died: SupervisionError | None = None
         self._busy = BusyWatch()
-        #: Threads of this process that wait for a reply read it themselves (production).
-        self.leader: Leader | None = (
-            Leader(self)
-            if isinstance(self.executor, ThreadExecutor) and config.thread_reads
-            else None
-        )
+        #: How this runtime's threads wait for futures (core/_waiting.py): the environment's
+        #: waiter (production's reads replies on the waiting thread, the simulator's takes
+        #: turns with its loop).
+        self.waiter: _waiting.Waiter = self.env.waiter(self)
+        #: The waiter when it is a :class:`Leader` (threads read their own replies), for
+        #: its counters and settings; None otherwise.
+        self.leader: Leader | None = self.waiter if type(self.waiter) is Leader else None
         self._nonce = f"{self.rng.getrandbits(64):016x}"
         self._init_inbound_sessions()
         #: Casting trees: this runtime's fences as a sender, and its part as a forwarder.
@@ -172,7 +172,8 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`stop`. Signals readiness once listening."""
         self.thread_id = threading.get_ident()
-        runtime_threads.add(self.thread_id)
+        _waiting.enter_loop()  # a blocking wait on this thread would freeze the runtime
+        serving = False
         clean = False
         self.token = trio.lowlevel.current_trio_token()
         self._stop_event = trio.Event()
@@ -209,9 +210,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 if self.parent_address is not None:
                     nursery.start_soon(self._send_heartbeats, self.parent_address)
                 nursery.start_soon(self._watchdog)
-                if self.leader is not None and _future.reader is None:
-                    _future.reader = self.leader.wait
-                    _future.loop_waiting = self.leader.loop_waiting
+                serving = _waiting.serve(self.waiter)  # the process's other threads' too
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
@@ -219,9 +218,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 nursery.cancel_scope.cancel()
             clean = True
         finally:
-            if self.leader is not None and _future.reader == self.leader.wait:
-                _future.reader = _future.loop_waiting = None
-            runtime_threads.discard(self.thread_id)
+            if serving:
+                _waiting.unserve(self.waiter)
+            _waiting.leave_loop()
             for cell in list(self.actors.values()):
                 cell.abandon()
             if clean:  # otherwise runtime_died() fails them, saying why
@@ -492,7 +491,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             case M.Spawn():
                 payload = msg.payload
                 if type(payload) is M.Unpickled:
-                    if isinstance(self.executor, ThreadExecutor):
+                    if self.executor.runs_freely:
                         # On a thread, so heartbeats go on while the class's modules import
                         # (a notebook's brings torch: seconds); messages for the actor wait
                         # in ``limbo`` meanwhile. Other executors (the simulator's) unpickle

@@ -34,7 +34,7 @@ from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
 from ._environ import forget_environments, give_environment
 from ._invariants import InvariantChecker, InvariantViolation
-from ._lockstep import Lockstep, LockstepExecutor
+from ._lockstep import Lockstep, LockstepExecutor, LockstepThreads
 from ._network import (
     CONTROLLER_HOST,
     ClogFault,
@@ -194,6 +194,7 @@ class SimCluster:
             launcher=lambda nursery: SimLauncher(self, host),
             host_launcher=self._host_launcher,
             executor=lambda rt: LockstepExecutor(self.lockstep, rt),
+            waiter=lambda rt: LockstepThreads(),
             ticker=self.ticker,
             clock=self.now,
             probe=self.checker,

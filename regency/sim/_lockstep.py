@@ -5,7 +5,7 @@ simulation a thread running freely next to the trio loop would make the run depe
 operating system's scheduling. So these threads and the loop take turns holding one baton:
 exactly one of them runs at any time, and the loop's virtual clock cannot move while a thread
 runs user code. A thread gives the baton back when its job ends or when it waits on a
-``Future`` (``Future.get`` consults :data:`regency.core._future.blocking`); the loop hands it
+``Future`` (its waiter, ``core/_waiting.py``, is :class:`LockstepWaiter`); the loop hands it
 back, at a deterministic point, when that future resolves.
 """
 
@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from ..core import _waiting
 from ..core._executor import Mailbox
-from ..core._future import Future, blocking
+from ..core._future import Future
 
 if TYPE_CHECKING:
     from ..core._runtime import Runtime
@@ -56,8 +57,7 @@ class _Worker:
         lockstep._workers.append(self)
 
     def _main(self) -> None:
-        blocking.wait = self.lockstep._wait
-        blocking.worker = self
+        _waiting.bind(LockstepWaiter(self.lockstep, self))
         while True:
             self.turn.acquire()
             job = self.job
@@ -145,9 +145,7 @@ class Lockstep:
         between loop turns; return the function that waits for its first turn."""
         worker = _Worker(self, threading.current_thread().name)
         worker.job = _Job(lambda: None)  # a job that never "finishes" while the program runs
-        blocking.wait = self._wait
-        blocking.async_wait = self._wait_async
-        blocking.worker = worker
+        _waiting.bind(LockstepWaiter(self, worker, main=True))
         self._main_worker = worker
 
         def wait_for_first_turn() -> None:
@@ -161,10 +159,9 @@ class Lockstep:
         assert worker.job is not None
         self._hand(worker, worker.job)
 
-    def _wait(self, fut: Future[Any], timeout: float | None) -> None:
-        """On a lockstep thread: give the baton back until ``fut`` resolves (or ``timeout``
-        virtual seconds pass: ``TimeoutError``)."""
-        worker: _Worker = blocking.worker
+    def _wait(self, worker: _Worker, fut: Future[Any], timeout: float | None) -> None:
+        """On ``worker``'s lockstep thread: give the baton back until ``fut`` resolves (or
+        ``timeout`` virtual seconds pass: ``TimeoutError``)."""
         if worker.abandoned:
             raise trio.RunFinishedError("the simulation has ended")
         if fut.done():
@@ -245,6 +242,61 @@ class Lockstep:
             raise
 
 
+class LockstepWaiter:
+    """The waiter of a lockstep thread (``core/_waiting.py``): a wait gives the baton back
+    to the simulation's loop until the future resolves. On the program's main thread an
+    ``await`` does the same (``main``); on an actor's thread the actor's own loop awaits."""
+
+    serves_any_thread = False
+    runs_freely = False
+
+    def __init__(self, lockstep: Lockstep, worker: _Worker, *, main: bool = False) -> None:
+        self.lockstep, self.worker, self.main = lockstep, worker, main
+
+    def wait(self, fut: Future[Any], timeout: float | None) -> None:
+        self.lockstep._wait(self.worker, fut, timeout)
+
+    def wait_async(self, fut: Future[Any]) -> Awaitable[None]:
+        if self.main:
+            return self.lockstep._wait_async(fut)
+        return fut.wait_on_loop()
+
+    def sending(self, send: Callable[[], None]) -> None:
+        send()
+
+
+class LockstepThreads:
+    """A simulated runtime's waiter (``Environment.waiter``): its threads are lockstep
+    threads, each bound to its own :class:`LockstepWaiter`, which this one finds."""
+
+    serves_any_thread = False
+    runs_freely = False
+
+    def _own(self) -> LockstepWaiter:
+        waiter = _waiting.here.waiter
+        if type(waiter) is not LockstepWaiter:
+            raise RuntimeError(
+                "a simulated runtime's wait was called from a thread that is not one of the "
+                f"simulation's lockstep threads ({threading.current_thread().name!r})"
+            )
+        return waiter
+
+    def wait(self, fut: Future[Any], timeout: float | None) -> None:
+        self._own().wait(fut, timeout)
+
+    def wait_async(self, fut: Future[Any]) -> Awaitable[None]:
+        return self._own().wait_async(fut)
+
+    def sending(self, send: Callable[[], None]) -> None:
+        send()
+
+
+def current_worker() -> _Worker | None:
+    """The lockstep thread the caller runs on, if any."""
+    waiter = _waiting.here.waiter
+    return waiter.worker if type(waiter) is LockstepWaiter else None
+
+
 class _LockstepMailbox:
     """An actor's mailbox whose ``get`` gives the baton back while it is empty."""
 
@@ -263,7 +315,8 @@ class _LockstepMailbox:
 
     def get(self) -> Any:  # on the actor's lockstep thread
         while not self._items:
-            worker: _Worker = blocking.worker
+            worker = current_worker()
+            assert worker is not None, "a lockstep mailbox is read on its lockstep thread"
             waiter = self._waiter = Future()
             worker.in_mailbox = True
             try:
@@ -365,3 +418,8 @@ class LockstepExecutor:
     async def run(self, fn: Callable[[], T]) -> T:
         result: T = await self._lockstep.run(fn)
         return result
+
+    runs_freely = False
+
+    def join_threads(self, timeout: float) -> bool:
+        return True  # its threads take turns with the loop: none runs while this does

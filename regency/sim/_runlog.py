@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
-from ..core._future import blocking
-
 #: The logger whose records (and its children's) a simulated run keeps.
 LOGGER = "regency"
 
@@ -49,8 +47,10 @@ class RunLog(logging.Handler):
         """Whether the calling thread is one of the run's (its loop or a lockstep thread)."""
         if threading.get_ident() == self._thread:
             return True
-        worker = getattr(blocking, "worker", None)
-        return worker is not None and getattr(worker, "lockstep", None) is self.lockstep
+        from ._lockstep import current_worker
+
+        worker = current_worker()
+        return worker is not None and worker.lockstep is self.lockstep
 
     def _virtual_time(self) -> float:
         if self.now is None:

@@ -4,6 +4,7 @@ from ._netns import VirtualHost, virtual_hosts, virtual_hosts_available
 from ._sim import Simulated, fault_schedules, simulated_fixture
 from ._slurm import SlurmCluster, SlurmUnavailable, slurm_cluster
 from ._tls import TlsFiles, make_tls_files, nng_tls_unavailable
+from ._waiting import check_waiter
 
 __all__ = [
     "Simulated",
@@ -11,6 +12,7 @@ __all__ = [
     "SlurmUnavailable",
     "TlsFiles",
     "VirtualHost",
+    "check_waiter",
     "fault_schedules",
     "make_tls_files",
     "nng_tls_unavailable",

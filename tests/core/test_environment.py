@@ -11,10 +11,11 @@ import pytest
 
 import regency
 from regency.actor import Actor, endpoint
-from regency.core import current_runtime
+from regency.core import _waiting, current_runtime
 from regency.core._config import Config
 from regency.core._environment import PRODUCTION, Environment, production
 from regency.core._executor import ThreadExecutor
+from regency.core._leader import Leader
 from regency.core._probe import Probe
 from regency.core._runtime import Runtime
 from regency.core._ticker import TrioTicker
@@ -41,8 +42,19 @@ def test_a_runtime_takes_everything_world_specific_from_its_environment() -> Non
 
     ticker = TrioTicker()
     probe = Probe()
-    env = Environment(executor=Executor, ticker=ticker, probe=probe, ack_every=5, ack_delay=0.5)
+    waiters: list[Runtime] = []
+
+    def waiter(rt: Runtime) -> Any:
+        waiters.append(rt)
+        return _waiting.LOCK
+
+    env = Environment(
+        executor=Executor, waiter=waiter, ticker=ticker, probe=probe, ack_every=5,
+        ack_delay=0.5,
+    )
     rt = _runtime(env)
+    assert rt.waiter is _waiting.LOCK and waiters == [rt] and rt.leader is None
+    assert type(_runtime().waiter) is Leader  # production's: threads read their own replies
     assert rt.env is env and rt.ticker is ticker and rt.probe is probe
     assert isinstance(rt.executor, Executor) and made == [rt]  # one executor per runtime
     assert (rt.ack_every, rt.ack_delay) == (5, 0.5)
@@ -77,6 +89,10 @@ def _sources(package: str) -> list[tuple[Path, str]]:
 def test_the_core_never_asks_whether_it_is_simulated() -> None:
     for path, text in _sources("core"):
         assert not re.search(r"runtime\s*==\s*[\"']sim[\"']", text), path
+        # What an executor can do is its property (``runs_freely``), not its type.
+        assert not re.search(r"(isinstance\(|type\()[^)]*Executor", text), path
+        # Waiting goes through the environment's waiter, not hooks set on a module.
+        assert not re.search(r"_future\.\w+\s*=", text), path
         assert "sim://" not in text, path
         assert "from ..sim" not in text and "import regency.sim" not in text, path
 
@@ -98,7 +114,7 @@ class _WhereAmI(Actor):
         rt = current_runtime()
         return (
             rt.env.simulated_host,
-            not isinstance(rt.executor, ThreadExecutor),
+            not rt.executor.runs_freely,
             rt.probe is not None,
             state_of(rt).registry._clock(),
         )
@@ -108,7 +124,7 @@ def test_simulated_runtimes_get_the_simulators_environment() -> None:
     def program(hosts: Any) -> tuple[Any, Any, float]:
         controller = current().controller
         assert controller is not None
-        here = (controller.env.simulated_host, not isinstance(controller.executor, ThreadExecutor))
+        here = (controller.env.simulated_host, not controller.executor.runs_freely)
         procs = hosts.slice(hosts=1).spawn_procs()
         there = procs.spawn("where", _WhereAmI).world.call_one().get()
         return here, there, current().now()
