@@ -70,9 +70,9 @@ class SeqChecker:
                 missing.update(range(last + 1, min(seq, last + 1 + 100_000)))
             st[1] = seq
         else:
-            missing = self.missing.get(sid)
-            if missing is not None and seq in missing:
-                missing.discard(seq)
+            late = self.missing.get(sid)
+            if late is not None and seq in late:
+                late.discard(seq)
                 st[4] += 1
                 self._example(f"{sid}: reordered, got {seq} late (after {last})")
             else:

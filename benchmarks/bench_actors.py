@@ -5,7 +5,10 @@ Run through ``make bench`` (``benchmarks/run.py``), or directly:
 measures threads reading their own messages against the loop reading everything, in one
 process against the same procs, in alternating short blocks (docs/performance.md);
 ``--compare-spin`` and ``--compare-hold`` do the same for spinning before sleeping and for
-holding connections between waits.
+holding connections between waits. ``--compare-recorder [BLOCKS]`` measures the flight
+recorder's cost the same way: an actor with it against one without it
+(``bench_dispatch.no_recorder``), on the same procs (docs/performance.md, "What the
+always-on introspection costs").
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from regency.actor import Actor, endpoint, this_host
 
@@ -43,6 +47,28 @@ class Echo(Actor):
     @endpoint
     def switch(self, on: bool, switch: str = "thread_reads") -> None:
         _switch(on, switch)
+
+    @endpoint
+    def cpu(self) -> float:
+        """This proc's CPU time (all its threads), in seconds."""
+        return time.process_time()
+
+    @endpoint
+    def no_recorder(self, on: bool) -> None:
+        """While on, actors made in this proc run without the flight recorder, and no
+        mailbox stamps the time a call was queued (``bench_dispatch.no_recorder``)."""
+        global _no_recorder
+        from benchmarks.bench_dispatch import no_recorder
+
+        if on and _no_recorder is None:
+            _no_recorder = no_recorder()
+            _no_recorder.__enter__()
+        elif not on and _no_recorder is not None:
+            _no_recorder.__exit__(None, None, None)
+            _no_recorder = None
+
+
+_no_recorder: Any = None
 
 
 class AsyncEcho(Actor):
@@ -193,6 +219,88 @@ def compare(blocks: int, switch: str = "thread_reads") -> None:
         print(f"{name:58s} {cells[0]:>24s} {cells[1]:>24s} {unit}")
 
 
+def _round_trip_us(ping: Any, n: int = 500) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ping.call_one().get()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _pipelined_per_s(ping: Any, n: int = 5000) -> float:
+    t0 = time.perf_counter()
+    futs = [ping.call_one() for _ in range(n)]
+    for f in futs:
+        f.get()
+    return n / (time.perf_counter() - t0)
+
+
+def _pipelined_cpu_us(actor: Any, n: int = 5000) -> float:
+    """The proc's CPU time (all its threads) per call of a pipelined block: less swayed by
+    the machine's load than the wall clock."""
+    before = actor.cpu.call_one().get()
+    ping = actor.ping
+    futs = [ping.call_one() for _ in range(n)]
+    for f in futs:
+        f.get()
+    return (actor.cpu.call_one().get() - before) / n * 1e6
+
+
+def compare_recorder(blocks: int) -> None:
+    """The flight recorder on and off, in one process: two procs, each with one actor, one
+    of them without the recorder (``bench_dispatch.no_recorder``: its mailbox loop without
+    it, its mailbox stamping no call); short blocks of each figure, alternating (the order
+    flips every block). Done twice, on fresh procs made in the other order. Prints the
+    median and quartiles of the blocks, and the median ratio of adjacent blocks (recorder
+    off over on for times, on over off for throughput: 1.000 is no cost)."""
+    seen: dict[tuple[str, bool], list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    figures = [
+        ("call_one round trip, sync endpoint", "us"),
+        ("pipelined call_one, 5,000 calls", "calls/s"),
+        ("the proc's CPU per pipelined call", "us"),
+    ]
+    for order in ((True, False), (False, True)):
+        actors: dict[bool, Any] = {}
+        meshes = []
+        for on in order:
+            procs = this_host().spawn_procs(per_host={"gpus": 1})
+            meshes.append(procs)
+            switch = procs.spawn("switch", Echo)  # (stopped below: one actor per proc)
+            switch.no_recorder.call(not on).get(30)
+            actors[on] = procs.spawn("echo", Echo)
+            actors[on].ping.call().get(30)  # its mailbox loop is made
+            switch.stop().get(30)
+
+        blocks_of: dict[str, Callable[[Any], float]] = {
+            figures[0][0]: lambda actor: _round_trip_us(actor.ping),
+            figures[1][0]: lambda actor: _pipelined_per_s(actor.ping),
+            figures[2][0]: _pipelined_cpu_us,
+        }
+        for b in range(blocks + 1):
+            for name, unit in figures:
+                pair = {}
+                for on in (False, True) if b % 2 else (True, False):
+                    pair[on] = blocks_of[name](actors[on])
+                if b:  # the first round warms up
+                    for on, value in pair.items():
+                        seen.setdefault((name, on), []).append(value)
+                    ratio = pair[False] / pair[True] if unit == "us" else pair[True] / pair[False]
+                    ratios.setdefault(name, []).append(ratio)
+        for procs in meshes:
+            procs.stop().get(30)
+    print(f"{'figure (median, quartiles of ' + str(2 * blocks) + ' blocks)':44s} "
+          f"{'recorder off':>28s} {'recorder on':>28s} {'on/off (quartiles)':>22s}")
+    for name, unit in figures:
+        cells = []
+        for on in (False, True):
+            values = seen[(name, on)]
+            q = statistics.quantiles(values, n=4)
+            cells.append(f"{statistics.median(values):,.1f} ({q[0]:,.1f}-{q[2]:,.1f})")
+        q = statistics.quantiles(ratios[name], n=4)
+        ratio = f"{statistics.median(ratios[name]):.3f} ({q[0]:.3f}-{q[2]:.3f})"
+        print(f"{name:44s} {cells[0]:>28s} {cells[1]:>28s} {ratio:>22s} {unit}")
+
+
 _COLD = """
 import os, sys, time
 from regency.actor import Actor, endpoint, this_host
@@ -227,7 +335,10 @@ def _cold_start() -> float:
 
 
 if __name__ == "__main__":
-    if "--compare-hold" in sys.argv:
+    if "--compare-recorder" in sys.argv:
+        tail = sys.argv[sys.argv.index("--compare-recorder") + 1 :]
+        compare_recorder(int(tail[0]) if tail else 20)
+    elif "--compare-hold" in sys.argv:
         tail = sys.argv[sys.argv.index("--compare-hold") + 1 :]
         compare(int(tail[0]) if tail else 20, "hold")
     elif "--compare-spin" in sys.argv:

@@ -19,10 +19,16 @@ loop). Counters are zeroed after a warm-up and dumped after ``N`` round trips. W
 ``python -m benchmarks.bench_dispatch --threads [N [PROCS]]`` makes ``N`` round trips and
 prints each busy thread's user and system CPU per round trip on both sides, and how many
 waits read their own reply, set its connection aside and spun (see :func:`threads`).
+
+The flight recorder's cost (docs/performance.md, "What the always-on introspection costs"):
+``--steps`` also counts the steps it touches with it switched off (:func:`no_recorder`), and
+``--callgrind N 1 proc --pipelined --no-recorder`` counts a proc whose actor runs without
+it (run it beside the same command without the flag).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -32,7 +38,7 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from regency.actor import Actor, endpoint
@@ -56,8 +62,9 @@ class _Cell:
 
 class _Connection:
     closed = False
+    readable_by_threads = False
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, *more: Any) -> None:
         pass
 
 
@@ -127,18 +134,27 @@ class _NoToken:
         pass  # the writer task's wake-up: not measured here
 
 
-def proc_steps() -> list[tuple[str, Callable[[], object]]]:
+def proc_steps(metrics: bool = False, tracing: bool = False) -> list[tuple[str, Callable[[], object]]]:
     """The proc's side of a call, step by step, in this process with no loop: a real
     actor cell (its mailbox, its mailbox loop driven as its thread drives it), a real
     inbound session, a connected outbox whose connection drops what it is given, and a
     real socket connection over a socketpair for the write (its burst path: queued for the
-    writer task). Each returns the name and one step to repeat."""
+    writer task). Each returns the name and one step to repeat. With ``metrics``, the
+    runtime keeps metrics (``config.metrics``, its metrics service installed); with
+    ``tracing``, it records a trace (a ring of a million events: the oldest go)."""
     import socket
 
+    from regency.core import _metrics
     from regency.core._mailbox import ActorCell
+    from regency.core._trace import TraceRing
     from regency.transports._sockets import SocketConnection
 
-    rt = Runtime("p1", secret=b"b" * 32, jobdir="/nowhere", config=Config(), address="inproc://p1")
+    config = Config(metrics=metrics)
+    rt = Runtime("p1", secret=b"b" * 32, jobdir="/nowhere", config=config, address="inproc://p1")
+    if metrics:
+        _metrics.install(rt)
+    if tracing:
+        rt.trace = TraceRing(1 << 20, rt.env.clock)
     rt.nursery = _Nursery()  # type: ignore[assignment]
     rt.thread_id = -1  # no loop thread: the ACK timer is scheduled, never run
     rt.call_soon = lambda fn: None  # type: ignore[method-assign]
@@ -156,6 +172,8 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
     sink._ack_pending = True  # one ACK on its way: none scheduled per frame
     queue = cell._queue
     item = _codec.decode(view)
+    queue.put(item)  # stamped as a queued call is (the flight recorder's queued time)
+    queue.get()
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     link = SocketConnection(ours, "caller", _NoToken(), 1 << 30)  # type: ignore[arg-type]
@@ -185,7 +203,7 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
     unacked = box._machine.unacked
 
     def send_reply() -> None:
-        cell._succeeded(item, None)  # type: ignore[arg-type]
+        cell._succeeded(item, None, item.port)  # type: ignore[arg-type,union-attr]
         if len(unacked) > 1000:
             unacked.clear()
 
@@ -208,6 +226,67 @@ def proc_steps() -> list[tuple[str, Callable[[], object]]]:
         ("proc: reply None to the outbox (_succeeded: encode, Outbox.send)", send_reply),
         ("proc: write a reply at once (send_nowait's send, the peer drained)", write_now),
     ]
+
+
+# -- the flight recorder switched off, for comparisons -----------------------------------
+
+
+def _bare_main(self: Any) -> Generator[Any, Any, None]:
+    """``ActorCell._main`` without the flight recorder and what it feeds (the stall watch's
+    ``busy``, traces, metrics): the mailbox loop as it is, less the recorder's lines. Keep
+    it so when ``_main`` changes."""
+    from regency.core import _messages as M
+    from regency.core._mailbox import _NEXT
+
+    alive = self._init()
+    while alive:
+        item = yield _NEXT
+        match item:
+            case M.Call():
+                rest = self._call(item, item.method, item.port)
+                if rest is not None:
+                    alive = yield from rest
+                del item, rest
+            case M.Supervise():
+                yield from self._supervise(item.failure)
+            case M.Escalate():
+                yield from self._die(item.cause, None)
+                return
+            case M.StopActor():
+                yield from self._stop(item.port)
+                return
+            case M.Abandon():
+                return
+            case _:
+                raise AssertionError(f"unexpected mailbox item {item!r}")
+
+
+class _NotACall:
+    """What the leader's mailbox takes for a call while its stamps are off: nothing is."""
+
+
+@contextlib.contextmanager
+def no_recorder() -> Iterator[None]:
+    """In this process, meanwhile: actors made run the mailbox loop without the flight
+    recorder (:func:`_bare_main`), and production mailboxes (``LeadingMailbox.put``) stamp
+    no call with the time it was queued. For benchmarks only: the recorder is always on."""
+    from regency.core import _leader
+    from regency.core._mailbox import ActorCell
+
+    if not isinstance(getattr(_leader, "_Call", None), type):
+        raise RuntimeError("core/_leader.py no longer names the Call record _Call: update this")
+    main, call = ActorCell._main, getattr(_leader, "_Call")  # noqa: B009
+    ActorCell._main = _bare_main  # type: ignore[method-assign]
+    setattr(_leader, "_Call", _NotACall)  # noqa: B010
+    try:
+        yield
+    finally:
+        ActorCell._main = main  # type: ignore[method-assign]
+        setattr(_leader, "_Call", call)  # noqa: B010
+
+
+#: The steps of :func:`proc_steps` the flight recorder touches.
+RECORDER_STEPS = ("to its mailbox", "put and get", "runs a call")
 
 
 def _actor_thread_waits(rt: Runtime, mailbox: Any, call: memoryview) -> Callable[[], object]:
@@ -261,8 +340,8 @@ def steps_callgrind(n: int = 3000) -> None:
             ], check=True, env=env)
         return
     out, me = os.environ["_BENCH_OUT"], str(os.getpid())
-    print(f"instructions per step ({n} of each, after 500 to warm up)")
-    for name, step in proc_steps():
+
+    def count(step: Callable[[], object]) -> int:
         for _ in range(500):
             step()
         _callgrind_control("-z", me)
@@ -275,7 +354,19 @@ def steps_callgrind(n: int = 3000) -> None:
             text = f.read()
         found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
         assert found is not None
-        print(f"  {name}: {int(found.group(1)) // n}")
+        return int(found.group(1)) // n
+
+    print(f"instructions per step ({n} of each, after 500 to warm up)")
+    for name, step in proc_steps():
+        print(f"  {name}: {count(step)}", flush=True)
+    with no_recorder():
+        for name, step in proc_steps():
+            if any(part in name for part in RECORDER_STEPS):
+                print(f"  {name}, no flight recorder: {count(step)}", flush=True)
+    for what, kwargs in (("metrics on", {"metrics": True}), ("tracing on", {"tracing": True})):
+        for name, step in proc_steps(**kwargs):
+            if any(part in name for part in RECORDER_STEPS):
+                print(f"  {name}, {what}: {count(step)}", flush=True)
 
 
 def _wanted(actor: str) -> bool:
@@ -387,6 +478,19 @@ def threads(n: int = 20000, procs_n: int = 1) -> None:
     procs.stop().get(30)
 
 
+class _Switch(Actor):
+    @endpoint
+    def no_recorder(self) -> None:
+        """Actors made in this proc from now on run without the flight recorder."""
+        global _switched_off
+        if _switched_off is None:
+            _switched_off = no_recorder()  # (kept: its generator restores when collected)
+            _switched_off.__enter__()
+
+
+_switched_off: Any = None
+
+
 class _Echo(Actor):
     @endpoint
     def ping(self) -> None:
@@ -418,12 +522,18 @@ def _callgrind_control(*args: str) -> None:
 
 
 def _round_trips(
-    side: str, n: int, out: str, procs_n: int = 1, pipelined: bool = False
+    side: str,
+    n: int,
+    out: str,
+    procs_n: int = 1,
+    pipelined: bool = False,
+    recorder: bool = True,
 ) -> None:
     """One side of :func:`callgrind`: spawn the proc (under callgrind for ``side ==
     "proc"``; with ``procs_n`` > 1, that many procs, the calls going to the first), warm
     up, zero the counters, make ``n`` round trips (``pipelined``: issued 1,000 at a time,
-    then awaited), dump."""
+    then awaited), dump. Without ``recorder``, the procs' actor runs without the flight
+    recorder (:func:`no_recorder`)."""
     import regency
     from regency.actor import this_host
     from regency.core._bootstrap_command import BOOTSTRAP_ARGS, BootstrapCommand
@@ -437,6 +547,8 @@ def _round_trips(
             "--separate-threads=yes", sys.executable, *BOOTSTRAP_ARGS,
         ])
     procs = this_host().spawn_procs(per_host={"gpus": procs_n}, bootstrap_command=command)
+    if not recorder:
+        procs.spawn("switch", _Switch).no_recorder.call().get()
     echo = procs.spawn("echo", _Echo)
     echo.ping.call().get()
     echo = echo.slice(gpus=0)
@@ -477,6 +589,7 @@ def callgrind(
     procs_n: int = 1,
     sides: tuple[str, ...] = ("proc", "ctl"),
     pipelined: bool = False,
+    recorder: bool = True,
 ) -> None:
     """Print the instructions per round trip of each busy thread on both sides (``sides``;
     ``procs_n`` procs, the calls going to the first: the controller's thread then has that
@@ -488,7 +601,7 @@ def callgrind(
     me = [sys.executable, "-m", "benchmarks.bench_dispatch"]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "REGENCY_ZYGOTE": "0"}  # the proc's own command, not a fork
-        mode = ["--pipelined"] if pipelined else []
+        mode = (["--pipelined"] if pipelined else []) + ([] if recorder else ["--no-recorder"])
         if "proc" in sides or pipelined:
             subprocess.run(
                 [*me, "--side", "proc", str(n), f"{tmp}/proc.out", str(procs_n), *mode],
@@ -496,7 +609,8 @@ def callgrind(
             )
         if pipelined:
             proc = _per_thread(f"{tmp}/proc.out.1-*", n)
-            print(f"instructions per pipelined call_one in the proc ({n} calls), by thread")
+            bare = "" if recorder else ", no flight recorder"
+            print(f"instructions per pipelined call_one in the proc ({n} calls{bare}), by thread")
             print(f"  proc (actor thread, then the proc's loop): {proc}, in all {sum(proc)}")
             return
         if "ctl" in sides:
@@ -515,23 +629,27 @@ def callgrind(
 
 
 if __name__ == "__main__":
-    flags = [a for a in sys.argv[1:] if a == "--pipelined"]
-    argv = [a for a in sys.argv if a != "--pipelined"]
+    flags = [a for a in sys.argv[1:] if a in ("--pipelined", "--no-recorder")]
+    argv = [a for a in sys.argv if a not in flags]
     if argv[1:2] == ["--side"]:
-        _round_trips(argv[2], int(argv[3]), argv[4], int(argv[5]), pipelined=bool(flags))
+        _round_trips(
+            argv[2], int(argv[3]), argv[4], int(argv[5]),
+            pipelined="--pipelined" in flags, recorder="--no-recorder" not in flags,
+        )
     elif argv[1:2] == ["--threads"]:
         # --threads [N [PROCS]]
         threads(int(argv[2]) if len(argv) > 2 else 20000, int(argv[3]) if len(argv) > 3 else 1)
     elif argv[1:2] == ["--steps"]:
         steps_callgrind(int(argv[2]) if len(argv) > 2 else 3000)
     elif argv[1:2] == ["--callgrind"]:
-        # --callgrind [N [PROCS [ctl|proc]]] [--pipelined]
+        # --callgrind [N [PROCS [ctl|proc]]] [--pipelined] [--no-recorder]
         rest = argv[2:]
         callgrind(
             int(rest[0]) if rest else 2000,
             int(rest[1]) if len(rest) > 1 else 1,
             (rest[2],) if len(rest) > 2 else ("proc", "ctl"),
-            pipelined=bool(flags),
+            pipelined="--pipelined" in flags,
+            recorder="--no-recorder" not in flags,
         )
     else:
         for figure, _target, value, unit in run():

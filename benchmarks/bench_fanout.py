@@ -58,7 +58,7 @@ class Echo(Actor):
 class _Connection:
     closed = False
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         pass
 
 
@@ -70,7 +70,7 @@ def _setup(ranks: int) -> tuple[Runtime, ActorMesh[Echo], list[Outbox]]:
     for _, address in procs:
         box = Outbox(rt, address)
         box._machine.state, box._machine.link = CONNECTED, _Connection()
-        rt._outboxes[address] = box
+        rt.outboxes[address] = box
         boxes.append(box)
     mesh: ActorMesh[Echo] = ActorMesh(
         "c1.echo", "echo", Echo, procs, Shape.full(("gpus",), (ranks,))

@@ -11,10 +11,10 @@ links for a few seconds: the host's link down, a black-hole route between the tw
 link (tbf: a slow link that drops what queues past 50 ms), connection resets (``ss -K``),
 the worker paused (SIGSTOP) for up to 12 s, and a relay in front of one worker that cuts the
 controller's links through it (FIN or RST) and holds new ones for a few seconds.
-``--kinds relay_restart`` adds killing that relay and starting it again (connections are
-refused meanwhile), which is not in the default mix: a refused reconnect makes the
-controller give the worker up (see ``Outbox._reconnect``), and the worker then drops the
-controller when its lease runs out.
+The relay is also killed and started again (connections are refused for up to 4 s
+meanwhile): on a network address a refused reconnect is retried for the reconnect window
+(``delivery_timeout``), as a relay or proxy in between may be restarting
+(``Outbox._reconnect``).
 
 Traffic, each slot (a proc mesh with an echo, a sink, a sender and a pinger actor on every
 proc):
@@ -871,10 +871,7 @@ class Soak:
         if self.hosts:
             kinds += [("cut", 1.2), ("throttle", 0.8), ("reset", 1.0), ("pause_worker", 0.6)]
             if len(self.hosts) > 1:
-                kinds += [("partition", 1.0), ("relay", 1.0)]
-                if "relay_restart" in self.args.kinds.split(","):
-                    # Not by default: a refused reconnect loses the worker (see the report).
-                    kinds.append(("relay_restart", 1.0))
+                kinds += [("partition", 1.0), ("relay", 1.0), ("relay_restart", 1.0)]
         return kinds
 
     def fault_loop(self) -> None:
@@ -1391,9 +1388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--canary", action="store_true", help="before the final check, send "
                         "one duplicate and skip one number on purpose: the table must show them")
     parser.add_argument("--kinds", default="", help="only these fault kinds (comma-separated): "
-                        "kill, pause, pause_long, cut, throttle, reset, pause_worker, partition, relay; "
-                        "relay_restart only "
-                        "when named")
+                        "kill, pause, pause_long, cut, throttle, reset, pause_worker, partition, relay, "
+                        "relay_restart")
     args = parser.parse_args(argv)
     if args.seed is None:
         args.seed = random.randrange(1 << 30)

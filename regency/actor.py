@@ -52,10 +52,10 @@ from .core import (
     endpoint,
     get_or_spawn_controller,
     proc_mesh,
-    send,
     this_host,
     this_proc,
 )
+from .core._adverbs import send as _send
 from .core._bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from .core._controller import shutdown_context
 from .core._hosts import attach_to_workers as _attach_to_workers
@@ -713,15 +713,65 @@ def run_worker_loop_until_shutdown(*, address: str, ca: str, private_key: object
     _run_worker_loop(address=_channel_address(address), ca=ca, private_key=private_key)
 
 
-def attach_to_workers(workers: Sequence[str] | None = None, *args: Any, **kwargs: Any) -> Any:
+def attach_to_workers(
+    workers: Sequence[str | Future[str]] | None = None, *args: Any, **kwargs: Any
+) -> Any:
     """Attach to running workers and return a ``HostMesh`` with dim ``hosts`` (see
     :func:`regency.core._hosts.attach_to_workers` for the arguments: Regency's form
     ``attach_to_workers(workers, secret=None, lease=10.0)`` and Monarch's
     ``attach_to_workers(workers=..., ca="trust_all_connections", name=None)``). A worker
-    address may be a ProcAddr (``<proc-id>@tcp://HOST:PORT``); the identity is not used."""
+    address may be a ProcAddr (``<proc-id>@tcp://HOST:PORT``; the identity is not used),
+    ``ipc:///PATH``, ``DIAL@BIND``, or a ``Future`` of any of these (waited for here)."""
+    addresses: Any = workers
     if workers is not None and not isinstance(workers, str):
-        workers = [_channel_address(w) for w in workers]
-    return _attach_to_workers(workers, *args, **kwargs)
+        # A worker address may also be a Future of one (Monarch's ``Future[str]``).
+        addresses = [_channel_address(w.get() if isinstance(w, Future) else w) for w in workers]
+    return _attach_to_workers(addresses, *args, **kwargs)
+
+
+def send(
+    endpoint: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Port[Any] | None = None,
+    selection: str = "all",
+) -> None:
+    """Send to an endpoint's ranks; replies, if any, go to ``port`` (Monarch's ``send``).
+    ``endpoint`` may also be a ``@remote`` function (inside ``mesh.activate()``, or over a
+    mesh's tensors): it runs on every proc of the mesh (``selection="all"``) or on one
+    (``"choose"``), and each proc's result (or error) goes to ``port``."""
+    remote_module = sys.modules.get("regency._tensor_engine._remote")
+    if remote_module is None or not isinstance(endpoint, remote_module.Remote):
+        _send(endpoint, args, kwargs, port, selection)
+        return
+    if selection not in ("all", "choose"):
+        raise ValueError(f"selection must be one of ('all', 'choose') (got {selection!r})")
+    if port is None:
+        endpoint.broadcast(*args, **kwargs)
+        return
+    futures = (
+        [endpoint.choose(*args, **kwargs)]
+        if selection == "choose"
+        else list(endpoint.stream(*args, **kwargs))
+    )
+
+    def forward(fut: Future[Any]) -> None:
+        exc = fut.exception(0)
+        if exc is not None:
+            port.exception(exc)
+        else:
+            port.send(fut.result(0))
+
+    for fut in futures:
+        fut.add_done_callback(functools.partial(forward, fut))
+
+
+def hosts_from_config(name: str) -> Any:
+    """Monarch's ``hosts_from_config`` (also in ``regency.job``): a host mesh of two workers
+    on this machine, named ``name``."""
+    from .job import hosts_from_config as _hosts_from_config
+
+    return _hosts_from_config(name)
 
 
 #: Lines of a starting worker's stderr kept for the error if it fails to start.
@@ -917,6 +967,7 @@ __all__ = [
     "endpoint",
     "get_meter",
     "get_or_spawn_controller",
+    "hosts_from_config",
     "proc_mesh",
     "returns_future",
     "run_worker_loop_forever",

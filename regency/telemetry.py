@@ -13,8 +13,8 @@ instrumented with OpenTelemetry. Without one, every call is a cheap no-op.
 * :func:`traced` wraps a sync or async function in a span named after it (or ``name=``).
 
 * :func:`instrument` exports Regency's own metrics of the whole job (messages handled and sent
-  per endpoint, handling time and its histogram, mailbox depths, casts, actor and proc
-  failures) through a ``MeterProvider``, read from every proc when the provider's reader
+  per endpoint, bytes received and sent per endpoint, handling time and its histogram,
+  mailbox depths, casts, actor and proc failures) through a ``MeterProvider``, read from every proc when the provider's reader
   collects. It needs ``regency.configure(metrics=True)`` before procs are spawned
   (docs/observability.md, "Metrics").
 
@@ -190,6 +190,9 @@ def instrument(
     * ``regency.handler.duration`` (histogram, seconds; unless ``histogram=False``): fed
       from the procs' latency buckets with the calls handled since this call, one
       measurement per call (docs/observability.md says what that costs);
+    * ``regency.bytes.received`` and ``regency.bytes.sent`` (counters, bytes; actor class,
+      mesh, rank, endpoint): the call frames each actor received and the reply frames it
+      sent, per endpoint;
     * ``regency.messages.sent`` and ``regency.casts`` (counters; mesh, endpoint, the sending
       proc's id);
     * ``regency.actor.failures`` (actor class, mesh, rank) and ``regency.proc.failures``
@@ -267,6 +270,14 @@ class Instrumentation:
         meter.create_observable_counter(
             "regency.casts", [self._observe_casts], unit="{cast}",
             description="Sends to more than one rank, per endpoint and sending proc",
+        )
+        meter.create_observable_counter(
+            "regency.bytes.received", [self._observe_bytes_received], unit="By",
+            description="Bytes of the call frames actors received, per endpoint",
+        )
+        meter.create_observable_counter(
+            "regency.bytes.sent", [self._observe_bytes_sent], unit="By",
+            description="Bytes of the reply frames actors sent, per endpoint",
         )
         self._duration: Histogram | None = None
         if histogram:
@@ -418,6 +429,22 @@ class Instrumentation:
             for actor in proc.actors:
                 for stats in actor.endpoints:
                     _add(out, (actor.cls, actor.mesh, actor.rank, stats.endpoint), stats.seconds)
+        return _observations(out, (ACTOR_CLASS, MESH, RANK, ENDPOINT))
+
+    def _observe_bytes_received(self, options: CallbackOptions) -> list[Observation]:
+        return self._observe_bytes(received=True)
+
+    def _observe_bytes_sent(self, options: CallbackOptions) -> list[Observation]:
+        return self._observe_bytes(received=False)
+
+    def _observe_bytes(self, *, received: bool) -> list[Observation]:
+        out: dict[tuple[Any, ...], float] = {}
+        for proc in self._snapshot(False):
+            for actor in proc.actors:
+                for stats in actor.endpoints:
+                    count = stats.bytes_received if received else stats.bytes_sent
+                    if count:
+                        _add(out, (actor.cls, actor.mesh, actor.rank, stats.endpoint), count)
         return _observations(out, (ACTOR_CLASS, MESH, RANK, ENDPOINT))
 
     def _observe_depth(self, options: CallbackOptions) -> list[Observation]:

@@ -134,7 +134,11 @@ class Engine:
         # Wait for every worker's __init__, which imports torch on the actor's thread: a batch
         # holding torch objects (dtypes) that reached a proc earlier would import torch on the
         # proc's event loop while it unpickles, and the loop would miss its heartbeats.
-        self.workers.initialized.get()
+        # An all-async actor's __init__ runs on its proc's event loop (Monarch's GRPO trainer
+        # activates its mesh there), where waiting would block the loop: the ops queue behind
+        # each worker's __init__ in its mailbox all the same.
+        if not rt.on_runtime_thread():
+            self.workers.initialized.get()
         self._slices: dict[tuple[int, ...], Any] = {}
         self.dels: deque[tuple[int, frozenset[int]]] = deque()
         self._held: list[tuple[int, frozenset[int]]] = []

@@ -135,7 +135,7 @@ class Casting:
 
     def _direct_now(self, address: str, frame: Any) -> None:
         rt = self._rt
-        (rt._outboxes.get(address) or rt.outbox(address)).send(frame, True)  # (made on first use)
+        (rt.outboxes.get(address) or rt.outbox(address)).send(frame, True)  # (made on first use)
 
     def send(
         self,
@@ -192,7 +192,7 @@ class Casting:
         # What post_actor and _direct_now do without a fence, written out (two calls less
         # per call_one).
         rt = self._rt
-        (rt._outboxes.get(address) or rt.outbox(address)).send(frame, True)
+        (rt.outboxes.get(address) or rt.outbox(address)).send(frame, True)
 
     def _send_direct(
         self,
@@ -221,7 +221,7 @@ class Casting:
         # would do for each rank, that is _direct_now, written out here (a call less per
         # rank).
         rt = self._rt
-        outboxes = rt._outboxes
+        outboxes = rt.outboxes
         for local, frame in zip(local_ranks, frames, strict=True):
             address = addresses[local]
             (outboxes.get(address) or rt.outbox(address)).send(frame, True)
@@ -256,7 +256,7 @@ class Casting:
         the same address starts at 0."""
         direct: list[tuple[str, tuple[int, ...]]] = []
         tree: list[tuple[str, tuple[int, ...]]] = []
-        outboxes = self._rt._outboxes
+        outboxes = self._rt.outboxes
         for entry in dests:
             box = outboxes.get(entry[0])
             if box is not None and box._machine.acked < box.direct_mark:
@@ -431,7 +431,7 @@ class Casting:
         assert isinstance(payload, M.Unpickled)
         for rank in msg.dests[0][1]:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
-            rt._to_actor(actor, M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args))
+            rt.to_actor(actor, M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args))
         if not msg.gather:
             self._ack(msg.up, msg.offset, ())
 
@@ -632,7 +632,7 @@ class TreeNode:
         payload = M.Unpickled(tuple(self.parts))
         for rank in decision.ranks:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
-            rt._to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+            rt.to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
 
     def _answer(self, entries: list[tuple[int, int, Any]]) -> None:
         """(At the sender, gather mode) hand replies to the caller's ``Replies``."""

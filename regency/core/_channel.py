@@ -3,7 +3,10 @@ receiving end (:class:`PortReceiver`) in the process that opened it."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
+from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from . import _messages as M
@@ -85,7 +88,7 @@ class _Inbox:
     failure: BaseException | None = None
 
     def take(self) -> Future[Any]:
-        fut: Future[Any] = Future()
+        fut: Future[Any] = _Received()
         if not self.values and self.failure is not None:
             fut.set_exception(self.failure)
         elif self.values:
@@ -93,6 +96,53 @@ class _Inbox:
         else:
             self.waiters.append(fut)
         return fut
+
+
+#: A receiving loop may take values already queued without a turn of its event loop for at
+#: most this long, or this many values, whichever comes first (a cooperative budget, as
+#: tokio's): see :class:`_Received`.
+BUDGET_S = 0.002
+BUDGET_VALUES = 128
+
+
+class _Budget(threading.local):
+    def __init__(self) -> None:
+        self.since = 0.0
+        self.spent = 0
+
+    def spend(self) -> bool:
+        """True to take one more ready value without yielding."""
+        if self.spent < BUDGET_VALUES and time.perf_counter() - self.since < BUDGET_S:
+            self.spent += 1
+            return True
+        return False
+
+    def renew(self) -> None:
+        self.since, self.spent = time.perf_counter(), 0
+
+
+_budget = _Budget()
+
+
+class _Received(Future[T]):
+    """What :meth:`PortReceiver.recv` returns. Awaiting a value that is already there takes
+    it at once while the loop's budget lasts (``BUDGET_S``, ``BUDGET_VALUES``), and is a
+    turn of the loop (``Future.__await__``) once it is spent. A receiver whose senders keep
+    it busy thus still lets its proc read, acknowledge and send heartbeats every couple of
+    milliseconds, yet does not take a single value per turn of the loop: on a loop whose
+    readers decode a window of frames per turn (``core/_delivery.py``), a receiver that
+    took one value per turn fell ever further behind (Monarch's ``grpo_yield.py``: the
+    trainer waited seconds for each of its first twenty values)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self.done() and _budget.spend():
+            return self._outcome()
+        try:
+            return (yield from Future.__await__(self))
+        finally:
+            _budget.renew()
 
 
 class PortReceiver(Generic[T]):
@@ -104,9 +154,9 @@ class PortReceiver(Generic[T]):
     def recv(self) -> Future[T]:
         """The next value, in order: ``await recv.recv()`` or ``recv.recv().get()``.
 
-        Awaiting it is a turn of the loop even when a value is already queued (every await
-        of a Future is), so a receiver that senders keep busy still lets its proc read,
-        acknowledge and send heartbeats between two values."""
+        Awaiting it takes a value already queued at once for a couple of milliseconds at a
+        time, then lets the loop turn (see :class:`_Received`), so a receiver that senders
+        keep busy still lets its proc read, acknowledge and send heartbeats."""
         if self._rt.on_runtime_thread():  # (an async endpoint, an asyncio task): no hop
             return self._inbox.take()
         fut: Future[T] = Future()

@@ -254,6 +254,27 @@ class ChildProcs:
                     self._child_exited(child, -signal.SIGKILL)
 
 
+    def peer_busy(self, address: str, now: float) -> bool:
+        """Whether the proc at ``address`` is known to be alive and computing: not stopped,
+        and its CPU time advanced within ``heartbeat_timeout`` (the watchdog's "busy, not
+        stuck", ``_check_heartbeats``; ``now`` on the same clock; a proc needs two looks a
+        moment apart, the first says False). Its outbox then waits for its acknowledgements
+        instead of dropping the link (``Outbound.tick``). It can tell for a child started on
+        this host, and for another proc of this host behind a unix socket (a sibling: the
+        process listening at the socket's path); False for what it cannot see: procs on
+        other hosts (their worker watches them), simulated procs."""
+        child = self.children.get(address)
+        if child is not None:
+            handle = child.handle
+            if child.returncode is not None or handle is None or handle.remote:
+                return False
+            pid, window = handle.pid, child.heartbeat_timeout
+        else:
+            pid, window = _listener_pid(address) or 0, self.config.heartbeat_timeout
+        if not pid:
+            return False
+        return self._busy.busy(pid, now, max(window, 1.0))
+
     def _warn_silent(self, child: Child, silent: float, pid: int) -> None:
         """A proc whose event loop stopped answering (no heartbeat for half of
         ``heartbeat_timeout``) is reported as a stall (logger ``regency.stall``) before it
@@ -277,6 +298,76 @@ class ChildProcs:
         elif silent <= limit and child.silence_warned:
             child.silence_warned = False
             stall_log.info("proc %s answers again", child.proc_id)
+
+
+#: Pids of the processes listening at unix socket paths (with their start times, to tell a
+#: reused pid), found by :func:`_listener_pid`.
+_listeners: dict[str, tuple[int, str]] = {}
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data.rsplit(b")", 1)[-1].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _listener_pid(address: str) -> int | None:
+    """The pid of the process of this host listening at ``address`` when it is a unix
+    socket (``unix:///path``), from ``/proc`` (Linux; None elsewhere, or when it cannot be
+    seen: another user's, or nothing listens). A scan of every process's descriptors, so
+    the answer is kept (and checked against the process's start time on later calls)."""
+    if not address.startswith("unix://"):
+        return None
+    path = address[len("unix://") :]
+    known = _listeners.get(path)
+    if known is not None:
+        if _start_time(known[0]) == known[1]:
+            return known[0]
+        del _listeners[path]
+    try:
+        with open("/proc/net/unix") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    inode = None
+    for line in lines:
+        parts = line.split()
+        # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening.
+        if len(parts) >= 8 and parts[7] == path and int(parts[3], 16) & 0x10000:
+            inode = parts[6]
+            break
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    break
+            except OSError:
+                continue
+        else:
+            continue
+        started = _start_time(pid)
+        if started is None:
+            return None
+        if len(_listeners) > 256:
+            _listeners.clear()
+        _listeners[path] = (pid, started)
+        return pid
+    return None
 
 
 async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -> None:

@@ -53,6 +53,19 @@ def _at_least_2(attribute: attrs.Attribute[Any], value: int) -> None:
         raise ValueError(f"{attribute.name} must be an int of at least 2 (got {value!r})")
 
 
+#: Frames after which a receiver acknowledges (``core/_inbound.py`` ``_ACK_EVERY``; a test
+#: keeps the two alike): a send window must be larger.
+ACK_EVERY = 1024
+
+
+def _window(attribute: attrs.Attribute[Any], value: int) -> None:
+    if not (type(value) is int and value > ACK_EVERY):
+        raise ValueError(
+            f"{attribute.name} must be an int above {ACK_EVERY} (receivers acknowledge every "
+            f"{ACK_EVERY} frames; got {value!r})"
+        )
+
+
 def _check_runtime(_: Any, __: Any, value: str) -> None:
     if value not in ("real", "sim"):
         raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
@@ -97,6 +110,21 @@ class Config:
     #: acknowledged) before the proc behind it counts as lost.
     delivery_timeout: float = attrs.field(
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
+    )
+    #: Flow control per destination (docs/supervision.md, "Back-pressure"): frames a
+    #: process keeps in flight to one other process at most, sent and not yet acknowledged.
+    #: Later frames wait in the sender until acknowledgements open the window again. More
+    #: than the 1,024 frames after which receivers acknowledge (else each window would wait
+    #: for the acknowledgement delay). Read when a runtime starts; procs inherit the
+    #: controller's setting.
+    send_window: int = attrs.field(default=2048, validator=lambda _inst, a, v: _window(a, v))
+    #: Bytes of frames a process may hold for one destination beyond the window (a receiver
+    #: that does not keep up). Past it, a send from a thread blocks until acknowledgements
+    #: make room (or the link fails); a send from the runtime's loop (an async endpoint, an
+    #: asyncio task), which must not block, raises ``SendBufferFull`` naming the peer. Nothing
+    #: is dropped. Read when a runtime starts; procs inherit the controller's setting.
+    send_buffer_bytes: int = attrs.field(
+        default=256 << 20, validator=lambda _inst, a, v: _positive(a, v)
     )
     #: Seconds a ``__cleanup__`` may take before it is abandoned.
     cleanup_timeout: float = attrs.field(

@@ -36,6 +36,9 @@ def derive_secret(text: str) -> bytes:
 
 #: Set by ``attach_to_workers(secret=...)`` before the runtime starts.
 secret_override: bytes | None = None
+#: The passphrases of the job secrets this process derived, by secret: a job applied after
+#: the runtime started (``SlurmJob(...).state()``) hands the runtime's to its workers.
+known_passphrases: dict[bytes, str] = {}
 
 
 def job_secret() -> bytes:
@@ -45,15 +48,18 @@ def job_secret() -> bytes:
     if secret_override is not None:
         return secret_override
     text = os.environ.get("REGENCY_SECRET")
-    if text:
-        return derive_secret(text)
-    from ._hosts import user_secret
+    if not text:
+        from ._hosts import user_secret
 
-    try:
-        text = user_secret(create=False)
-    except (OSError, ValueError):
-        text = None  # unusable here; attach_to_workers says why if it needs it
-    return derive_secret(text) if text else secrets.token_bytes(32)
+        try:
+            text = user_secret(create=False)
+        except (OSError, ValueError):
+            text = None  # unusable here; attach_to_workers says why if it needs it
+    if not text:
+        text = secrets.token_hex(32)
+    key = derive_secret(text)
+    known_passphrases[key] = text
+    return key
 
 
 def current_runtime() -> Runtime:

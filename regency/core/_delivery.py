@@ -9,6 +9,15 @@ connection breaks, or goes silent with frames unacknowledged for the delivery ti
 dials again and resends them. When it cannot reconnect, or the peer is known to have exited,
 it gives up: the link is failed and later sends raise.
 
+Flow control: a session keeps at most ``window`` frames (and, past its first frame,
+``window_bytes`` bytes) in flight, sent and not yet acknowledged; frames queued beyond that
+wait in the sender (``pending``) and go out as acknowledgements come. A receiver that falls
+behind thus holds back only what its sender has in flight, and its reader finds its socket
+empty (and lets its loop serve heartbeats and acknowledgements) at least once every window,
+however fast the sender produces. What waits is bounded by the shell: ``has_room`` says
+whether ``buffer_bytes`` allow one more frame (the shell then blocks a thread that sends, or
+raises to a sender on the loop, which cannot wait; see ``Outbox.send``).
+
 * :class:`Outbound` is one sender's session to one destination. Events: :meth:`queued`,
   :meth:`connected`, :meth:`acknowledged`, :meth:`lost`, :meth:`dial_failed`, :meth:`tick`,
   :meth:`give_up`; actions: :class:`Transmit`, :class:`Dial`, :class:`Close`,
@@ -25,12 +34,27 @@ passes in. Errors are values: an event on a failed session returns nothing or ra
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 Link = Any  # a connection, opaque to the machine
 Frame = Any  # a frame, opaque to the machine
+
+#: Frames a session keeps in flight at most (``Config.send_window``). Above the receiver's
+#: ``ack_every`` (1,024 in production), so acknowledgements come before the window closes.
+WINDOW = 2048
+#: Bytes a session keeps in flight at most, past its oldest unacknowledged frame (one frame
+#: bigger than this goes alone). Receivers acknowledge every 256 KiB (``ACK_BYTES``).
+WINDOW_BYTES = 32 << 20
+#: Bytes of frames a sender may hold for one destination beyond the window
+#: (``Config.send_buffer_bytes``).
+BUFFER_BYTES = 256 << 20
+
+
+def _unsized(frame: Frame) -> int:
+    return 0
 
 
 class Stalled(Exception):
@@ -125,7 +149,7 @@ class Outbound:
     #: How many frames of the session the receiver has acknowledged.
     acked: int = 0
     unacked: deque[Frame] = attrs.field(factory=deque)
-    pending: list[Frame] = attrs.field(factory=list)
+    pending: deque[Frame] = attrs.field(factory=deque, converter=deque)
     cause: BaseException | None = None
     #: Since when frames have waited for an acknowledgement that did not come, and how many
     #: were acknowledged then (see :meth:`tick`).
@@ -144,26 +168,74 @@ class Outbound:
     unbegun: Dial | None = None
     attempt: bool = False
     idle_ticks: int = 0
+    #: Flow control (see the module's docstring): frames and bytes in flight at most, and
+    #: bytes that may wait beyond them (``has_room``).
+    window: int = WINDOW
+    window_bytes: int = WINDOW_BYTES
+    buffer_bytes: int = BUFFER_BYTES
+    #: The size of a frame in bytes (the shell's; frames are opaque here).
+    size_of: Callable[[Frame], int] = _unsized
+    #: Bytes of the frames in ``unacked`` and in ``pending``.
+    unacked_bytes: int = 0
+    pending_bytes: int = 0
 
-    def queued(self, frame: Frame) -> _SendNow | Dial | None:
-        """Send ``frame`` (numbered :attr:`queued_count`): :data:`SEND_NOW` when a link is
-        up, a first :class:`Dial`, or None (it waits for the link). Raises
-        :class:`SessionFailed` on a failed session. (``Outbox.send`` writes the connected
-        case out: keep the two alike.)"""
+    def has_room(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes may be queued now: it goes out at once, or it
+        fits the ``buffer_bytes`` that may wait for the window (or nothing waits: one frame
+        bigger than the whole buffer still goes, alone). A failed session has room: queuing
+        raises its error."""
+        return (
+            not self.pending
+            or self.pending_bytes + size <= self.buffer_bytes
+            or self.state == FAILED
+        )
+
+    def _fits(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes may go out now without exceeding the window."""
+        unacked = self.unacked
+        return not unacked or (
+            len(unacked) < self.window and self.unacked_bytes + size <= self.window_bytes
+        )
+
+    def queued(self, frame: Frame, size: int = 0) -> _SendNow | Dial | None:
+        """Send ``frame`` of ``size`` bytes (numbered :attr:`queued_count`): :data:`SEND_NOW`
+        when a link is up and the window open, a first :class:`Dial`, or None (it waits
+        for the link or the window). Raises :class:`SessionFailed` on a failed session.
+        (``Outbox.send`` writes the connected case out: keep the two alike.)"""
         state = self.state
         # Counted before queued (see Outbox.send): never behind what is queued.
-        if state == CONNECTED:
+        if state == CONNECTED and not self.pending and self._fits(size):
             self.queued_count += 1
             self.unacked.append(frame)
+            self.unacked_bytes += size
             return SEND_NOW
         if state == FAILED:
             assert self.cause is not None
             raise SessionFailed(self.cause)
         self.queued_count += 1
         self.pending.append(frame)
+        self.pending_bytes += size
         if state == IDLE:
             return self._dial(True)
         return None
+
+    def _admit(self) -> list[Frame]:
+        """Move what the window now allows from ``pending`` to ``unacked``; returns it."""
+        pending = self.pending
+        moved: list[Frame] = []
+        size_of = self.size_of
+        while pending:
+            size = size_of(pending[0])
+            if not self._fits(size):
+                break
+            frame = pending.popleft()
+            self.unacked.append(frame)
+            self.unacked_bytes += size
+            self.pending_bytes -= size
+            moved.append(frame)
+        if not pending:
+            self.pending_bytes = 0
+        return moved
 
     def withdraw(self, frame: Frame) -> None:
         """``frame``, just queued to a link, was not written at all (its write failed with
@@ -172,6 +244,7 @@ class Outbound:
         unacked = self.unacked
         if unacked and unacked[-1] is frame:
             unacked.pop()
+            self.unacked_bytes = max(0, self.unacked_bytes - self.size_of(frame))
             self.queued_count -= 1
 
     def _dial(self, first: bool, cause: BaseException | None = None) -> Dial:
@@ -197,27 +270,36 @@ class Outbound:
             return [Close(link, "the session failed meanwhile")]
         if self.state != DIALING:
             raise RuntimeError(f"connected while {self.state} (no dial was out)")
-        # Everything queued joins the session first, so a write failing part-way loses
-        # nothing: what did not go out is resent by the next attempt, in order.
-        self.unacked.extend(self.pending)
-        self.pending.clear()
+        # What the window allows of what queued joins the session first, so a write failing
+        # part-way loses nothing: what did not go out is resent by the next attempt, in
+        # order. (What was unacknowledged is resent whatever the window.)
+        self._admit()
         self.state, self.link = CONNECTED, link
         self.stalled_since = None
         self.unbegun, self.attempt = None, False
         return [Transmit(link, tuple(self.unacked), resume_at=self.acked)]
 
-    def acknowledged(self, count: int) -> None:
-        """The receiver handled the session's first ``count`` frames."""
+    def acknowledged(self, count: int) -> list[Action]:
+        """The receiver handled the session's first ``count`` frames: a :class:`Transmit`
+        of what waited for the window, when it now opens."""
         unacked = self.unacked
         n = min(count - self.acked, len(unacked))
         if n <= 0:
-            return
+            return []
         if n == len(unacked):
             unacked.clear()  # the usual acknowledgement: everything sent so far
+            self.unacked_bytes = 0
         else:
+            size_of, freed = self.size_of, 0
             for _ in range(n):
-                unacked.popleft()
+                freed += size_of(unacked.popleft())
+            self.unacked_bytes = max(0, self.unacked_bytes - freed)
         self.acked += n
+        if self.pending and self.state == CONNECTED:
+            frames = self._admit()
+            if frames:
+                return [Transmit(self.link, tuple(frames))]
+        return []
 
     def lost(self, link: Link, cause: BaseException) -> list[Action]:
         """``link`` broke. A stale link (an older connection) changes nothing."""
@@ -240,13 +322,34 @@ class Outbound:
         self.unbegun, self.attempt = None, False
         self.pending.clear()
         self.unacked.clear()
+        self.pending_bytes = self.unacked_bytes = 0
         actions.append(GiveUp(cause))
         return actions
 
-    def tick(self, now: float, timeout: float) -> list[Action]:
+    def stalled_for(self, now: float) -> float:
+        """Seconds the connection's frames have waited for an acknowledgement that did not
+        come, as of the last :meth:`tick` (0 when none wait). The shell asks, past a part
+        of the timeout, whether the peer is busy (which costs a look at the process), so
+        that :meth:`tick` can be told when the timeout comes."""
+        if (
+            self.state != CONNECTED
+            or not self.unacked
+            or self.stalled_since is None
+            or self.acked != self.stalled_at
+        ):
+            return 0.0
+        return now - self.stalled_since
+
+    def tick(self, now: float, timeout: float, peer_busy: bool = False) -> list[Action]:
         """Called periodically: a connection whose frames have gone unacknowledged for
         ``timeout`` is dead even if nothing said so (a silent network cut); drop it and
         dial again. A live receiver acknowledges well within ``timeout``.
+
+        ``peer_busy``: the peer is known to be alive and computing (its CPU time advances
+        and it is not stopped, though it is silent: a long call holding its GIL; see
+        ``core/_liveness.py``). Its loop will read and acknowledge when the call returns,
+        and a new connection would not be answered before either: the connection is kept
+        and the wait starts over.
 
         A session that has waited for a connection for two ticks with no attempt begun
         dials again: the Dial handed out and lost (see :attr:`unbegun`; if it was only
@@ -271,6 +374,9 @@ class Outbound:
             return []
         waited = now - self.stalled_since
         if waited < timeout:
+            return []
+        if peer_busy:
+            self.stalled_since = now
             return []
         self.stalled_since = None
         link = self.link

@@ -253,6 +253,18 @@ def secret_text(create: bool = True) -> str:
     return user_secret(create) or ""
 
 
+def job_passphrase() -> str | None:
+    """The passphrase of the job secret this controller's runtime runs with, for the workers
+    of a job applied now (``SlurmJob``, ``ProcessJob``): one controller, several jobs, all on
+    its one secret, so that every proc of every job can reach every other. None when Regency
+    has not started in this process (the job draws its own secret, which this process then
+    adopts) or its secret came as bytes (``attach_to_workers(secret=b"...")``)."""
+    rt = _current.current_runtime_or_none()
+    if rt is None:
+        return None
+    return _controller.known_passphrases.get(rt.secret)
+
+
 def attach_to_workers(
     workers: Sequence[str] | None = None,
     secret: str | bytes | None = None,
@@ -267,7 +279,9 @@ def attach_to_workers(
 
     Two forms: Regency's ``attach_to_workers(workers, secret=None, lease=None)`` and Monarch's
     ``attach_to_workers(workers=..., ca="trust_all_connections", private_key=None, name=None)``.
-    Worker addresses are ``tcp://``, ``nng+tcp://`` or ``nng+tls+tcp://`` ``HOST:PORT``. Links
+    Worker addresses are ``tcp://``, ``nng+tcp://`` or ``nng+tls+tcp://`` ``HOST:PORT``, a
+    unix socket ``ipc:///PATH`` (a worker on this machine) or an alias ``DIAL@BIND`` (the
+    worker is dialled, and named, at DIAL; see :mod:`._worker_address`). Links
     to and between procs on other hosts use ``configure(default_transport=...)`` when that is
     one of these three, else the scheme of the first worker's address.
     ``secret`` (else ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
@@ -289,7 +303,11 @@ def attach_to_workers(
         raise TypeError(f"{what}: workers must be a list of addresses, not one string ({workers!r})")
     if not workers:
         raise ValueError(f"{what} needs at least one worker address")
-    parsed = [parse_host_address(address, "worker addresses")[1:] for address in workers]
+    from ._worker_address import dial_address
+
+    # A worker is known by the address a controller dials (an alias's DIAL; a unix socket's
+    # unix:///PATH for Monarch's ipc:///PATH).
+    workers = [dial_address(address, "worker addresses") for address in workers]
     key: bytes | None
     if isinstance(secret, bytes):
         key = secret
@@ -300,16 +318,22 @@ def attach_to_workers(
     if key is not None:
         if _current.current_runtime_or_none() is None:
             _controller.secret_override = key
+            if isinstance(secret, str):
+                _controller.known_passphrases[key] = secret
         elif current_runtime().secret != key:
             raise RuntimeError(
-                "attach_to_workers(secret=...) must come before anything else starts Regency "
-                "in this process (or set REGENCY_SECRET before starting)"
+                f"{what}: these workers' secret (secret=...) is not the one this process "
+                "started Regency with; a job applied after Regency started gets this "
+                "process's secret (job_passphrase()), so attach before anything else starts "
+                "Regency here, or set REGENCY_SECRET before starting"
             )
     elif _controller.secret_override is None and not os.environ.get("REGENCY_SECRET", "").strip():
         # Workers this user started on this machine share the per-user secret file.
-        key = derive_secret(secret_text())
+        text = secret_text()
+        key = derive_secret(text)
         if _current.current_runtime_or_none() is None:
             _controller.secret_override = key
+            _controller.known_passphrases[key] = text
         elif current_runtime().secret != key:
             raise RuntimeError(
                 f"{what}: Regency started in this process before the per-user job secret "
@@ -330,8 +354,15 @@ def attach_to_workers(
         # Our procs on other hosts must be able to reach us: listen on the interface that
         # routes to the first worker, on the job's host transport, and make that our address
         # from now on (shutting the last host down made it the local one again).
-        hosts.scheme = remote_scheme(rt.config.default_transport, workers[0])
-        where = (hosts.scheme, _local_ip_towards(*parsed[0]))
+        first = workers[0]
+        if first.startswith("unix://"):
+            # A unix-socket worker is on this machine: its procs listen on 127.0.0.1.
+            hosts.scheme = remote_scheme(rt.config.default_transport, "tcp://127.0.0.1:1")
+            where = (hosts.scheme, "127.0.0.1")
+        else:
+            hosts.scheme = remote_scheme(rt.config.default_transport, first)
+            _, first_host, first_port = parse_host_address(first, "worker addresses")
+            where = (hosts.scheme, _local_ip_towards(first_host, first_port))
         if where in hosts.listening:
             trio.from_thread.run_sync(
                 setattr, rt, "address", hosts.listening[where], trio_token=rt.token
@@ -414,9 +445,12 @@ def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
     return launcher
 
 
-def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
-    """Stop our procs on these hosts and detach from their workers; once no worker is left,
-    this runtime's address is its local one again."""
+def shutdown_hosts(
+    rt: Runtime, refs: Sequence[HostRef], *, keep_workers: bool = False
+) -> Future[None]:
+    """Stop our procs on these hosts and detach from their workers (which exit, if they are
+    ``run_worker_loop_forever`` ones, unless ``keep_workers``: ``HostMesh.stop()``); once no
+    worker is left, this runtime's address is its local one again."""
     from ._children import _stop_procs
 
     done: Future[None] = Future()
@@ -438,7 +472,7 @@ def shutdown_hosts(rt: Runtime, refs: Sequence[HostRef]) -> Future[None]:
             if state.workers.pop(worker, None) is not None:
                 try:
                     # shutdown=True: a run_worker_loop_forever worker exits.
-                    rt.post(worker, M.Detach(rt.address, shutdown=True))
+                    rt.post(worker, M.Detach(rt.address, shutdown=not keep_workers))
                 except Exception:
                     pass
                 state.ports.pop(worker, None)

@@ -93,8 +93,8 @@ class InboundSink:
         in ``Future.get`` or an idle actor thread waiting for its next message. Replies,
         and calls to actors that have a thread, are handled here as the loop would handle
         them; False leaves any other frame to the loop (the thread hands the connection back
-        with the frame unread, so the loop handles it in order). The simulator offers every
-        frame here first, on its loop, so simulations run this code."""
+        with the frame unread, so the loop handles it in order). A simulation's threads read
+        through here too (sim/_leading.py)."""
         receiver = self._receiver
         size = len(frame)
         if receiver.state is None or size < _REPLY_FIELDS_BYTES:
@@ -163,7 +163,7 @@ class InboundSink:
                         if cell is not None:
                             cell.accept(call)
                         else:
-                            rt._to_actor(call.actor, call)
+                            rt.to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)
                         rt._reply(port_id, reply_index, status, _reply_value(frame), handler)
                     else:
@@ -194,7 +194,7 @@ class InboundSink:
         """An error out of handling a frame on a thread, once that frame counts as taken:
         the reading thread raises it once it has put the connection in order (``Leader``
         checks :data:`deferred` after each read), so the frame is not handled twice. On the
-        loop (the simulator's delivery) it is raised at once."""
+        loop it is raised at once."""
         if self._rt.on_runtime_thread():
             raise exc
         deferred.error = exc
@@ -205,13 +205,15 @@ class InboundSink:
         msg = _codec.decode(frame)
         if type(msg) is Session:
             # raises for a forgotten session
-            state = self._rt.session_opened(msg.session, msg.first)
+            sessions = self._rt.inbound
+            state = sessions.opened(msg.session, msg.first)
             previous = self._receiver.started(msg.session, msg.first, state)
             if previous is not None:
-                self._rt.session_closed(previous)
+                sessions.closed(previous)
             self._conn = conn
-            if hasattr(conn, "lead"):  # threads waiting for replies may read it
-                self._rt.leadable[id(self)] = conn
+            readable = transports.thread_readable(conn)
+            if readable is not None:  # threads waiting for replies may read it
+                sessions.leadable[id(self)] = readable
         else:
             self._rt.dispatch(msg)  # a peer without sessions (tests, tools)
 
@@ -233,10 +235,11 @@ class InboundSink:
         elif not self._ack_pending:
             self._ack_pending = True
             rt = self._rt
+            sessions = rt.inbound
             if on_loop:
-                rt.ack_later(self)
-            elif not rt.join_scheduled_ack(self):
-                rt.call_soon(lambda: rt.ack_later(self))
+                sessions.ack_later(self)
+            elif not sessions.join_scheduled_ack(self):
+                rt.call_soon(lambda: sessions.ack_later(self))
 
     def ack(self) -> None:
         with self._rt.dispatch_lock:
@@ -272,87 +275,70 @@ class InboundSink:
 
     def connection_lost(self, conn: transports.Connection, exc: BaseException | None) -> None:
         self._conn = None
-        self._rt.leadable.pop(id(self), None)
+        sessions = self._rt.inbound
+        sessions.leadable.pop(id(self), None)
         session = self._receiver.ended()
         if session is not None:
-            self._rt.session_closed(session)
+            sessions.closed(session)
 
 
 class InboundSessions:
-    """The runtime's inbound sessions (a part of :class:`Runtime`)."""
+    """The runtime's inbound sessions (a component of :class:`Runtime`, ``rt.inbound``):
+    which frames of each session were handled (:class:`~._delivery.SessionTable`), when
+    their acknowledgements go out (batched), and which inbound connections a waiting thread
+    may read (``core/_leader.py``)."""
 
-    config: Config
-    nursery: trio.Nursery
-    env: Environment
-    _sessions_in: SessionTable
-    _to_ack: dict[int, InboundSink]  # insertion-ordered: deterministic
-    _ack_scheduled: bool
-    #: Held while a frame is handled, on the loop or on a thread reading its own reply.
-    dispatch_lock: threading.RLock
-    #: Inbound connections a waiting thread may read (``core/_leader.py``), by sink.
-    leadable: dict[int, Any]
-
-
-    def call_soon(self, fn: Callable[[], Any]) -> None:  # provided by Runtime
-        raise NotImplementedError
-
-    def on_frame(self, frame: memoryview) -> None:  # provided by Runtime
-        raise NotImplementedError
-
-    ports: dict[int, Any]
-    actors: dict[str, Any]
-
-    def _reply(  # provided by PortTable
-        self, port_id: int, index: int, status: int, value: Any, handler: Any = None
+    def __init__(
+        self,
+        config: Config,
+        env: Environment,
+        dispatch_lock: threading.RLock,
+        start_soon: Callable[[Callable[[], Any]], None],
     ) -> None:
-        raise NotImplementedError
-
-    def threaded_actor(self, key: str) -> bool:  # provided by Runtime
-        raise NotImplementedError
-
-    def on_runtime_thread(self) -> bool:  # provided by Runtime
-        raise NotImplementedError
-
-    def _to_actor(self, key: str, item: Call) -> None:  # provided by Runtime
-        raise NotImplementedError
-
-    def _init_inbound_sessions(self) -> None:
-        self.dispatch_lock = threading.RLock()
-        self.leadable = {}
-        self._sessions_in = SessionTable()
-        self._to_ack = {}
-        self._ack_scheduled = False
+        self._config = config
+        self._ack_delay = env.ack_delay
+        #: Held while a frame is handled, on the loop or on a thread reading its own reply
+        #: (the runtime's).
+        self._dispatch_lock = dispatch_lock
+        self._start_soon = start_soon
+        #: Inbound connections a waiting thread may read, by sink.
+        self.leadable: dict[int, transports.ThreadReadable] = {}
+        self._table = SessionTable()
+        self._to_ack: dict[int, InboundSink] = {}  # insertion-ordered: deterministic
+        #: A flush of acknowledgements is scheduled (the simulator's ticker looks).
+        self.ack_scheduled = False
 
     @property
     def delivered(self) -> dict[str, _Inbound]:
         """The inbound sessions this runtime remembers, by id."""
-        return self._sessions_in.sessions
+        return self._table.sessions
 
-    def session_opened(self, session: str, first: int) -> _Inbound:
+    def opened(self, session: str, first: int) -> _Inbound:
         """A connection of inbound ``session`` started at frame ``first``. A session
         resumed after this runtime forgot it cannot be taken (``ValueError``): which of its
         frames were handled is no longer known."""
-        return self._sessions_in.opened(session, first)
+        return self._table.opened(session, first)
 
-    def session_closed(self, session: str) -> None:
-        self._sessions_in.closed(session, trio.current_time())
+    def closed(self, session: str) -> None:
+        self._table.closed(session, trio.current_time())
 
-    def _forget_idle_sessions(self, now: float) -> None:
+    def forget_idle(self, now: float) -> None:
         """Drop sessions that cannot come back: a sender gives up reconnecting
         ``delivery_timeout`` after it noticed its link broke, which can be up to
         ``delivery_timeout`` (plus a watchdog tick) after we noticed; after three times that
         no resend of theirs can arrive."""
-        horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
-        self._sessions_in.expire(now, horizon)
+        config = self._config
+        horizon = 3 * config.delivery_timeout + 2 * config.heartbeat_interval
+        self._table.expire(now, horizon)
 
     def ack_later(self, sink: InboundSink) -> None:
         """Acknowledge ``sink``'s frames within ``ack_delay`` (on the trio thread)."""
-        with self.dispatch_lock:  # (a thread that reads may join a scheduled flush)
+        with self._dispatch_lock:  # (a thread that reads may join a scheduled flush)
             self._to_ack[id(sink)] = sink
-            if self._ack_scheduled:
+            if self.ack_scheduled:
                 return
-            self._ack_scheduled = True
-        self.nursery.start_soon(self._flush_acks)
+            self.ack_scheduled = True
+        self._start_soon(self._flush_acks)
 
     def join_scheduled_ack(self, sink: InboundSink) -> bool:
         """From a thread that read ``sink``'s frames, holding the dispatch lock: add it to
@@ -360,15 +346,15 @@ class InboundSessions:
         waking the loop; False when none is (the caller schedules one on the loop). While
         frames flow, a thread that acknowledges every ``ack_every`` frames would otherwise
         wake the loop once per that many frames to schedule the next one."""
-        if not self._ack_scheduled:
+        if not self.ack_scheduled:
             return False
         self._to_ack[id(sink)] = sink
         return True
 
     async def _flush_acks(self) -> None:
-        await trio.sleep(self.env.ack_delay)
-        with self.dispatch_lock:  # sinks that joined on a thread are in, or see it unscheduled
-            self._ack_scheduled = False
+        await trio.sleep(self._ack_delay)
+        with self._dispatch_lock:  # sinks that joined on a thread are in, or see it unscheduled
+            self.ack_scheduled = False
             sinks, self._to_ack = self._to_ack, {}
         for sink in sinks.values():
             sink.ack()

@@ -40,8 +40,8 @@ import queue
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -117,6 +117,58 @@ class Bell:
         os.close(self.fd)
 
 
+class Polling(Protocol):
+    """The leader's I/O and blocking, injected (the environment's): production's polls
+    descriptors with ``select.poll`` and rings an ``eventfd``; the simulator's
+    (``regency.sim._leading``) waits in lockstep with its loop, in virtual time, on the
+    simulated network's connections."""
+
+    #: Whether a waiting thread may spin before it sleeps (core/_spin.py).
+    spins: bool
+    #: Whether its threads run freely (False: in lockstep with a simulation's loop).
+    runs_freely: bool
+
+    def bell(self) -> Any:
+        """A new doorbell for the calling thread: ``fd``, ``owner``, ``ring()``,
+        ``drain()``."""
+        ...
+
+    def poller(self) -> Any:
+        """A new poll set: ``register(fd, mask)``, ``unregister(fd)``, ``poll(ms)`` (a list
+        of ``(fd, events)``; ``ms`` None waits until something is ready, 0 not at all)."""
+        ...
+
+    def block(self, fut: Future[Any], timeout: float | None) -> None:
+        """Wait for ``fut`` while the loop reads for this thread (``TimeoutError``)."""
+        ...
+
+    def wait_on_loop(self, fut: Future[Any]) -> Awaitable[None]:
+        """``await fut`` on this thread's event loop."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds, for deadlines."""
+        ...
+
+
+class OsPolling:
+    """Production's: ``select.poll`` over the sockets and an ``eventfd`` doorbell."""
+
+    spins = True
+    runs_freely = True
+    bell = Bell
+    poller = staticmethod(select.poll)
+    block = staticmethod(block)
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def wait_on_loop(fut: Future[Any]) -> Awaitable[None]:
+        return fut.wait_on_loop()
+
+
+OS_POLLING = OsPolling()
+
+
 class _Reading:
     """What one thread keeps between the waits in which it reads: its doorbell, and the
     poll set of the connections it led last time with that bell (kept while the same
@@ -154,13 +206,15 @@ class _Threads(threading.local):
 
 class Leader:
     """One runtime's side of leader/follower: the :class:`~regency.core._waiting.Waiter`
-    of its threads, and of the process's other threads while it serves."""
+    of its threads, and of the process's other threads while it serves (production's; the
+    simulator's, on lockstep I/O, serves only the simulation's threads)."""
 
-    serves_any_thread = True
-    runs_freely = True
-
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, polling: Polling = OS_POLLING) -> None:
         self._rt = runtime
+        self._polling = polling
+        self._monotonic = polling.monotonic
+        #: (The Waiter's: core/_waiting.py.)
+        self.runs_freely = self.serves_any_thread = polling.runs_freely
         self._threads = _Threads()
         #: False: threads wait as before, the loop reads everything (``thread_reads=False``
         #: sets it at start; benchmarks/bench_actors.py flips it to compare in one run).
@@ -176,9 +230,9 @@ class Leader:
         #: use it to act while a thread is the reader).
         self.on_lead: Callable[[], None] | None = None
         #: Seconds a waiting thread polls before it sleeps (``spin_us``, core/_spin.py).
-        self.spin = spin_limit(runtime.config.spin_us)
+        self.spin = spin_limit(runtime.config.spin_us) if polling.spins else 0.0
         self._gauge = cpu_gauge()
-        #: proc address -> (its key in ``runtime.leadable``, the inbound connection its
+        #: proc address -> (its key in ``runtime.inbound.leadable``, the inbound connection its
         #: replies came on), learned by waiting threads (:meth:`_lead`'s ``via``).
         self._from: dict[str, tuple[int, Any]] = {}
         #: A fan-out's sender sets its connections aside for its ``get()``, and that wait
@@ -221,7 +275,7 @@ class Leader:
     def _bell(self, local: _Reading) -> Bell:
         bell = local.bell
         if bell is None:
-            bell = local.bell = Bell()
+            bell = local.bell = self._polling.bell()
         return bell
 
     def wait(self, fut: Future[Any], timeout: float | None) -> None:
@@ -242,7 +296,7 @@ class Leader:
 
         def rest(left: float | None) -> None:
             try:
-                block(fut, left)
+                self._polling.block(fut, left)
             except TimeoutError:
                 raise TimeoutError(f"future not resolved within {timeout} s") from None
 
@@ -259,7 +313,7 @@ class Leader:
         """``await fut`` on this thread's loop: the loop reads for it meanwhile, so what
         threads set aside goes back to the loop (:meth:`loop_waiting`)."""
         with self.loop_waiting():
-            await fut.wait_on_loop()
+            await self._polling.wait_on_loop(fut)
 
     def mailbox(self) -> LeadingMailbox:
         """An actor thread's mailbox whose ``get`` reads the sockets while it is empty."""
@@ -276,7 +330,7 @@ class Leader:
         if kept is not None:
             local.poller = kept[0]
             return kept
-        poller = select.poll()
+        poller = self._polling.poller()
         by_fd = {}
         for conn in taken:
             by_fd[conn.fileno()] = conn
@@ -372,7 +426,7 @@ class Leader:
         while True:
             seen = self.holds
             await trio.sleep(HOLD)
-            conns = list(rt.leadable.values())
+            conns = list(rt.inbound.leadable.values())
             for conn in conns:
                 if stamps.get(id(conn), 0) <= seen:
                     conn.reclaim()
@@ -398,7 +452,7 @@ class Leader:
         with self._waiters_lock:
             self._loop_waiters += 1
         try:
-            for conn in list(self._rt.leadable.values()):
+            for conn in list(self._rt.inbound.leadable.values()):
                 conn.reclaim()
             yield
         finally:
@@ -408,7 +462,7 @@ class Leader:
     def _take(self) -> list[Any]:
         """Lead this runtime's inbound connections whose reader is idle: those taken ([]
         when there are none, or more than ``MAX_LED``)."""
-        conns = list(self._rt.leadable.values())
+        conns = list(self._rt.inbound.leadable.values())
         if len(conns) > MAX_LED:
             return []
         taken = []
@@ -425,7 +479,7 @@ class Leader:
         if known is None:
             return None
         key, conn = known
-        leadable = self._rt.leadable
+        leadable = self._rt.inbound.leadable
         if key not in leadable or leadable[key] is not conn:  # closed, or replaced
             self._from.pop(address, None)
             return None
@@ -434,7 +488,7 @@ class Leader:
     def _learn(self, address: str, conn: Any) -> None:
         """A reply from the proc at ``address`` came on ``conn``: the next wait for one
         leads only that connection."""
-        for key, leadable in self._rt.leadable.items():
+        for key, leadable in self._rt.inbound.leadable.items():
             if leadable is conn:
                 if len(self._from) >= _KNOWN_PROCS:
                     self._from.clear()
@@ -531,7 +585,8 @@ class Leader:
             self.led += 1
             if only_via:
                 self.led_one += 1
-            deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+            monotonic = self._monotonic
+            deadline = None if timeout is None else monotonic() + max(timeout, 0.0)
             poller, by_fd = self._poll_set(taken, bell, local)
             on_lead = self.on_lead
             if on_lead is not None:
@@ -554,7 +609,7 @@ class Leader:
             while not done():
                 waited = True
                 if deadline is not None:
-                    left = deadline - time.monotonic()
+                    left = deadline - monotonic()
                     if left <= 0:
                         raise TimeoutError(f"future not resolved within {timeout} s")
                     ms = math.ceil(left * 1000)
@@ -580,7 +635,7 @@ class Leader:
                 if not taken and not done():
                     # Nothing left to read here: wait as any thread does, for the time left.
                     with self.loop_waiting():
-                        rest(None if deadline is None else deadline - time.monotonic())
+                        rest(None if deadline is None else deadline - monotonic())
                     break
             if via is not None:
                 if read_by is not None:

@@ -54,10 +54,10 @@ from ._endpoint import Actor, EndpointSpec, endpoints_of
 from ._errors import RemoteFailure, SupervisionError
 from ._executor import Mailbox
 from ._future import Future
-from ._metrics import actor_stats
+from ._metrics import actor_stats, frame_bytes
 from ._shape import Extent, Point
 from ._spin import SpinPolicy, spin_limit
-from ._stacks import RECENT, Handled, outcome_of, stall_ended
+from ._stacks import RECENT, handled, outcome_of, stall_ended
 from ._trace import actor_track
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ log = logging.getLogger("regency.actor")
 _ABANDON = M.Abandon()
 #: A handled call's outcome when it returned (the flight recorder's common case).
 _RETURNED = "returned"
+_NEVER = -math.inf  # Call.queued_at of a call not stamped
 
 #: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
 _NEXT = object()  # the next mailbox item
@@ -98,6 +99,28 @@ class _Bounded(NamedTuple):
 
     fn: Callable[[], None]
     timeout: float
+
+
+class Handling:
+    """What an actor handles now: written by its driver (its thread, or the loop for an
+    all-async actor), read from other threads (stacks, the stall watch, a trace). Slots: the
+    mailbox loop writes them for each call."""
+
+    __slots__ = ("call", "outcome", "started", "watched")
+
+    def __init__(self, watched: bool) -> None:
+        #: The call being handled, None while idle. Written after ``started``: a reader
+        #: that sees a call, then reads ``started``, reads its start (or a later call's).
+        self.call: M.Call | None = None
+        self.started = 0.0
+        #: How the call being handled ended, when not by returning (set where it raised,
+        #: with ``watched``).
+        self.outcome = _RETURNED
+        #: Whether the mailbox loop must look at the call when it ends
+        #: (``ActorCell._handled``): it did not return, a trace is on, or the stall watch
+        #: warned. Set by any of them (a trace's and the watch's from the loop:
+        #: ``ActorCell.watch``), cleared by the actor's driver.
+        self.watched = watched
 
 
 def _point(spec: tuple[int, Sequence[str], Sequence[int]]) -> Point:
@@ -165,19 +188,22 @@ class ActorCell:
         # simulator), the call being handled and when it started, the last calls handled
         # (the flight recorder), the actor thread, the coroutine of a running async call.
         self._clock = runtime.env.clock
-        #: (call, started) of the message being handled; None while idle.
-        self.busy: tuple[M.Call, float] | None = None
+        #: The call being handled, when it started, how it ended (see ``busy``).
+        self.now = Handling(runtime.trace is not None)
         #: With metrics on (``config.metrics``), this actor's statistics per endpoint
         #: (core/_metrics.py); None while off.
         self._metrics = actor_stats(runtime, self, table)
-        #: The last RECENT calls handled: (endpoint, reply port, queued, started, finished,
-        #: outcome), oldest first. With metrics on, the statistics are this deque: they
-        #: count each call as it is recorded (no test per call while metrics are off).
+        #: The flight recorder: the last RECENT calls handled, oldest first, as raw tuples
+        #: (endpoint, reply port, queued, started, finished, outcome): the mailbox loop
+        #: builds one tuple per call; readers make records of them (core/_stacks.py).
+        #: ``queued`` is -inf for a call that was not stamped (then read as ``started``).
+        #: With metrics on, the statistics are this deque: they count each call as it is
+        #: recorded (no test per call while metrics are off).
         self.recent: deque[tuple[str, Any, float, float, float, str]] = (
             deque(maxlen=RECENT) if self._metrics is None else self._metrics
         )
-        #: How the call being handled ended, when not by returning (set where it raised).
-        self._outcome = _RETURNED
+        if self._metrics is not None:  # replies whose bytes are counted
+            self.__dict__["_succeeded"] = self._succeeded_metered
         #: The ident of the actor's thread (an actor with a thread), once it runs.
         self.thread_ident: int | None = None
         #: The coroutine of the async endpoint running now, if any (its await chain).
@@ -212,6 +238,18 @@ class ActorCell:
             else 0.0
         )
         self._spinner: SpinPolicy | None = None
+
+    @property
+    def busy(self) -> tuple[M.Call, float] | None:
+        """(call, started) of the call being handled; None while idle."""
+        now = self.now
+        call = now.call
+        return None if call is None else (call, now.started)
+
+    def watch(self) -> None:
+        """Have the mailbox loop tell each handled call to ``_handled`` (a trace began, or
+        the stall watch warned about the call running): any thread."""
+        self.now.watched = True
 
     # -- mailbox -------------------------------------------------------------------------
 
@@ -396,34 +434,40 @@ class ActorCell:
 
     def _main(self) -> Generator[Any, Any, None]:
         """The mailbox loop: construct, then handle one message at a time until death or
-        stop."""
+        stop.
+
+        The flight recorder costs a call one clock read (when it ended), its queued stamp
+        (``Call.queued_at``, put by the mailbox), two slot writes and one tuple: its start
+        is when the actor could take it, the later of its queueing and the end of what the
+        actor handled before (``free``), read from no clock; its endpoint and reply port
+        are read once, for the handler and the recorder alike. Nothing is formatted here:
+        readers make records of the tuples (core/_stacks.py)."""
         alive = self._init()
-        clock, record = self._clock, self.recent.append
+        clock, record, now = self._clock, self.recent.append, self.now
+        free = clock()  # when the actor last became free to take a message
         while alive:
             item: M.MailboxItem = yield _NEXT
             match item:
                 case M.Call():
-                    started = clock()
-                    self.busy = (item, started)
-                    rest = self._call(item)  # None: handled (most calls: no generator)
+                    method, port, queued = item.method, item.port, item.queued_at
+                    started = queued if queued > free else free
+                    now.started = started
+                    now.call = item
+                    rest = self._call(item, method, port)  # None: handled (most calls)
                     if rest is not None:
                         alive = yield from rest
                         if self._metrics is not None:  # (a call of a concurrent endpoint
                             # is counted when its own task ends, not as it is handed over)
-                            self._metrics.handed_over(item.method, started)
-                    # The flight recorder (written out here: a call less per message).
-                    end = clock()
-                    self.busy = None
-                    outcome = self._outcome
-                    queued = item.__dict__.get("queued_at", started)
-                    record((item.method, item.port, queued, started, end, outcome))
-                    if outcome is not _RETURNED:
-                        self._outcome = _RETURNED
-                    if self.stall_warned or self.rt.trace is not None:
-                        self._handled(item, queued, started, end, outcome)
+                            self._metrics.handed_over(method, started)
+                    free = clock()
+                    now.call = None
+                    record((method, port, queued, started, free, now.outcome))
+                    if now.watched:
+                        self._handled(item, queued, started, free)
                     del item, rest  # idle until the next message: keep nothing of this one
                 case M.Supervise():
                     yield from self._supervise(item.failure)
+                    free = clock()
                 case M.Escalate():
                     yield from self._die(item.cause, None)
                     return
@@ -435,13 +479,17 @@ class ActorCell:
                 case _:
                     assert_never(item)
 
-    def _handled(
-        self, item: M.Call, queued: float, started: float, end: float, outcome: str
-    ) -> None:
-        """A call handled while tracing, or after a stall warning (the rare cases)."""
+    def _handled(self, item: M.Call, queued: float, started: float, end: float) -> None:
+        """A call handled while watched (``Handling.watched``): it did not return, a trace
+        is on, or the stall watch warned about it. The rare cases."""
+        now = self.now
+        outcome = now.outcome
+        now.outcome = _RETURNED
+        now.watched = False  # (before the tests: a watch() meanwhile is not lost)
         trace = self.rt.trace
         if trace is not None:
-            trace.handled(self, item, queued, started, end, outcome)
+            now.watched = True
+            trace.handled(self, item, queued if queued > _NEVER else started, started, end, outcome)
         if self.stall_warned:
             self.stall_warned = 0
             stall_ended(self, item.method, end - started)
@@ -538,14 +586,17 @@ class ActorCell:
             ctx = self._last_context = Context(self.instance, spec=spec)
         return ctx
 
-    def _call(self, item: M.Call) -> Generator[Any, Any, bool] | None:
-        """Handle one call. A sync endpoint runs here, to its reply: None. What must wait
-        or await (an async or concurrent endpoint, a coroutine to await, the actor's death)
-        goes on in the generator returned, whose result says whether the actor lives.
+    def _call(
+        self, item: M.Call, method: str, port: M.PortRef | None
+    ) -> Generator[Any, Any, bool] | None:
+        """Handle one call (``method`` and ``port``: its own, read once by the mailbox
+        loop). A sync endpoint runs here, to its reply: None. What must wait or await (an
+        async or concurrent endpoint, a coroutine to await, the actor's death) goes on in
+        the generator returned, whose result says whether the actor lives.
 
         The common case (a sync endpoint that returns) is a plain call, not a generator of
         its own: it costs each message of a pipelined burst no generator, no delegation."""
-        spec = self.endpoints.get(item.method)
+        spec = self.endpoints.get(method)
         if spec is not None and (spec.is_async or spec.concurrent):
             return self._call_async(item, spec)
         ctx = self._context(item)
@@ -566,7 +617,7 @@ class ActorCell:
             if _ext.debug_sessions:  # the endpoint returned: its debug session ends
                 _ext.debugger.call_ended(None)
             if not explicit:
-                self._succeeded(item, result)
+                self._succeeded(item, result, port)
         except (trio.Cancelled, trio.RunFinishedError):
             raise  # the runtime is shutting down, or gone
         except BaseException as exc:
@@ -584,7 +635,8 @@ class ActorCell:
     ) -> S.FailureCause | None:
         """A call's handler raised ``exc``: why the actor must die, or None (see
         :meth:`_raised`)."""
-        self._outcome = outcome_of(exc)
+        self.now.outcome = outcome_of(exc)
+        self.now.watched = True
         if _ext.debug_sessions:  # post-mortem, if this call was at a breakpoint
             _ext.debugger.call_ended(exc)
         return self._raised(item, exc, explicit)
@@ -612,7 +664,7 @@ class ActorCell:
             if _ext.debug_sessions:
                 _ext.debugger.call_ended(None)
             if not explicit:
-                self._succeeded(item, result)
+                self._succeeded(item, result, item.port)
         except (trio.Cancelled, trio.RunFinishedError):
             raise
         except BaseException as exc:
@@ -664,7 +716,7 @@ class ActorCell:
                 if not explicit:
                     # From the loop, before an actor thread waiting on it wakes: the
                     # reply does not wait for that hop.
-                    self._succeeded(item, result)
+                    self._succeeded(item, result, item.port)
 
             yield _Await(run_and_reply)
         except (trio.Cancelled, trio.RunFinishedError):
@@ -679,11 +731,12 @@ class ActorCell:
             current.reset(token)
         failed = self._failed_at_await
         if failed is not None:
-            self._outcome = "cancelled: the actor failed while it ran"
+            self.now.outcome = "cancelled: the actor failed while it ran"
+            self.now.watched = True
             # The actor failed while this endpoint was suspended: its caller gets the
             # actor's death (as a message queued behind it would), and it dies now.
             if item.port is not None:
-                self._reply(item.port, item.rank, M.DEAD, self._dead_failure(failed))
+                self._reply(item.port, item.rank, M.DEAD, self._dead_failure(failed), item.method)
             yield from self._die(failed, None)
             return False
         self._queue_requested_stop()  # a handler that replied through an explicit port
@@ -718,7 +771,7 @@ class ActorCell:
                     finally:
                         coro.close()
                     if not explicit:
-                        self._succeeded(item, result)
+                        self._succeeded(item, result, item.port)
                 except trio.Cancelled:
                     outcome = "cancelled: the actor stopped"
                     raise
@@ -729,17 +782,17 @@ class ActorCell:
                         self.enqueue(M.Escalate(cause))
                 finally:
                     self.concurrent.pop(scope, None)
-                    queued = item.__dict__.get("queued_at", record[1])
-                    now = self._clock()
-                    self.recent.append((item.method, item.port, queued, record[1], now, outcome))
+                    queued, started, now = item.queued_at, record[1], self._clock()
+                    self.recent.append((item.method, item.port, queued, started, now, outcome))
                     trace = self.rt.trace
                     if trace is not None:
-                        trace.handled(self, item, queued, record[1], now, outcome)
+                        queued = queued if queued > _NEVER else started
+                        trace.handled(self, item, queued, started, now, outcome)
                     self._running.discard(scope)
                     if not self._running and self._running_idle is not None:
                         self._running_idle.set()
             if scope.cancelled_caught and item.port is not None:
-                self._reply(item.port, item.rank, M.DEAD, self._stopped_failure())
+                self._reply(item.port, item.rank, M.DEAD, self._stopped_failure(), item.method)
         finally:
             current.reset(token)
 
@@ -766,7 +819,7 @@ class ActorCell:
         port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
         if isinstance(exc, Exception) and port is not None and not explicit:
-            self._reply(port, index, M.ERROR, RemoteFailure.capture(exc))
+            self._reply(port, index, M.ERROR, RemoteFailure.capture(exc), method)
             return None
         if isinstance(exc, Exception) and explicit:
             cause = _exception_cause(
@@ -775,26 +828,27 @@ class ActorCell:
                 exc,
             )
             if port is not None:
-                self._reply(port, index, M.DEAD, self._dead_failure(cause))
+                self._reply(port, index, M.DEAD, self._dead_failure(cause), method)
             return cause
         if isinstance(exc, Exception):
             return _exception_cause(f"{what} raised with no caller waiting:", exc)
         cause = _exception_cause(f"{what} raised", exc)
         if port is not None:
-            self._reply(port, index, M.DEAD, self._dead_failure(cause))
+            self._reply(port, index, M.DEAD, self._dead_failure(cause), method)
         return cause
 
-    def _succeeded(self, item: M.Call, result: Any) -> None:
+    def _succeeded(self, item: M.Call, result: Any, port: M.PortRef | None) -> None:
+        """Reply ``result`` to ``port`` (``item``'s own)."""
         if self.stop_when_handled:
             self._queue_requested_stop()
-        port, index = item.port, item.rank
         if port is None:
             return
+        index = item.rank
         try:
             # Runtime.send_port, written out: three calls less per reply.
             address, port_id = port
             rt = self.rt
-            box = rt._outboxes.get(address) or rt.outbox(address)
+            box = rt.outboxes.get(address) or rt.outbox(address)
             box.send(_codec.encode_reply(port_id, index, M.OK, result))
         except transports.TransportError as exc:
             log.info("could not reply to %s: %s", port, exc)
@@ -804,11 +858,52 @@ class ActorCell:
             error = TypeError(
                 f"endpoint {self.name}.{item.method} returned a value that cannot be sent: {exc}"
             )
-            self._reply(port, index, M.ERROR, RemoteFailure.capture(error))
+            self._reply(port, index, M.ERROR, RemoteFailure.capture(error), item.method)
 
-    def _reply(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
+    def _succeeded_metered(self, item: M.Call, result: Any, port: M.PortRef | None) -> None:
+        """:meth:`_succeeded` with metrics on (made the actor's own when it is made): the
+        reply's bytes are counted."""
+        if self.stop_when_handled:
+            self._queue_requested_stop()
+        if port is None:
+            return
         try:
-            self.rt.send_port(port, index, status, value)
+            address, port_id = port
+            frame = _codec.encode_reply(port_id, item.rank, M.OK, result)
+            self._metrics.replied(  # type: ignore[union-attr]
+                item.method, len(frame) if type(frame) is bytes else frame_bytes(frame)
+            )
+            rt = self.rt
+            box = rt.outboxes.get(address) or rt.outbox(address)
+            box.send(frame)
+        except transports.TransportError as exc:
+            log.info("could not reply to %s: %s", port, exc)
+        except SupervisionError as exc:
+            log.info("could not reply to %s: %s", port, exc)  # the caller's proc is gone
+        except Exception as exc:
+            error = TypeError(
+                f"endpoint {self.name}.{item.method} returned a value that cannot be sent: {exc}"
+            )
+            self._reply(port, item.rank, M.ERROR, RemoteFailure.capture(error), item.method)
+
+    def _reply(
+        self,
+        port: tuple[str, int],
+        index: int,
+        status: int,
+        value: Any,
+        endpoint: str | None = None,
+    ) -> None:
+        """Send a reply (an error, a death, an acknowledgement); ``endpoint``: the call's,
+        whose reply bytes count with metrics on."""
+        try:
+            if endpoint is None or self._metrics is None:
+                self.rt.send_port(port, index, status, value)
+                return
+            address, port_id = port
+            frame = _codec.encode_reply(port_id, index, status, value)
+            self._metrics.replied(endpoint, frame_bytes(frame))
+            self.rt.send(address, frame)
         except Exception:
             log.exception("could not reply to %s for actor %s", port, self.name)
 
@@ -872,16 +967,14 @@ class ActorCell:
         if busy is not None:  # the call it dies of, recorded now
             item, started = busy
             now = self._clock()
-            queued = item.__dict__.get("queued_at", started)
-            recent = [*self.recent, (item.method, item.port, queued, started, now, self._outcome)]
+            entry = (item.method, item.port, item.queued_at, started, now, self.now.outcome)
+            recent = [*self.recent, entry]
         else:
             recent = list(self.recent)
         if not recent:
             return cause
         lines = [f"last {len(recent)} call(s) {self.name} rank {self.point.rank} handled, newest last:"]
-        for endpoint, port, queued, started, finished, outcome in recent[-RECENT:]:
-            handled = Handled(endpoint, port[0] if port else "", queued, started, finished, outcome)
-            lines.append(f"  {handled}")
+        lines += [f"  {handled(entry)}" for entry in recent[-RECENT:]]
         text = "\n".join(lines)
         trace = f"{cause.traceback.rstrip()}\n\n{text}" if cause.traceback else text
         return attrs.evolve(cause, traceback=trace)

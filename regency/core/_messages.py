@@ -15,8 +15,9 @@ receiver answers with that error instead of dropping the connection).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -82,6 +83,10 @@ class Call:
     labels: Sequence[str]
     sizes: Sequence[int]
     payload: Any
+    #: When the call was queued in its actor's mailbox, on that runtime's clock: stamped
+    #: into the record's ``__dict__`` as it is queued (the flight recorder's,
+    #: core/_mailbox.py); -inf until then. Not a field: neither sent, compared nor printed.
+    queued_at: ClassVar[float] = -math.inf
 
 
 @attrs.frozen(slots=False)

@@ -9,6 +9,12 @@ port, as stacks are (core/_introspect.py).
   as it records it. With metrics off, handling a call costs nothing more than before: no
   test for a sync endpoint's call, one attribute test for an async or concurrent one's
   (``ActorStats.handed_over``); with metrics on, one method call.
+* Each actor counts the bytes of the reply frames it sends per endpoint (its mailbox's
+  metered reply path, ``ActorCell._succeeded_metered``, chosen when the actor is made: no
+  test per call while metrics are off; :meth:`ActorStats.replied`), and the bytes of the
+  call frames it receives per endpoint (:func:`count_received`, called by the inbound
+  paths where a call frame is handed to its actor, on the thread that read it: counted in
+  a tally of that thread's own, as sends are).
 * Each runtime counts the messages it sends per endpoint, and its casts (sends to more than
   one rank): ``Endpoint``'s send paths (core/_adverbs.py) test ``rt.config.metrics``.
 * Each runtime notes its children that exit other than cleanly (a status other than 0, a
@@ -83,6 +89,10 @@ class EndpointStats:
     counts: tuple[int, ...]
     #: The sum of the handling times (seconds) of each bucket's calls.
     sums: tuple[float, ...]
+    #: Bytes of the call frames the actor received for this endpoint (envelope included).
+    bytes_received: int = 0
+    #: Bytes of the reply frames the actor sent for this endpoint's calls.
+    bytes_sent: int = 0
 
     @property
     def count(self) -> int:
@@ -166,7 +176,7 @@ class ActorStats(deque[tuple[str, Any, float, float, float, str]]):
         self.concurrent = concurrent
         #: The start time (the very object) of the record not to count, if any.
         self._handed_over: float | None = None
-        #: endpoint -> [returned, failed, calls per bucket, seconds per bucket]
+        #: endpoint -> [returned, failed, calls per bucket, seconds per bucket, reply bytes]
         self._endpoints: dict[str, list[Any]] = {}
 
     def handed_over(self, endpoint: str, started: float) -> None:
@@ -194,11 +204,29 @@ class ActorStats(deque[tuple[str, Any, float, float, float, str]]):
         stats[2][bucket] += 1
         stats[0 if outcome == _RETURNED else 1] += 1
 
-    def snapshot(self) -> tuple[EndpointStats, ...]:
-        return tuple(
-            EndpointStats(endpoint, ok, failed, tuple(counts), tuple(sums))
-            for endpoint, (ok, failed, counts, sums) in list(self._endpoints.items())
-        )
+    def replied(self, endpoint: str, nbytes: int) -> None:
+        """A reply of ``nbytes`` bytes to a call of ``endpoint`` was sent (from the thread
+        that handled the call: the actor's driver, or the loop for async endpoints)."""
+        stats = self._endpoints.get(endpoint)
+        if stats is None:
+            stats = self._endpoints.setdefault(endpoint, _new_endpoint())
+        stats[4] += nbytes
+
+    def snapshot(self, received: Mapping[str, int] | None = None) -> tuple[EndpointStats, ...]:
+        """The statistics per endpoint; ``received``: endpoint -> bytes of call frames (the
+        runtime's tallies: :meth:`MetricsService.received`)."""
+        received = received or {}
+        out = [
+            EndpointStats(
+                endpoint, ok, failed, tuple(counts), tuple(sums), received.get(endpoint, 0), sent
+            )
+            for endpoint, (ok, failed, counts, sums, sent) in list(self._endpoints.items())
+        ]
+        size = len(BOUNDS) + 1
+        for endpoint, nbytes in received.items():  # calls received, none handled yet
+            if endpoint not in self._endpoints:
+                out.append(EndpointStats(endpoint, 0, 0, (0,) * size, (0.0,) * size, nbytes))
+        return tuple(out)
 
 
 class SharedActorStats(ActorStats):
@@ -215,9 +243,13 @@ class SharedActorStats(ActorStats):
         with self._lock:
             super().append(entry)
 
-    def snapshot(self) -> tuple[EndpointStats, ...]:
+    def replied(self, endpoint: str, nbytes: int) -> None:
         with self._lock:
-            return super().snapshot()
+            super().replied(endpoint, nbytes)
+
+    def snapshot(self, received: Mapping[str, int] | None = None) -> tuple[EndpointStats, ...]:
+        with self._lock:
+            return super().snapshot(received)
 
 
 _deque_append = deque.append
@@ -225,7 +257,7 @@ _deque_append = deque.append
 
 def _new_endpoint() -> list[Any]:
     size = len(BOUNDS) + 1
-    return [0, 0, [0] * size, [0.0] * size]
+    return [0, 0, [0] * size, [0.0] * size, 0]
 
 
 def actor_stats(
@@ -243,6 +275,25 @@ def actor_stats(
     if service is not None:
         service.cells[cell.key] = stats
     return stats
+
+
+def frame_bytes(frame: Any) -> int:
+    """The size of an encoded frame: bytes, or a list of parts (core/_codec.py)."""
+    if type(frame) is bytes:
+        return len(frame)
+    if isinstance(frame, memoryview):
+        return frame.nbytes
+    if isinstance(frame, (bytearray, bytes)):
+        return len(frame)
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in frame)
+
+
+def count_received(rt: Runtime, call: M.Call, nbytes: int) -> None:
+    """A call frame of ``nbytes`` bytes for ``call.actor`` arrived (called by the inbound
+    paths, on the thread that read it, only while metrics are on)."""
+    service = rt.ports.get(METRICS_PORT)
+    if type(service) is MetricsService:
+        service.received(call.actor, call.method, nbytes)
 
 
 def count_sent(rt: Runtime, mesh: str, endpoint: str, messages: int) -> None:
@@ -276,6 +327,9 @@ class MetricsService:
         #: no lock per send): (mesh, endpoint) -> [messages, casts].
         self._local = threading.local()
         self._tallies: list[dict[tuple[str, str], list[int]]] = []
+        #: Bytes of the call frames received for the actors, counted the same way: (actor
+        #: key, endpoint) -> [bytes].
+        self._traffic: list[dict[tuple[str, str], list[int]]] = []
         self._tallies_lock = threading.Lock()
         self._failed_children: deque[tuple[str, str]] = deque(maxlen=FAILED_CHILDREN_KEPT)
 
@@ -294,6 +348,31 @@ class MetricsService:
         if messages > 1:
             counts[1] += 1
 
+    def received(self, key: str, endpoint: str, nbytes: int) -> None:
+        """A call frame of ``nbytes`` bytes for actor ``key``'s ``endpoint`` (this thread's
+        tally)."""
+        try:
+            tally: dict[tuple[str, str], list[int]] = self._local.traffic
+        except AttributeError:  # this thread's first
+            tally = self._local.traffic = {}
+            with self._tallies_lock:
+                self._traffic.append(tally)
+        counts = tally.get((key, endpoint))
+        if counts is None:
+            counts = tally[(key, endpoint)] = [0]
+        counts[0] += nbytes
+
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Actor key -> endpoint -> bytes of call frames received, summed over threads."""
+        out: dict[str, dict[str, int]] = {}
+        with self._tallies_lock:
+            tallies = list(self._traffic)
+        for tally in tallies:
+            for (key, endpoint), (nbytes,) in list(tally.items()):
+                of_actor = out.setdefault(key, {})
+                of_actor[endpoint] = of_actor.get(endpoint, 0) + nbytes
+        return out
+
     def _sends(self) -> tuple[tuple[tuple[str, str, int], ...], tuple[tuple[str, str, int], ...]]:
         """Messages and casts per (mesh, endpoint), summed over the sending threads."""
         sent: dict[tuple[str, str], int] = {}
@@ -309,6 +388,15 @@ class MetricsService:
             tuple((m, e, n) for (m, e), n in sent.items()),
             tuple((m, e, n) for (m, e), n in casts.items()),
         )
+
+    def _forget(self, key: str) -> None:
+        """An actor gone long ago: its statistics and its bytes go."""
+        self.cells.pop(key, None)
+        with self._tallies_lock:
+            tallies = list(self._traffic)
+        for tally in tallies:
+            for counted in [k for k in list(tally) if k[0] == key]:
+                tally.pop(counted, None)
 
     def child_exited(self, child: Child) -> None:
         code = child.returncode
@@ -338,9 +426,10 @@ class MetricsService:
     def capture(self) -> ProcMetrics:
         """This runtime's record, now (on its loop: the actor table does not change)."""
         rt = self.rt
-        if not rt.config.metrics and not self.cells and not self._tallies:
+        if not rt.config.metrics and not self.cells and not self._tallies and not self._traffic:
             return ProcMetrics(rt.proc_id, rt.address, True)
         actors = []
+        traffic = self.traffic()
         for key, stats in list(self.cells.items()):
             cell = rt.actors.get(key)
             if cell is not None:
@@ -350,9 +439,12 @@ class MetricsService:
                 if key not in self._gone:
                     self._gone[key] = None
                     while len(self._gone) > GONE_KEPT:
-                        self.cells.pop(self._gone.popitem(last=False)[0], None)
+                        self._forget(self._gone.popitem(last=False)[0])
             actors.append(
-                ActorMetrics(stats.cls, stats.mesh, stats.rank, key, state, queued, stats.snapshot())
+                ActorMetrics(
+                    stats.cls, stats.mesh, stats.rank, key, state, queued,
+                    stats.snapshot(traffic.get(key)),
+                )
             )
         sent, casts = self._sends()
         return ProcMetrics(

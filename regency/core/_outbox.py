@@ -16,7 +16,10 @@ import trio
 from .. import transports
 from . import _codec
 from ._delivery import (
+    BUFFER_BYTES,
     CONNECTED,
+    FAILED,
+    WINDOW,
     Action,
     Close,
     Dial,
@@ -28,6 +31,7 @@ from ._delivery import (
 )
 from ._errors import UndeliverableError
 from ._messages import Ack, Session
+from ._waiting import here as _here
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -53,7 +57,21 @@ class Outbox:
         self._lock = threading.Lock()
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
         # proc ids (from pids) can repeat, e.g. in containers.
-        self._machine = Outbound(f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}")
+        # (getattr: the stand-in runtimes of tests/core/test_interrupts.py have neither.)
+        config = runtime.config
+        self._machine = Outbound(
+            f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}",
+            window=getattr(config, "send_window", WINDOW),
+            buffer_bytes=getattr(config, "send_buffer_bytes", BUFFER_BYTES),
+            size_of=_frame_size,
+        )
+        #: Threads that wait for room (``send_buffer_bytes``) wait on this (the lock's).
+        self._room = threading.Condition(self._lock)
+        #: Whether a thread may wait for room: not in a simulation (its threads run in
+        #: lockstep with the loop that would make the room).
+        self._may_block = getattr(runtime.env, "simulated_host", None) is None
+        #: Whether "waiting for a busy peer" was logged for the current stall.
+        self._busy_logged = False
         #: When the runtime's watchdog first saw this outbox failed (it is forgotten later).
         self.broken_at: float | None = None
         #: The session's frame count after this runtime's last direct actor message through
@@ -89,12 +107,24 @@ class Outbox:
         interrupted: list[Action] | None = None
         try:
             with self._lock:
+                if machine.pending and not machine.has_room(size):
+                    self._wait_for_room(size)
                 probe = self._probe
                 if probe is not None and machine.cause is None:
                     probe.frame_sent(
                         self._rt, self.address, machine.session, machine.queued_count
                     )
-                if machine.state == CONNECTED:
+                if (
+                    machine.state == CONNECTED
+                    and not machine.pending
+                    and (
+                        not machine.unacked
+                        or (
+                            len(machine.unacked) < machine.window
+                            and machine.unacked_bytes + size <= machine.window_bytes
+                        )
+                    )
+                ):
                     # What machine.queued(frame) does when connected (then it says SEND_NOW),
                     # written out: a call less per message (about 600 instructions). Counted
                     # before it is queued: an interrupt in between leaves the count ahead (a
@@ -108,7 +138,13 @@ class Outbox:
                         # (In the try: a signal pending since the lock was taken is raised
                         # as append returns, the frame queued and not written.)
                         machine.unacked.append(frame)
-                        link.send_nowait(frame)
+                        machine.unacked_bytes += size
+                        # The first frame a thread sends after it waited for a message
+                        # answers it: sent at once, not coalesced (core/_waiting.py).
+                        answer = _here.waited
+                        if answer:
+                            _here.waited = False
+                        link.send_nowait(frame, answer)
                     except transports.TransportError:
                         pass  # kept unacknowledged; the lost connection brings a resend
                     except Exception:
@@ -128,7 +164,7 @@ class Outbox:
                         raise
                     return count
                 try:
-                    action = machine.queued(frame)
+                    action = machine.queued(frame, size)
                 except SessionFailed as exc:
                     raise UndeliverableError(
                         f"cannot deliver to the proc at {self.address}: {exc.cause}"
@@ -146,16 +182,61 @@ class Outbox:
             self._after([action])
         return count
 
+    def _wait_for_room(self, size: int) -> None:
+        """Under the lock: ``send_buffer_bytes`` are waiting for the window. A thread waits
+        until acknowledgements make room or the session fails (the delivery timeout bounds
+        a wait on a peer that stopped acknowledging: the session reconnects or gives up); a
+        sender on the loop, which would wait for itself, raises."""
+        machine = self._machine
+        if not self._may_block or self._rt.on_runtime_thread():
+            raise SendBufferFull(
+                f"cannot send {size} bytes to the proc at {self.address}: "
+                f"{machine.pending_bytes} bytes in {len(machine.pending)} message(s) already "
+                f"wait for it to acknowledge (send_buffer_bytes={machine.buffer_bytes}; "
+                f"{len(machine.unacked)} in flight, send_window={machine.window}). The "
+                "receiver does not keep up with this sender, and a sender on the runtime's "
+                "loop (an async endpoint or an asyncio task) cannot wait for it: slow the "
+                "sender down (await replies, or send from a thread, which waits for room), or "
+                "raise send_buffer_bytes with regency.configure(...)"
+            )
+        while not machine.has_room(size):
+            self._room.wait(self._rt.config.heartbeat_interval)
+
     def acknowledged(self, count: int) -> None:
-        """The receiver handled the session's first ``count`` frames."""
+        """The receiver handled the session's first ``count`` frames: what waited for the
+        window goes out, and threads waiting for room are woken."""
         with self._lock:
-            self._machine.acknowledged(count)
+            machine = self._machine
+            waiting = bool(machine.pending)
+            actions = machine.acknowledged(count)
+            if actions:
+                self._perform(actions)
+            if waiting:
+                self._room.notify_all()
 
     def check_stalled(self, now: float) -> None:
         """Called every ``heartbeat_interval`` on the trio thread (see
-        :meth:`Outbound.tick`)."""
+        :meth:`Outbound.tick`). A stalled peer that is busy, not stuck (a local child whose
+        CPU time advances while it is silent: a long call holding its GIL), is waited for;
+        a dead or stopped one is dropped and dialed again."""
+        timeout = self._rt.config.delivery_timeout
         with self._lock:
-            actions = self._machine.tick(now, self._rt.config.delivery_timeout)
+            waited = self._machine.stalled_for(now)
+        # Looked at from half the timeout on: a proc's first look only starts its record.
+        busy = waited >= timeout / 2 and self._peer_busy(now)
+        overdue = busy and waited >= timeout
+        with self._lock:
+            actions = self._machine.tick(now, timeout, busy)
+        if overdue and not self._busy_logged:
+            self._busy_logged = True
+            log.warning(
+                "no acknowledgement from %s for %.1f s, but the proc is busy (its CPU time "
+                "advances: a long call holding its GIL), not stuck; waiting for it",
+                self.address,
+                timeout,
+            )
+        elif not waited:
+            self._busy_logged = False
         if actions:
             if isinstance(actions[0], Close):
                 log.warning("no acknowledgement from %s (%s); reconnecting", self.address,
@@ -164,6 +245,14 @@ class Outbox:
                 log.warning("no dial to %s began within two heartbeats (an interrupt?); "
                             "dialing again", self.address)
             self._after(actions)
+
+    def _peer_busy(self, now: float) -> bool:
+        """Whether the peer is known to be alive and computing (``Runtime.peer_busy``)."""
+        try:
+            return self._rt.peer_busy(self.address, now)
+        except Exception:  # a look at /proc must never break the watchdog
+            log.debug("could not tell whether %s is busy", self.address, exc_info=True)
+            return False
 
     def _perform(self, actions: list[Action]) -> list[Action]:
         """Write what the machine says to write (under the lock); return the rest."""
@@ -240,13 +329,15 @@ class Outbox:
         then what queued."""
         with self._lock:
             rest = self._perform(self._machine.connected(conn))
+            self._room.notify_all()  # what waited joined the session: room for more
         if rest:
             self._after(rest)
 
     async def _dial(self, within: float, *, retry_refused: bool) -> transports.Connection:
         """Connect, retrying for ``within`` seconds. While a proc starts nothing listens yet
-        (``retry_refused``: a sibling may still be starting); a refused reconnect means the
-        proc is gone. A wrong secret or wire version fails at once."""
+        (``retry_refused``: a sibling may still be starting; on a network address, a relay
+        or proxy in between may be restarting). A wrong secret or wire version fails at
+        once, and so does a session given up meanwhile (the peer exited)."""
         deadline = trio.current_time() + within
         delay = 0.001
         while True:
@@ -266,6 +357,9 @@ class Outbox:
             except transports.ConnectionBroken:
                 if trio.current_time() + delay > deadline:
                     raise
+            if self._machine.state == FAILED:
+                assert self._machine.cause is not None
+                raise transports.ConnectionBroken(str(self._machine.cause))
             await trio.sleep(delay)
             delay = min(delay * 2, 0.1)
 
@@ -287,16 +381,44 @@ class Outbox:
             self._broken(cause)
             return
         within = self._rt.config.delivery_timeout
-        try:
-            conn = await self._dial(within, retry_refused=False)
-        except (transports.TransportError, OSError, ValueError) as exc:
-            # (ValueError: a peer of another wire version, a bad lane or seal, as _connect)
-            self._broken(
-                ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
-                if not isinstance(exc, transports.ConnectionRefused)
-                else cause
-            )
-            return
+        # A refusal on a local socket means the proc is gone (nothing else can listen at
+        # its path). On a network address it may be a relay, proxy or load balancer in
+        # between that restarts: keep dialing for the reconnect window, as for a timeout.
+        retry_refused = _NETWORK in self.address
+        while True:
+            try:
+                conn = await self._dial(within, retry_refused=retry_refused)
+            except (transports.TransportError, OSError, ValueError) as exc:
+                # (ValueError: a peer of another wire version, a bad lane or seal, as
+                # _connect.) A local child that is silent but computing (a long call holding
+                # its GIL) cannot answer a dial until the call returns: it is waited for
+                # (another window each time), as its acknowledgements are (check_stalled).
+                # Not one that refuses: its listener is gone (it is exiting).
+                if (
+                    isinstance(exc, transports.ConnectionBroken)
+                    and not isinstance(
+                        exc,
+                        transports.ConnectionRefused
+                        | transports.AuthenticationError
+                        | transports.IncompatiblePeer,
+                    )
+                    and self._machine.state != FAILED
+                    and self._peer_busy(trio.current_time())
+                ):
+                    log.warning(
+                        "no reconnection to %s within %.1f s, but the proc is busy (its CPU "
+                        "time advances), not stuck; dialing again",
+                        self.address,
+                        within,
+                    )
+                    continue
+                self._broken(
+                    ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
+                    if not isinstance(exc, transports.ConnectionRefused) or retry_refused
+                    else cause
+                )
+                return
+            break
         log.info("reconnected to %s; resending %d frame(s)", self.address, len(self._unacked))
         self._resume(conn)
 
@@ -307,6 +429,7 @@ class Outbox:
         exc = exc.with_traceback(None)
         with self._lock:
             actions = self._machine.give_up(exc)
+            self._room.notify_all()  # threads waiting for room raise the session's error
         if actions:
             self._after(actions)
 
@@ -314,6 +437,21 @@ class Outbox:
         conn = self._machine.link
         if conn is not None:
             conn.close()
+
+
+#: In an address: a network transport (tcp, nng+tcp, nng+tls+tcp), where a refused dial may
+#: come from something in between that restarts (``Outbox._reconnect``).
+_NETWORK = "tcp://"
+
+
+class SendBufferFull(UndeliverableError):
+    """A sender on a runtime's loop queued more than ``send_buffer_bytes`` for one peer that
+    does not keep up (a thread would wait for room instead). Nothing was sent or lost: the
+    message that raised was not queued; those before it are delivered in order."""
+
+
+def _frame_size(frame: transports.Frame) -> int:
+    return len(frame) if type(frame) is bytes else transports.frame_size(frame)
 
 
 class _OutboundSink:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import collections.abc
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar, cast
 
 from . import _codec, _extensions
@@ -24,6 +25,7 @@ from ._shape import Extent, MeshAlgebra, Point, Shape
 from ._singletons import ensure_registry
 
 A = TypeVar("A", bound=Actor)
+R = TypeVar("R")
 
 
 class ProcMesh(MeshAlgebra):
@@ -116,8 +118,10 @@ class ProcMesh(MeshAlgebra):
         """Forward this mesh's stdout/stderr to the controller (docs/logging.md). Await it
         (trio or asyncio) or ``.get()`` it: it resolves once every proc applies the change,
         after the lines written before it."""
-        return _extensions.log_forwarding().logging_option(
-            self, stream_to_client, aggregate_window_sec, level
+        return _CoroutineFuture(
+            _extensions.log_forwarding().logging_option(
+                self, stream_to_client, aggregate_window_sec, level
+            )
         )
 
     # The tensor engine (docs/tensors.md).
@@ -170,6 +174,58 @@ class ProcMesh(MeshAlgebra):
 
         return wait().__await__()
 
+
+
+#: Monarch's ``proc_bind`` keys.
+_BIND_KEYS = frozenset({"cpunodebind", "membind", "physcpubind", "cpus"})
+
+
+def _default_command() -> BootstrapCommand:
+    from ._bootstrap_command import default_bootstrap_cmd
+
+    return default_bootstrap_cmd()
+
+
+class _CoroutineFuture(Future[R]):
+    """A Future that is also a coroutine object, for what Monarch declares ``async def``:
+    ``asyncio.run(procs.logging_option(...))`` (its tutorial's form) and
+    ``asyncio.create_task(...)`` take it, as ``await`` and ``.get()`` do. It resolves as
+    ``inner`` does."""
+
+    __slots__ = ("_steps",)
+
+    def __init__(self, inner: Future[R]) -> None:
+        super().__init__()
+        self._steps: Generator[Any, None, R] | None = None
+        inner.add_done_callback(lambda: self._settle(inner))
+
+    def _settle(self, inner: Future[R]) -> None:
+        exc = inner.exception(0)
+        if exc is not None:
+            self.set_exception(exc)
+        else:
+            self.set_result(inner.result(0))
+
+    # -- the coroutine protocol (asyncio's Task drives it) ----------------------------------
+
+    def send(self, value: None) -> Any:
+        if self._steps is None:
+            self._steps = self.__await__()
+        return self._steps.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._steps is None:
+            self._steps = self.__await__()
+        if val is None:
+            return self._steps.throw(typ)
+        return self._steps.throw(val.with_traceback(tb) if tb is not None else val)
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+
+
+collections.abc.Coroutine.register(_CoroutineFuture)
 
 
 class HostMesh(MeshAlgebra):
@@ -225,16 +281,28 @@ class HostMesh(MeshAlgebra):
         name: str | None = None,
         env: dict[str, str] | None = None,
         bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
     ) -> ProcMesh:
         """Start one OS process per point of ``per_host`` on each host. Returns at once.
 
         ``bootstrap_command`` (procs on this host): how to start them, one
         :class:`BootstrapCommand` for all or a function of each proc's point (over the host
-        dims and ``per_host``); see ``default_bootstrap_cmd()``."""
+        dims and ``per_host``); see ``default_bootstrap_cmd()``.
+
+        ``proc_bind`` (procs on this host, Linux): one dict per proc of a host (in the order
+        of ``per_host``'s points) binding it to CPUs and NUMA nodes, Monarch's keys:
+        ``cpunodebind``, ``membind``, ``physcpubind`` (``numactl``, on a NUMA machine) and
+        ``cpus`` (``taskset -c``, used where numactl does not apply)."""
         per_host = dict(per_host or {})
         for _dim, size in per_host.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ValueError(f"per_host sizes must be positive integers (got {per_host})")
+        overlap = set(per_host) & set(self._shape.labels)
+        if overlap:
+            raise ValueError(
+                f"per_host labels {sorted(overlap)} overlap with the host mesh's labels "
+                f"{list(self._shape.labels)}"
+            )
         if env is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
@@ -243,6 +311,8 @@ class HostMesh(MeshAlgebra):
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
         commands = self._bootstrap_commands(bootstrap_command, shape)
+        if proc_bind is not None:
+            commands = self._bind(proc_bind, per_host, shape, commands)
         rt = current_runtime()
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
@@ -261,6 +331,10 @@ class HostMesh(MeshAlgebra):
         if rt.config.enable_log_forwarding:  # log forwarding is loaded when it is on
             _extensions.log_forwarding().procs_planned(rt, children)
         python = self._python
+        if python is not None:
+            # The procs' own this_host() starts procs with this interpreter too (a wrapper
+            # runs again for each: Monarch keeps the command on the host mesh).
+            env = {**(env or {}), HOST_PYTHON_ENV: python}
         ready: Future[None] = Future()
         boot = _codec.dumps(bootstrap)[0].hex() if bootstrap is not None else None
 
@@ -325,6 +399,76 @@ class HostMesh(MeshAlgebra):
                 )
         return commands
 
+    def _bind(
+        self,
+        proc_bind: list[dict[str, str]],
+        per_host: dict[str, int],
+        shape: Shape,
+        commands: list[BootstrapCommand] | None,
+    ) -> list[BootstrapCommand]:
+        """Each proc's command, wrapped in ``numactl``/``taskset`` as ``proc_bind`` says."""
+        import math
+        import shutil
+
+        if self._hosts is not None or self.is_fake_in_process:
+            raise ValueError(
+                "proc_bind applies to procs on this host; bind a worker's procs with the "
+                "command that runs the worker (e.g. numactl ... python -c ...)"
+            )
+        per = math.prod(per_host.values()) if per_host else 1
+        if isinstance(proc_bind, dict | str) or not isinstance(proc_bind, list | tuple):
+            raise TypeError(
+                f"proc_bind must be a list of dicts, one per proc of a host (got {proc_bind!r})"
+            )
+        if len(proc_bind) != per:
+            raise ValueError(
+                f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per})"
+            )
+        for bind in proc_bind:
+            if not isinstance(bind, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in bind.items()
+            ):
+                raise TypeError(f"proc_bind entries must map str to str (got {bind!r})")
+            unknown = set(bind) - _BIND_KEYS
+            if unknown:
+                raise ValueError(
+                    f"proc_bind keys must be among {sorted(_BIND_KEYS)} (got {sorted(unknown)})"
+                )
+        numa = os.path.exists("/sys/devices/system/node/node0")
+        base = commands or [
+            BootstrapCommand(self._python) if self._python is not None else _default_command()
+        ] * len(shape)
+        wrapped = []
+        for rank, command in enumerate(base):
+            bind = proc_bind[rank % per]
+            numactl = [
+                f"--{k}={bind[k]}" for k in ("cpunodebind", "membind", "physcpubind") if k in bind
+            ]
+            if numa and numactl:
+                tool, options = "numactl", numactl
+            elif "cpus" in bind:
+                tool, options = "taskset", ["-c", bind["cpus"]]
+            elif numactl:
+                raise ValueError(
+                    f"proc_bind {bind} needs a NUMA machine for numactl's keys "
+                    "(/sys/devices/system/node/node0 is missing); give 'cpus' instead"
+                )
+            else:
+                wrapped.append(command)
+                continue
+            program = shutil.which(tool)
+            if program is None:
+                raise FileNotFoundError(
+                    f"proc_bind {bind} needs {tool!r} on PATH (Debian: apt install "
+                    f"{'numactl' if tool == 'numactl' else 'util-linux'})"
+                )
+            wrapped.append(
+                BootstrapCommand(
+                    program, None, [*options, command.program, *command.args], command.env
+                )
+            )
+        return wrapped
+
     def shutdown(self) -> Future[None]:
         """Stop this mesh's procs on its hosts and detach from their workers (hosts from
         ``attach_to_workers``; on this host it stops nothing)."""
@@ -333,14 +477,29 @@ class HostMesh(MeshAlgebra):
         rt = current_runtime()
         return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks])
 
+    def stop(self) -> Future[None]:
+        """Stop this mesh's procs on its hosts and detach from their workers, which stay up
+        for another ``attach_to_workers`` (this controller's or another's); ``shutdown()``
+        also ends ``run_worker_loop_forever`` workers. On this host it stops nothing."""
+        if self._hosts is None:
+            return resolved(None)
+        rt = current_runtime()
+        return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks], keep_workers=True)
+
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.dim_sizes()}>"
 
 
 
+#: In a proc spawned from ``HostMesh.with_python_executable(path)``: that path, which the
+#: proc's own ``this_host()`` keeps.
+HOST_PYTHON_ENV = "REGENCY_HOST_PYTHON"
+
+
 def this_host() -> HostMesh:
-    """The host this code runs on, as a mesh with no dims."""
-    return HostMesh(Shape.full([], []))
+    """The host this code runs on, as a mesh with no dims. In a proc spawned from
+    ``HostMesh.with_python_executable(path)``, procs spawned from it run ``path`` too."""
+    return HostMesh(Shape.full([], []), None, os.environ.get(HOST_PYTHON_ENV) or None)
 
 
 def this_proc() -> ProcMesh:

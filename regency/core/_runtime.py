@@ -64,7 +64,7 @@ _RESERVED_PORTS = 1 << 63
 log = logging.getLogger("regency.runtime")
 
 
-class Runtime(ChildProcs, PortTable, InboundSessions):
+class Runtime(ChildProcs, PortTable):
     """One process's runtime. Create it, then run :meth:`serve` on a trio loop."""
 
     def __init__(
@@ -100,7 +100,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         self.limbo: dict[str, list[M.Call | M.StopActor]] = {}
         self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
-        self._outboxes: dict[str, Outbox] = {}
+        #: One outbox per peer address, made on first use by :meth:`outbox` (read it to
+        #: find one without making it; only the runtime adds or drops them).
+        self.outboxes: dict[str, Outbox] = {}
         self._outbox_lock = threading.Lock()
         self.child_ready: dict[str, trio.Event] = {}
         self.children: dict[str, Child] = {}
@@ -134,7 +136,13 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         #: its counters and settings; None otherwise.
         self.leader: Leader | None = self.waiter if type(self.waiter) is Leader else None
         self._nonce = f"{self.rng.getrandbits(64):016x}"
-        self._init_inbound_sessions()
+        #: Held while a frame is handled, on the loop or on a thread reading its own reply.
+        self.dispatch_lock = threading.RLock()
+        #: Its inbound sessions: which frames were handled, acknowledgements, and the
+        #: connections a waiting thread may read.
+        self.inbound = InboundSessions(
+            config, self.env, self.dispatch_lock, lambda fn: self.nursery.start_soon(fn)
+        )
         #: Casting trees: this runtime's fences as a sender, and its part as a forwarder.
         self.casting = Casting(self)
         #: Sends a stall report to the controller (or logs it, in the controller); set by
@@ -311,9 +319,9 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
 
     def watchdog_tick(self, now: float) -> None:
         """One round of the watchdog, as of ``now``."""
-        for box in list(self._outboxes.values()):
+        for box in list(self.outboxes.values()):
             box.check_stalled(now)
-        self._forget_idle_sessions(now)
+        self.inbound.forget_idle(now)
         self._forget_broken_outboxes(now)
         self._check_heartbeats(now)
         watch_stalls(self)
@@ -324,13 +332,13 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         serving controller after controller) does not keep one per peer it ever had. Procs
         this runtime launched keep theirs: their failure is part of their record."""
         horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
-        for address, box in list(self._outboxes.items()):
+        for address, box in list(self.outboxes.items()):
             if box._machine.state != FAILED or address in self.children:
                 continue
             if box.broken_at is None:
                 box.broken_at = now
             elif now - box.broken_at > horizon:
-                del self._outboxes[address]
+                del self.outboxes[address]
                 self._lost.discard(address)
 
     async def _stop_actors_then_stop(self) -> None:
@@ -394,14 +402,14 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
     # -- sending -------------------------------------------------------------------------
 
     def outbox(self, address: str) -> Outbox:
-        box = self._outboxes.get(address)
+        box = self.outboxes.get(address)
         if box is None:
             with self._outbox_lock:
-                box = self._outboxes.get(address)
+                box = self.outboxes.get(address)
                 if box is None:
                     target = self._loopback.address if address == self.address else address
                     box = Outbox(self, target)
-                    self._outboxes[address] = box
+                    self.outboxes[address] = box
         return box
 
     def send(self, address: str, frame: transports.Frame) -> None:
@@ -468,7 +476,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                 if cell is not None:
                     cell.accept(msg)
                 else:
-                    self._to_actor(msg.actor, msg)
+                    self.to_actor(msg.actor, msg)
             elif type(msg) is M.Reply:
                 self._to_port(msg)
             else:
@@ -485,7 +493,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
             case M.Reply():
                 self._to_port(msg)
             case M.Call():
-                self._to_actor(msg.actor, msg)
+                self.to_actor(msg.actor, msg)
             case M.Cast():
                 self.casting.on_cast(msg)
             case M.Spawn():
@@ -510,7 +518,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
                     child.last_seen = trio.current_time()
                     child.busy_logged = False
             case M.StopActor():
-                self._to_actor(msg.actor, msg)
+                self.to_actor(msg.actor, msg)
             case M.StopProc():
                 if msg.port is not None:
                     self.send_port(msg.port, 0, M.OK, None)
@@ -545,7 +553,7 @@ class Runtime(ChildProcs, PortTable, InboundSessions):
         cell = self.actors.get(key)
         return cell is not None and cell.threaded
 
-    def _to_actor(self, key: str, item: M.Call | M.StopActor) -> None:
+    def to_actor(self, key: str, item: M.Call | M.StopActor) -> None:
         cell = self.actors.get(key)
         if cell is not None:
             cell.accept(item)

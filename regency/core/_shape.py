@@ -15,8 +15,10 @@ from the end, and errors name the dim and the valid range.
 from __future__ import annotations
 
 import builtins
+import json
 import math
 import operator
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Generic, NoReturn, Self, TypeVar
@@ -157,6 +159,31 @@ def _seq_repr(values: Sequence[object]) -> str:
         return repr(list(values))
     head = ", ".join(repr(v) for v in values[:_REPR_VALUES])
     return f"[{head}, ... ({len(values)} in all)]"
+
+
+class _Shown:
+    """Prints as the text given (a point inside a ValueMesh's repr)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _extent_text(extent: Extent) -> str:
+    """An extent as Monarch prints it inside a ValueMesh: ``{hosts: 2, gpus: 4}`` (a label
+    that is not an identifier in double quotes)."""
+    parts = (
+        f"{label if _IDENT.match(label) else json.dumps(label)}: {size}"
+        for label, size in zip(extent.labels, extent.sizes, strict=True)
+    )
+    return "{" + ", ".join(parts) + "}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,7 +695,17 @@ class ValueMesh(MeshAlgebra, Generic[T]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"ValueMesh({self._shape.dim_sizes()!r}, {_seq_repr(self._values)})"
+        """As Monarch prints one: the extent, then every ``(point, value)`` pair, e.g.
+        ``ValueMesh({gpus: 2}):\n  (({'gpus': 0/2}, 'a'), ({'gpus': 1/2}, 'b'))``."""
+        import pprint
+        import textwrap
+
+        extent = Extent(self._shape.labels, self._shape.sizes)
+        pairs = tuple(
+            (_Shown(str(Point(rank, extent))), value) for rank, value in enumerate(self._values)
+        )
+        body = textwrap.indent(pprint.pformat(pairs), "  ")
+        return f"ValueMesh({_extent_text(extent)}):\n{body}"
 
     def __reduce__(self) -> tuple[type[ValueMesh[T]], tuple[Shape, tuple[T, ...]]]:
         return (type(self), (self._shape, self._values))

@@ -86,6 +86,20 @@ class Handled:
         return f"{self.endpoint}{sender}: {self.outcome} after {took} (queued {waited})"
 
 
+def handled(entry: tuple[str, Any, float, float, float, str]) -> Handled:
+    """The record of one flight-recorder entry (``ActorCell.recent``: endpoint, reply port,
+    queued, started, finished, outcome; queued -inf: not stamped, read as started)."""
+    endpoint, port, queued, started, finished, outcome = entry
+    return Handled(
+        endpoint,
+        port[0] if port else "",
+        queued if queued > -math.inf else started,
+        started,
+        finished,
+        outcome,
+    )
+
+
 @attrs.frozen
 class ActorState:
     """One actor: which, what it runs now and for how long, and what it handled last."""
@@ -266,9 +280,7 @@ def actor_state(cell: ActorCell, now: float, recent: bool = True) -> ActorState:
         busy[0].method if busy is not None else None,
         now - busy[1] if busy is not None else None,
         cell.queued(),
-        tuple(Handled(e, s[0] if s else "", q, b, f, o) for e, s, q, b, f, o in cell.recent)
-        if recent
-        else (),
+        tuple(map(handled, list(cell.recent))) if recent else (),
     )
 
 
@@ -417,6 +429,7 @@ def check_stalls(rt: Runtime, threshold: float, report: Any) -> None:
         elapsed = now - busy[1]
         if elapsed >= threshold * (1 << cell.stall_warned):
             cell.stall_warned += 1
+            cell.watch()  # its mailbox loop tells when it ends
             report(_stall(cell, "stalled", busy[0].method, elapsed))
             if rt.trace is not None:
                 from ._trace import actor_track

@@ -158,6 +158,8 @@ def start(rt: Runtime, capacity: int) -> None:
     """Start recording in ``rt`` (on its loop) and in its children."""
     if rt.trace is None:
         rt.trace = TraceRing(capacity, rt.env.clock)
+        for cell in list(rt.actors.values()):  # (after the ring: see ActorCell._handled)
+            cell.watch()
     for child in list(rt.children.values()):
         if child.returncode is None:
             try:

@@ -33,7 +33,7 @@ from ..transports import scheme_of
 from . import _messages as M
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
-from ._hostlinks import parse_host_address
+from ._hostlinks import host_address
 from ._launcher import ProcHandle
 from ._liveness import BusyWatch
 from ._runtime import Runtime
@@ -318,10 +318,16 @@ async def _watch_signals(service: WorkerService) -> None:
             return
 
 
-async def _serve(rt: Runtime, service: WorkerService) -> None:
+async def _serve(
+    rt: Runtime, service: WorkerService, dial: str, inherited: socket.socket | None
+) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(rt.serve)
-        print(f"regency worker listening on {rt.address}", flush=True)
+        if inherited is not None:
+            inherited.close()  # our listener is up on its port: the inherited socket goes
+        # Controllers know us by the address they dial (an alias's DIAL, not its BIND).
+        rt.address = dial
+        print(f"regency worker listening on {dial}", flush=True)
         nursery.start_soon(service.watch_lease)
         nursery.start_soon(_watch_signals, service)
         await service.finished.wait()
@@ -329,18 +335,53 @@ async def _serve(rt: Runtime, service: WorkerService) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _inherit(fd: int, where: str) -> socket.socket:
+    """The TCP socket inherited as descriptor ``fd`` (``tcp://HOST:fdN``)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ValueError(f"{where}: descriptor {fd} is not an open socket ({exc})") from None
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise ValueError(f"{where}: descriptor {fd} is not a TCP socket")
+    if sock.getsockname()[1] == 0:
+        sock.detach()
+        raise ValueError(f"{where}: the socket of descriptor {fd} is not bound to a port")
+    return sock
+
+
 def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) -> None:
     """Run a worker until SIGTERM or SIGINT (or, with ``exit_on_shutdown``, until its
-    controller calls ``HostMesh.shutdown()``)."""
+    controller calls ``HostMesh.shutdown()``). ``listen`` is any worker address of
+    :mod:`._worker_address` (``tcp://HOST:PORT``, ``ipc:///PATH``, ``DIAL@BIND``,
+    ``tcp://HOST:fdN``)."""
     from ._config import configure, current_config
+    from ._worker_address import parse_worker_address, with_port
 
-    scheme, hostname, port = parse_host_address(listen, "--listen")
+    where = parse_worker_address(listen, "--listen", worker=True)
+    inherited: socket.socket | None = None
+    bind = where.bind
+    if where.fd is not None:
+        inherited = _inherit(where.fd, listen)
+        ip, port = inherited.getsockname()[:2]
+        where = with_port(where, port)
+        bind = host_address("tcp", ip, port)
+        if inherited.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            # Already listening: our listener can only take the port once it is closed.
+            inherited.close()
+            inherited = None
+        else:
+            # Bound, not listening: ours binds beside it (SO_REUSEADDR), then it is closed,
+            # so the port is never free for another process to take meanwhile.
+            inherited.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    host = where.proc_host
     # Procs here get addresses by IP: a proc announces the address it bound, which must be
     # the one the controller planned (a name that resolves only to 127.0.0.1 works too).
     try:
-        host_ip = str(socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM)[0][4][0])
+        host_ip = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve the host in {listen!r}: {exc}") from None
+    scheme = "tcp" if where.is_unix else bind.split("://", 1)[0]
     configure(default_transport=scheme, tcp_host=host_ip)
     jobdir = tempfile.mkdtemp(prefix="regency-worker-")
     os.chmod(jobdir, 0o700)
@@ -349,11 +390,13 @@ def serve_worker(listen: str, secret: bytes, *, exit_on_shutdown: bool = False) 
         secret=secret,
         jobdir=jobdir,
         config=current_config(),
-        address=listen,
+        address=bind,
     )
     set_current_runtime(rt)
     service = WorkerService(rt, host_ip, exit_on_shutdown=exit_on_shutdown)
     try:
-        trio.run(_serve, rt, service)
+        trio.run(_serve, rt, service, where.dial, inherited)
     finally:
+        if inherited is not None:
+            inherited.close()
         shutil.rmtree(jobdir, ignore_errors=True)

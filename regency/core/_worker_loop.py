@@ -10,7 +10,6 @@ waits for the next controller, as Monarch's does.
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
 
 from ._controller import derive_secret
 from ._hosts import check_tls_arguments, missing_secret_message
@@ -20,8 +19,9 @@ _WILDCARDS = ("*", "0.0.0.0", "::", "")
 
 
 def run_worker_loop_forever(*, address: str, ca: str, private_key: object = None) -> None:
-    """Serve this host to one controller at a time at ``address`` (``tcp://HOST:PORT``)
-    until the controller shuts the host mesh down, or SIGTERM/SIGINT.
+    """Serve this host to one controller at a time at ``address`` until the controller shuts
+    the host mesh down, or SIGTERM/SIGINT. ``address`` is ``tcp://HOST:PORT``, ``ipc:///PATH``
+    (a unix socket), ``DIAL@BIND`` or ``tcp://HOST:fdN`` (:mod:`._worker_address`).
 
     ``HOST`` is the name or IP the controller dials (a name that resolves only to 127.0.0.1
     works when the controller runs on this host). The job secret comes from
@@ -29,24 +29,14 @@ def run_worker_loop_forever(*, address: str, ca: str, private_key: object = None
     whatever they run) do not inherit it: they get it on their stdin.
     """
     check_tls_arguments(ca, private_key, "run_worker_loop_forever")
-    if not isinstance(address, str):
-        raise TypeError(
-            f"run_worker_loop_forever: address must be a str like 'tcp://HOST:PORT' "
-            f"(got {type(address).__name__})"
-        )
-    parts = urlsplit(address)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "tcp" or port is None or parts.hostname is None:
-        raise ValueError(
-            f"run_worker_loop_forever: address must look like tcp://HOST:PORT (got {address!r})"
-        )
-    if parts.hostname in _WILDCARDS:
+    from ._worker_address import parse_worker_address
+
+    where = parse_worker_address(address, "run_worker_loop_forever: address", worker=True)
+    if not where.is_unix and where.proc_host in _WILDCARDS:
         raise ValueError(
             "run_worker_loop_forever: address must name this host as the controller reaches "
-            f"it (a hostname or IP), not a wildcard (got {address!r})"
+            "it (a hostname or IP), not a wildcard; to listen on every interface give "
+            f"DIAL@BIND, e.g. 'tcp://myhost:2222@tcp://0.0.0.0:2222' (got {address!r})"
         )
     from ._hosts import secret_text
 

@@ -32,6 +32,7 @@ from ._service_identity import (
 )
 from ._shell import shell
 from ._slurm import SlurmJob, SlurmJobInfo, parse_squeue_json
+from ._ssh import SSHJob
 
 __all__ = [
     "BATCH_ENV",
@@ -45,6 +46,7 @@ __all__ = [
     "LocalJob",
     "PortForwarder",
     "ProcessJob",
+    "SSHJob",
     "SlurmJob",
     "SlurmJobInfo",
     "deserialize_service_proc_ids",

@@ -89,3 +89,98 @@ def load_current_job() -> JobTrait:
             "first."
         ) from None
     return _import_job(module_path)
+
+
+# -- contexts: ``regency context create|use|rm|ls`` (Monarch's ``monarch context``) --------------
+
+
+def _check_context_name(name: object) -> str:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or name.startswith(".")
+        or any(c in name for c in "/\\\0\n")
+        or name == "logs"
+    ):
+        raise ValueError(
+            "a context name must be a plain directory name such as 'evals', not 'logs' "
+            f"(LocalJob's logs live there) (got {name!r})"
+        )
+    return name
+
+
+def _context_dir(name: str) -> Path:
+    return Path(_STATE_DIR) / _check_context_name(name)
+
+
+def current_context() -> str | None:
+    """The name of the active context (the one ``.regency/job_state.pkl`` points into), or
+    None when the state file is a plain file or missing."""
+    link = Path(DEFAULT_JOB_PATH)
+    if not link.is_symlink():
+        return None
+    parts = Path(os.readlink(link)).parts
+    if len(parts) == 2 and parts[1] == _CONTEXT_STATE_FILE:
+        return parts[0]
+    return None
+
+
+def _adopt_plain_state() -> None:
+    """A plain ``job_state.pkl`` moves into the ``default`` context (as Monarch's does)."""
+    link = Path(DEFAULT_JOB_PATH)
+    Path(_STATE_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if link.exists() and not link.is_symlink():
+        default_dir = Path(_STATE_DIR) / "default"
+        default_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link.rename(default_dir / _CONTEXT_STATE_FILE)
+        link.symlink_to(Path("default") / _CONTEXT_STATE_FILE)
+
+
+def context_create(name: str) -> None:
+    """Make the context ``name`` (a directory of ``.regency/``, mode 0700)."""
+    directory = _context_dir(name)
+    Path(_STATE_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, exist_ok=True)
+
+
+def context_use(name: str) -> None:
+    """Make ``name`` the active context: ``.regency/job_state.pkl`` points into it (it is
+    made when missing)."""
+    _adopt_plain_state()
+    context_create(name)
+    link = Path(DEFAULT_JOB_PATH)
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(Path(name) / _CONTEXT_STATE_FILE)
+
+
+def context_rm(name: str) -> bool:
+    """Remove the context ``name``, killing its job first when it has one; the active
+    context becomes ``default`` if it was ``name``. False when there was no such context."""
+    import shutil
+
+    from ._job import job_load
+
+    directory = _context_dir(name)
+    if not directory.is_dir():
+        return False
+    state = directory / _CONTEXT_STATE_FILE
+    if state.exists():
+        job_load(str(state)).kill()
+    shutil.rmtree(directory)
+    if current_context() == name:
+        link = Path(DEFAULT_JOB_PATH)
+        link.unlink()
+        link.symlink_to(Path("default") / _CONTEXT_STATE_FILE)
+    return True
+
+
+def context_ls() -> list[tuple[str, bool]]:
+    """Every context, sorted, with whether it is the active one."""
+    root = Path(_STATE_DIR)
+    if not root.is_dir():
+        return []
+    active = current_context()
+    names = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    return [(name, name == active) for name in names if name != "logs"]

@@ -26,17 +26,19 @@ def _free_port() -> int:
 
 def hosts_from_config(name: str) -> Any:
     """A ``HostMesh`` of :data:`NUM_HOSTS` hosts (dim ``hosts``) named ``name``: workers on
-    this machine, started for it. Without ``REGENCY_SECRET`` the workers and this process
-    share a fresh job secret, which needs this to come before anything else starts Regency
-    in this process (as ``attach_to_workers(secret=...)`` does)."""
+    this machine, started for it. Without ``REGENCY_SECRET`` the workers get this process's
+    job secret (a fresh one when Regency has not started here yet)."""
     from ..actor import _start_worker, attach_to_workers
 
     if not isinstance(name, str):
         raise TypeError(f"hosts_from_config(name) takes a str (got {name!r})")
+    from ..core._hosts import job_passphrase
+
     passphrase = None
     env = None
     if not os.environ.get("REGENCY_SECRET", "").strip():
-        passphrase = secrets.token_hex(24)
+        # Regency already runs here (local procs first): its secret; else a fresh one.
+        passphrase = job_passphrase() or secrets.token_hex(24)
         env = {**os.environ, "REGENCY_SECRET": passphrase}
     workers = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(NUM_HOSTS)]
     children = []

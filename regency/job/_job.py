@@ -149,12 +149,24 @@ class JobTrait(ABC):
         try:
             self._attached = running._state()
         except RuntimeError as exc:
-            if "must come before anything else starts Regency" not in str(exc):
+            if "is not the one this process started Regency with" not in str(exc):
                 raise
+            if running is self:
+                raise RuntimeError(
+                    f"{type(self).__name__}.state(): this job was applied before Regency "
+                    "started in this process, with a job secret of its own, and Regency then "
+                    "started with another (or with one given as bytes, which a job cannot "
+                    "hand on). Call state() right after apply(), before anything else starts "
+                    "Regency, or apply the job after Regency started: it then gets this "
+                    "process's secret"
+                ) from exc
             raise RuntimeError(
-                f"{type(self).__name__}.state() must come before anything else starts Regency "
-                "in this process: the job's secret becomes this process's job secret (the job "
-                "stays applied; kill() releases it)"
+                f"{type(self).__name__}.state(): the job cached in {cached_path!r} was applied "
+                "by another process, with its own job secret, and Regency already runs in "
+                "this process with another one. A job applied from this process gets this "
+                "process's secret, so: call state() before anything else starts Regency here "
+                "(it then adopts the job's secret), or release the cached job (kill(), "
+                "`regency kill`) and apply again from here"
             ) from exc
         return self._attached
 

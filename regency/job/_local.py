@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from ..core._hosts import attach_to_workers
+from ..core._hosts import attach_to_workers, job_passphrase
 from ..core._proc_mesh import this_host
 from ._job import BATCH_ENV, DEFAULT_STATE_PATH, BatchJob, JobState, JobTrait, log
 
@@ -150,7 +150,9 @@ class ProcessJob(JobTrait):
                 "ProcessJob runs no batch client: use LocalJob or SlurmJob for "
                 "apply(client_script=...)"
             )
-        self._secret = secrets.token_hex(24)
+        # Applied after Regency started here: this process's secret (one controller, several
+        # jobs); else a fresh one, which this process adopts when it attaches.
+        self._secret = job_passphrase() or secrets.token_hex(24)
         self._log_dir = tempfile.mkdtemp(prefix="regency-process-job-")
         started: list[tuple[str, subprocess.Popen[bytes], str]] = []
         ports = iter(_free_ports(sum(self._meshes.values())))

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from ..core._hosts import attach_to_workers
+from ..core._hosts import attach_to_workers, job_passphrase
 from ._job import DEFAULT_STATE_PATH, BatchJob, JobState, JobTrait, in_batch_job, log
 from ._local import check_meshes
 
@@ -290,7 +290,9 @@ class SlurmJob(JobTrait):
 
     def _create(self, client_script: str | None) -> None:
         sbatch = _tool("sbatch")
-        self._secret = secrets.token_hex(24)
+        # Applied after Regency started here: this process's secret (one controller, several
+        # jobs); else a fresh one, which this process adopts when it attaches.
+        self._secret = job_passphrase() or secrets.token_hex(24)
         self._nodes = ()
         if client_script is not None:
             # The client inside the allocation finds this and attaches to its own job.

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from .._logs._sim import install_sim_proc
-from ..core import _codec, _config
+from ..core import _codec, _config, _waiting
 from ..core._config import current_config
 from ..core._environment import Environment
 from ..core._launcher import ProcHandle, ProcLauncher
@@ -34,7 +34,7 @@ from ._buggify import Buggify
 from ._clock import SimEvent, current_trace, run_deterministic
 from ._environ import forget_environments, give_environment
 from ._invariants import InvariantChecker, InvariantViolation
-from ._lockstep import Lockstep, LockstepExecutor, LockstepThreads
+from ._lockstep import Lockstep, LockstepExecutor, lockstep_leader
 from ._network import (
     CONTROLLER_HOST,
     ClogFault,
@@ -194,7 +194,7 @@ class SimCluster:
             launcher=lambda nursery: SimLauncher(self, host),
             host_launcher=self._host_launcher,
             executor=lambda rt: LockstepExecutor(self.lockstep, rt),
-            waiter=lambda rt: LockstepThreads(),
+            waiter=lambda rt: lockstep_leader(self.lockstep, rt),
             ticker=self.ticker,
             clock=self.now,
             probe=self.checker,
@@ -821,7 +821,8 @@ def simulate(
 
                 def run_program() -> Any:
                     _runtime_var.set(controller)
-                    return program(mesh)
+                    with _waiting.bound(controller.waiter):  # as a program's thread waits
+                        return program(mesh)
 
                 value = await cluster.lockstep.run(run_program)
             elapsed = trio.current_time() - start
@@ -923,6 +924,7 @@ def start_simulated_controller(seed: int) -> Runtime:
     wait_first_turn()
     if failed:
         raise RuntimeError(f"the simulation failed to start: {failed[0]!r}") from failed[0]
+    _waiting.bind(started["rt"].waiter)  # the program's thread waits as the controller's
     return started["rt"]
 
 

@@ -57,6 +57,7 @@ class _Worker:
         lockstep._workers.append(self)
 
     def _main(self) -> None:
+        _here.worker = self
         _waiting.bind(LockstepWaiter(self.lockstep, self))
         while True:
             self.turn.acquire()
@@ -145,6 +146,7 @@ class Lockstep:
         between loop turns; return the function that waits for its first turn."""
         worker = _Worker(self, threading.current_thread().name)
         worker.job = _Job(lambda: None)  # a job that never "finishes" while the program runs
+        _here.worker = worker
         _waiting.bind(LockstepWaiter(self, worker, main=True))
         self._main_worker = worker
 
@@ -265,36 +267,25 @@ class LockstepWaiter:
         send()
 
 
-class LockstepThreads:
-    """A simulated runtime's waiter (``Environment.waiter``): its threads are lockstep
-    threads, each bound to its own :class:`LockstepWaiter`, which this one finds."""
+class _Here(threading.local):
+    worker: _Worker | None = None
 
-    serves_any_thread = False
-    runs_freely = False
 
-    def _own(self) -> LockstepWaiter:
-        waiter = _waiting.here.waiter
-        if type(waiter) is not LockstepWaiter:
-            raise RuntimeError(
-                "a simulated runtime's wait was called from a thread that is not one of the "
-                f"simulation's lockstep threads ({threading.current_thread().name!r})"
-            )
-        return waiter
-
-    def wait(self, fut: Future[Any], timeout: float | None) -> None:
-        self._own().wait(fut, timeout)
-
-    def wait_async(self, fut: Future[Any]) -> Awaitable[None]:
-        return self._own().wait_async(fut)
-
-    def sending(self, send: Callable[[], None]) -> None:
-        send()
+_here = _Here()
 
 
 def current_worker() -> _Worker | None:
     """The lockstep thread the caller runs on, if any."""
-    waiter = _waiting.here.waiter
-    return waiter.worker if type(waiter) is LockstepWaiter else None
+    return _here.worker
+
+
+def lockstep_leader(lockstep: Lockstep, rt: Runtime) -> Any:
+    """A simulated runtime's waiter (``Environment.waiter``): production's leader on the
+    simulation's lockstep I/O (sim/_leading.py)."""
+    from ..core._leader import Leader
+    from ._leading import LockstepPolling
+
+    return Leader(rt, LockstepPolling(lockstep, rt.env.clock))
 
 
 class _LockstepMailbox:
@@ -344,11 +335,23 @@ class LockstepExecutor:
         self._rt = rt
 
     def start_thread(self, fn: Callable[[], None], name: str) -> None:
+        waiter = self._rt.waiter
+
+        def job() -> None:
+            with _waiting.bound(waiter):  # it waits as its runtime's threads do
+                fn()
+
         # The job belongs to the runtime's nursery: when the proc dies, its thread freezes.
-        self._rt.nursery.start_soon(self._lockstep.run, fn, name=name)
+        self._rt.nursery.start_soon(self._lockstep.run, job, name=name)
 
     def mailbox(self) -> Mailbox:
-        return _LockstepMailbox()
+        leader = self._rt.leader
+        if leader is None:
+            return _LockstepMailbox()
+        from ._leading import LeadingLockstepMailbox
+
+        # Its get() leads the runtime's connections while empty, as production's does.
+        return LeadingLockstepMailbox(leader, self._lockstep)
 
     def _submit(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
         """Run ``fn`` on the loop, then resolve ``fut``, in the calling thread's context."""

@@ -42,12 +42,14 @@ import logging
 import math
 import random
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 import trio
 
+from ..transports import _baton
 from ..transports._base import (
     DEFAULT_MAX_FRAME_BYTES,
     Connection,
@@ -62,6 +64,7 @@ from ..transports._base import (
     join_frame,
 )
 from ._clock import SimEvent, Trace, current_trace
+from ._leading import Watched, new_fd, register
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -87,6 +90,9 @@ _ACCEPT: Final = 3
 # frame is (its index on the connection, its bytes); of a FIN, the reason. An entry is in the
 # heap at most once and keeps its sequence number, so tuples never compare past it.
 _Entry = tuple[float, int, "SimConnection", int, Any]
+#: Baton states in which the loop's reader may wake for a frame (transports/_baton.py): a
+#: thread leads the connection (the reader then waits for it back) or set it aside.
+_RACEABLE = frozenset((_baton.THREAD, _baton.HELD))
 
 
 def _non_negative(what: str) -> Any:
@@ -122,6 +128,14 @@ class Latency:
     jitter: float = attrs.field(default=0.001, validator=_non_negative("jitter in seconds"))
 
 
+def _probability(what: str) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+        if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+            raise ValueError(f"{what} must be a probability in [0, 1] (got {value!r})")
+
+    return check
+
+
 def _rate() -> Any:
     return attrs.field(default=0.0, validator=_non_negative("rate per simulated second"))
 
@@ -155,6 +169,11 @@ class Faults:
     pause: float = _rate()
     max_delay: float = attrs.field(default=0.5, validator=_non_negative("delay in seconds"))
     mean_duration: float = attrs.field(default=1.0, validator=_non_negative("duration in seconds"))
+    #: Not a rate: the chance that the loop wins a race with a thread for a connection's read
+    #: (``sim/_leading.py``), drawn at each thread's ``lead`` (refused: the loop was reading
+    #: just then) and at each frame that reaches a connection a thread leads or set aside
+    #: (the loop's reader woke for it: it reads that connection next). 0: threads win.
+    read_race: float = attrs.field(default=0.0, validator=_probability("read_race"))
 
     @property
     def link_rate(self) -> float:
@@ -431,7 +450,15 @@ class SimConnection(Connection):
     (``closed`` is True, sends raise) from the moment it breaks; its sink hears of it through
     ``connection_lost`` from its transport's delivery task soon after, and no frame reaches
     that sink after that.
+
+    A thread may read it (``transports.ThreadReadable``, as a socket: ``sim/_leading.py``):
+    who reads is the same baton state machine as a socket's (``transports/_baton.py``). While
+    a thread leads the end or set it aside, frames that arrive wait in it, unread, in order
+    (a FIN too); the thread hands each to its sink's ``frame_on_thread``; what it leaves, and
+    everything once the loop takes the end back, the loop hands to ``frame_received``.
     """
+
+    readable_by_threads = True
 
     def __init__(
         self,
@@ -458,6 +485,14 @@ class SimConnection(Connection):
         #: that never decrease, which is what keeps them in order.
         self._last_at = -math.inf
         self._sent = 0  # frames sent from this end: the next frame's index
+        #: Who reads it (transports/_baton.py): the loop's delivery, idle, to begin with.
+        self._baton = _baton.LOOP_WAITING
+        #: Frames (and a FIN) that arrived while a thread led it or set it aside, in order:
+        #: ``(kind, payload)``.
+        self._unread: deque[tuple[int, Any]] = deque()
+        self._fd = new_fd()
+        self._watched = Watched()
+        register(self._fd, self)
 
     @property
     def id(self) -> int:
@@ -480,11 +515,126 @@ class SimConnection(Connection):
     def _broken(self, reason: str) -> ConnectionBroken:
         return ConnectionBroken(f"connection to {self.peer} is broken: {reason}")
 
+    # -- read by a thread (transports.ThreadReadable) -------------------------------------
+
+    def _step(self, event: int) -> int:
+        """Move the baton; returns the action (the simulated loop needs only WAKE_LOOP)."""
+        self._baton, action = _baton.STEP[self._baton | event]
+        if action == _baton.WAKE_LOOP or action == _baton.HAND_BACK:
+            try:
+                self._transport._token.run_sync_soon(self._loop_reads)
+            except trio.RunFinishedError:
+                pass  # the simulation is over: nothing reads it again
+        elif action == _baton.ILLEGAL:
+            raise AssertionError(f"sim connection c{self._wire.id}: illegal baton move")
+        return action
+
+    def lead(self) -> bool:
+        if self._closed:
+            return False
+        if self._race("lead refused: the loop reads"):
+            return False
+        return self._step(_baton.LEAD) != _baton.REFUSED
+
+    def _race(self, what: str) -> bool:
+        """Whether the loop wins this race for the read (``Faults.read_race``)."""
+        net = self._transport._net
+        chance = net.faults.read_race
+        if not chance or not net._draw("read_race", net._rng.random() < chance):
+            return False
+        detail = f"c{self._wire.id} {self.host}: {what}"
+        if threading.get_ident() == self._transport._thread:
+            net._record("read_race", detail)
+        else:  # (a lockstep thread's lead: recorded on the loop, at this virtual time)
+            self._transport._token.run_sync_soon(net._record, "read_race", detail)
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def ready(self) -> bool:
+        """Something for the thread that leads it to read (or its end)."""
+        return self._baton in _baton.THREAD_READS and (bool(self._unread) or self._closed)
+
+    def watch(self, wake: Any) -> None:
+        self._watched.watch(wake)
+
+    def unwatch(self, wake: Any) -> None:
+        self._watched.unwatch(wake)
+
+    def read_led(self) -> bool:
+        if self._baton not in _baton.THREAD_READS:
+            return False
+        unread = self._unread
+        on_thread = getattr(self.sink, "frame_on_thread", None)
+        while unread and not self._closed:
+            kind, payload = unread[0]
+            if kind != _FRAME or on_thread is None:
+                break  # the loop reads a FIN
+            unread.popleft()
+            taken = False
+            try:
+                taken = on_thread(self, memoryview(payload[1]))
+            finally:
+                if not taken:
+                    unread.appendleft((kind, payload))
+                    self._step(_baton.GIVE_BACK_UNREAD)
+            if not taken:
+                return False
+        if unread or self._closed:
+            self._step(_baton.GIVE_BACK_UNREAD)
+            return False
+        return True
+
+    def _dirty(self) -> int:
+        return _baton.UNREAD if self._unread or self._closed else 0
+
+    def hold(self) -> None:
+        self._step(_baton.HOLD + self._dirty())
+
+    def give_back(self) -> None:
+        self._step(_baton.GIVE_BACK + self._dirty())
+
+    def reclaim(self) -> bool:
+        return self._step(_baton.RECLAIM + self._dirty()) != _baton.REFUSED
+
+    def _arrived(self, kind: int, payload: Any) -> bool:
+        """A frame or FIN reached this end: kept unread (True) while a thread leads it or
+        set it aside, or while what came before it waits for the loop."""
+        if self._baton == _baton.LOOP_WAITING and not self._unread:
+            return False
+        self._unread.append((kind, payload))
+        if self._baton in _RACEABLE and self._race("the loop's reader woke"):
+            self._step(_baton.LOOP_WAKES)  # held: the loop's now; led: it waits for it
+            if self._baton == _baton.LOOP:
+                self._transport._token.run_sync_soon(self._loop_reads)
+        self._watched.wake()
+        return True
+
+    def _loop_reads(self) -> None:
+        """On the loop: the baton is the loop's again with frames unread: handle them, in
+        order, as they would have been on arrival."""
+        if self._baton != _baton.LOOP:
+            return  # (a thread led it again first, or it is the loop's and idle)
+        net = self._transport._net
+        unread = self._unread
+        while unread and not self._closed:
+            kind, payload = unread.popleft()
+            if kind == _FIN:
+                unread.clear()
+                net._mark_closed(self, self._broken(payload))
+                net._record("fin", self._label(towards_me=True))
+                net._report(self)
+                break
+            self._transport._hand_to_sink(self, payload[1])
+        unread.clear()
+        self._step(_baton.LOOP_WAITS)
+
     def _label(self, towards_me: bool) -> str:
         src, dst = (self.other.host, self.host) if towards_me else (self.host, self.other.host)
         return f"c{self._wire.id} {src}->{dst}"
 
-    def send_nowait(self, frame: Frame) -> None:
+    def send_nowait(self, frame: Frame, answer: bool = False) -> None:
         if self._closed:
             error = self._error
             if error is None:
@@ -749,6 +899,9 @@ class SimTransport(Transport):
             net._break(end._wire, f"a frame from {src!r} to {dst!r} was lost to a partition")
             return
         if kind == _FIN:
+            if end._arrived(kind, payload):
+                net._record("fin_unread", label)
+                return
             net._mark_closed(end, end._broken(payload))
             net._record("fin", label)
             net._report(end)
@@ -764,18 +917,20 @@ class SimTransport(Transport):
             )
             return
         net._record("deliver", f"{label} {size}B")
+        if end._arrived(kind, payload):
+            return  # a thread reads it (sim/_leading.py), or the loop once it takes it back
+        end._step(_baton.LOOP_WAKES)
+        self._hand_to_sink(end, frame)
+        end._step(_baton.LOOP_WAITS)
+
+    def _hand_to_sink(self, end: SimConnection, frame: Any) -> None:
+        """The loop hands a frame to ``end``'s sink (a bad one fails the connection)."""
         assert end.sink is not None
         try:
-            # Every frame is offered first to the path a production thread that waits for a
-            # reply or a call takes (core/_leader.py): the simulator runs that code too (on
-            # its loop); what it declines goes the loop's way, as in production.
-            on_thread = getattr(end.sink, "frame_on_thread", None)
-            view = memoryview(frame)
-            if on_thread is None or not on_thread(end, view):
-                end.sink.frame_received(end, view)
+            end.sink.frame_received(end, memoryview(frame))
         except Exception as exc:
             log.error("closing sim connection to %s after bad frame: %r", end.peer, exc)
-            net._fail(end, exc)
+            self._net._fail(end, exc)
 
     def _accept(self, end: SimConnection, listener: SimListener) -> None:
         wire = end._wire
@@ -1283,6 +1438,8 @@ class SimNetwork:
         end._closed = True
         end._error = error
         end._parked.clear()
+        end._unread.clear()  # lost with the connection, as frames still on their way
+        end._watched.wake()  # a thread that leads it hands it back
         end._transport._ends.pop((end._wire.id, end._side), None)
         if end.other._closed:
             self._wires.pop(end._wire.id, None)

@@ -219,9 +219,9 @@ class SimTicker:
             (job.owner.address, job.target) for job in self._jobs.values() if job.kind == "heartbeat"
         }
         for rt in runtimes:
-            if getattr(rt, "_ack_scheduled", False):
+            if rt.inbound.ack_scheduled:
                 return False
-            for box in list(rt._outboxes.values()):
+            for box in list(rt.outboxes.values()):
                 if box._machine.unacked or box._machine.pending:
                     return False
             for address, child in rt.children.items():

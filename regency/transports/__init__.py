@@ -30,10 +30,13 @@ from ._base import (
     IncompatiblePeer,
     Listener,
     SinkFactory,
+    ThreadReadable,
+    ThreadSink,
     Transport,
     TransportError,
     frame_size,
     join_frame,
+    thread_readable,
 )
 from ._inproc import InprocTransport
 from ._sockets import SocketTransport
@@ -54,12 +57,15 @@ __all__ = [
     "Listener",
     "MultiTransport",
     "SinkFactory",
+    "ThreadReadable",
+    "ThreadSink",
     "Transport",
     "TransportError",
     "frame_size",
     "join_frame",
     "open_transport",
     "scheme_of",
+    "thread_readable",
 ]
 
 

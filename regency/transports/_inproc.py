@@ -33,6 +33,10 @@ _names = itertools.count()
 
 
 class InprocConnection(Connection):
+    #: Frames are handed over as objects to the receiving loop's pump, not through a
+    #: descriptor: only the loop reads (a waiting thread of this process waits on its lock).
+    readable_by_threads = False
+
     def __init__(self, peer: str, token: trio.lowlevel.TrioToken) -> None:
         self.peer = peer
         self.sink: FrameSink | None = None
@@ -50,7 +54,7 @@ class InprocConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: Frame) -> None:
+    def send_nowait(self, frame: Frame, answer: bool = False) -> None:
         other = self.other
         if self._closed or other is None:
             raise ConnectionClosed(f"connection to {self.peer} is closed")

@@ -225,6 +225,10 @@ class _Flush(enum.Enum):
 class NngConnection(Connection):
     """One authenticated nng pipe."""
 
+    #: nng's own threads receive every message: there is no descriptor a thread could
+    #: read frames from in order with the loop, so only the loop reads.
+    readable_by_threads = False
+
     def __init__(
         self,
         endpoint: _Endpoint,
@@ -272,7 +276,7 @@ class NngConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: Frame) -> None:
+    def send_nowait(self, frame: Frame, answer: bool = False) -> None:
         size = len(frame) if isinstance(frame, bytes) else frame_size(frame)
         if size > self._endpoint.max_frame:
             raise ValueError(

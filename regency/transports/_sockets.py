@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from . import _auth, _protect, _shm
-from ._answering import answering as _answering
+from . import _auth, _baton, _protect, _shm
 from ._base import (
     AuthenticationError,
     Connection,
@@ -53,12 +52,13 @@ _RECV_BUFFER = 256 * 1024
 _GATHER_THRESHOLD = 16 * 1024
 # Frames sent less than this many seconds after the previous one are queued for the writer
 # task, which sends a whole burst with one sendmsg; an isolated frame goes out at once, and
-# so does the first frame a thread sends after it waited for a message (``_answering.py``:
-# a reply, however fast the round trip). Back-to-back sends (pipelined calls, a burst of
-# replies) come 5-15 us apart. At 60 us without the waited rule, one fast round trip in five
-# took its reply for a burst and waited for the loop to write it (docs/performance.md,
-# "Idle vCPUs, spinning callees and the burst window"); 25 us also keeps frames a thread
-# sends 30-60 us apart without waiting from costing a loop wake-up each.
+# so does a frame sent with ``answer=True`` (the first frame a thread sends after it waited
+# for a message: a reply, however fast the round trip; see ``Connection.send_nowait``).
+# Back-to-back sends (pipelined calls, a burst of replies) come 5-15 us apart. At 60 us
+# without the answer rule, one fast round trip in five took its reply for a burst and waited
+# for the loop to write it (docs/performance.md, "Idle vCPUs, spinning callees and the burst
+# window"); 25 us also keeps frames a thread sends 30-60 us apart without waiting from
+# costing a loop wake-up each.
 _BURST_WINDOW = 25e-6
 _MAX_IOV = 512
 _perf_counter = time.perf_counter  # (read per frame sent: a global, not an attribute too)
@@ -78,18 +78,38 @@ LANE_MIN = 64 * 1024
 LANE_RING = 16 << 20
 _NEVER = 1 << 62  # the lane threshold of a connection without a lane
 
-# Who reads an unprotected connection (see SocketConnection.lead): the loop's reader task
-# (reading, or about to), the reader task waiting in wait_readable (a thread may take over),
-# a thread, the reader task woken while a thread read (it waits to be handed back), or no
-# one: a thread set it aside still silenced, to lead it again soon (``hold``; any thread
-# may lead it, the loop takes it back with ``reclaim``).
-_LOOP, _LOOP_WAITING, _THREAD, _PARKED, _HELD = 0, 1, 2, 3, 4
-# Batons a thread that leads holds (the reader task may have woken meanwhile: parked), and
-# those or set aside; sets built once, not a tuple per test on the read path.
-_LED = frozenset((_THREAD, _PARKED))
-_LED_OR_HELD = frozenset((_THREAD, _PARKED, _HELD))
+# Who reads an unprotected connection (the loop's reader task or a thread: see
+# SocketConnection.lead) is the connection's baton, a state of the machine in ``_baton.py``.
+# Its states, events and actions, as module globals (read on the hot path).
+_BROKEN = _baton.BROKEN
+_GIVE_BACK = _baton.GIVE_BACK
+_GIVE_BACK_UNREAD = _baton.GIVE_BACK_UNREAD
+_HAND_BACK = _baton.HAND_BACK
+_HELD = _baton.HELD
+_HOLD = _baton.HOLD
+_HOLD_UNREAD = _baton.HOLD_UNREAD
+_ILLEGAL = _baton.ILLEGAL
+_LEAD = _baton.LEAD
+_LEADABLE = _baton.LEADABLE
+_LOOP = _baton.LOOP
+_LOOP_WAITING = _baton.LOOP_WAITING
+_LOOP_WAITS = _baton.LOOP_WAITS
+_LOOP_WAKES = _baton.LOOP_WAKES
+_NOTHING = _baton.NOTHING
+_PARK = _baton.PARK
+_REARM = _baton.REARM
+_REARM_FAILED = _baton.REARM_FAILED
+_RECLAIM = _baton.RECLAIM
+_RECLAIM_UNREAD = _baton.RECLAIM_UNREAD
+_REFUSED = _baton.REFUSED
+_SILENCE = _baton.SILENCE
+_SILENCE_FAILED = _baton.SILENCE_FAILED
+_STEP = _baton.STEP
+_THREAD_READS = _baton.THREAD_READS
+_WAKE_LOOP = _baton.WAKE_LOOP
+_describe = _baton.describe
 # The loop's interest in a socket, re-armed when a thread hands it back (as trio arms it).
-_REARM = select.EPOLLIN | select.EPOLLONESHOT
+_REARM_FLAGS = select.EPOLLIN | select.EPOLLONESHOT
 
 
 def _loop_epoll() -> Any:
@@ -255,12 +275,17 @@ class SocketConnection(Connection):
         self._closed = False
         self._error: BaseException | None = None
         self.sink: FrameSink | None = None
-        # Reading by a thread (lead/read_led/give_back). The baton says who may read; the
-        # receive buffer and its parse position live here so either reader goes on where the
-        # other stopped. Lock order: _read_lock, then _lock. Closing the socket takes
-        # _read_lock, so a thread never reads a closed (or reused) descriptor.
+        # Reading by a thread (lead/read_led/hold/give_back: ThreadReadable). The baton
+        # (a state of _baton.py's machine, changed only under _read_lock, by _STEP) says who
+        # may read; the receive buffer and its parse position live here so either reader
+        # goes on where the other stopped. Lock order: _read_lock, then _lock. Closing the
+        # socket takes _read_lock, so a thread never reads a closed (or reused) descriptor.
         self._read_lock = threading.Lock()
         self._baton = _LOOP
+        # Sealed connections are read by their reader task alone: records are opened in
+        # sequence by one opener, which assembles frames of several records in its own
+        # buffer (sharing it with threads is possible, not done: sealed links cross hosts,
+        # where the network, not a loop wake-up, dominates a round trip).
         self._epoll: Any = _loop_epoll() if protection is None else None
         self._fd = sock.fileno()
         self._rview: memoryview | None = None
@@ -276,9 +301,14 @@ class SocketConnection(Connection):
     def closed(self) -> bool:
         return self._closed
 
-    def send_nowait(self, frame: Frame) -> None:
+    @property
+    def readable_by_threads(self) -> bool:  # type: ignore[override]
+        """Unsealed, and trio waits on epoll (whose interest a thread silences)."""
+        return self._epoll is not None
+
+    def send_nowait(self, frame: Frame, answer: bool = False) -> None:
         if self._sealer is not None:
-            self._send_sealed(frame)
+            self._send_sealed(frame, answer)
             return
         if isinstance(frame, list):
             size = frame_size(frame)
@@ -288,9 +318,6 @@ class SocketConnection(Connection):
             size = len(frame)
         header = size.to_bytes(_HEADER, "little")
         now = _perf_counter()
-        answer = _answering.waited  # (see _answering.py: a reply goes out at once)
-        if answer:
-            _answering.waited = False
         # ``with``, not acquire()/try/release(): see Outbox.send (an interrupt raised as
         # acquire() returns would leave the lock held for good).
         with self._lock:
@@ -356,14 +383,11 @@ class SocketConnection(Connection):
     def _wake_writer(self) -> None:
         self._writer_wakeup.set()
 
-    def _send_sealed(self, frame: Frame) -> None:
+    def _send_sealed(self, frame: Frame, answer: bool) -> None:
         """``send_nowait`` on a protected connection: seal under the lock, so records reach
         the wire in the order of their sequence numbers."""
         assert self._sealer is not None
         now = _perf_counter()
-        answer = _answering.waited
-        if answer:
-            _answering.waited = False
         with self._lock:
             if self._closed:
                 if self._error is not None:
@@ -580,19 +604,25 @@ class SocketConnection(Connection):
                     await trio.lowlevel.wait_readable(self._sock)
             return
         with self._read_lock:
-            self._baton = _LOOP_WAITING
+            before = self._baton
+            self._baton, action = _STEP[before | _LOOP_WAITS]
+            if action != _NOTHING:  # broken: run on into the connection's failure
+                if action == _ILLEGAL:
+                    self._broke(before, _LOOP_WAITS)
+                return
             scope = self._wait_scope = trio.CancelScope()
             if until is not None:
                 scope.deadline = until
         with scope:
             await trio.lowlevel.wait_readable(self._sock)
         with self._read_lock:
-            if self._baton == _THREAD:  # woken while a thread reads: wait for it
-                handed = self._handed_back = trio.Event()
-                self._baton = _PARKED
-            else:  # still ours, handed back with frames to handle, or held by no reader
-                self._baton = _LOOP
+            before = self._baton
+            self._baton, action = _STEP[before | _LOOP_WAKES]
+            if action != _PARK:  # ours: still, handed back with bytes to handle, or held
+                if action == _ILLEGAL:
+                    self._broke(before, _LOOP_WAKES)
                 return
+            handed = self._handed_back = trio.Event()  # a thread reads: wait for it
         if until is not None and self._big is not None:
             with trio.move_on_at(until):
                 await handed.wait()
@@ -600,34 +630,37 @@ class SocketConnection(Connection):
             self._big = None  # (the caller finds it gone; no thread reads into it)
         await handed.wait()
 
-    # -- reading on a thread ----------------------------------------------------------------
+    # -- reading on a thread (ThreadReadable) -----------------------------------------------
 
     def lead(self) -> bool:
         """From a thread other than the loop's: take over reading this connection while the
-        reader task waits for data, or one a thread set aside (:meth:`hold`: no syscall).
-        False when it cannot (the loop is reading, another thread leads, the connection is
-        sealed, closed, or has writes queued). After True the caller reads with
-        :meth:`read_led` when ``fileno()`` polls readable, and must :meth:`give_back` (or
-        :meth:`hold`)."""
+        reader task waits for data (silencing the loop's interest in the socket: one
+        ``epoll_ctl``), or one a thread set aside (:meth:`hold`: no syscall). False when it
+        cannot (the loop is reading, another thread leads, the connection is sealed, closed,
+        or has writes queued: the writer may wait for EPOLLOUT on the same descriptor).
+        After True the caller reads with :meth:`read_led` when ``fileno()`` polls readable,
+        and must :meth:`give_back` (or :meth:`hold`)."""
         epoll = self._epoll
-        if epoll is None or (self._baton != _LOOP_WAITING and self._baton != _HELD):
+        if epoll is None or self._baton not in _LEADABLE:  # (a first look without the lock)
             return False
         with self._read_lock:
             if self._closed:
                 return False
-            if self._baton == _HELD:  # set aside by a thread (hold): still silenced
-                self._baton = _THREAD
+            baton, action = _STEP[self._baton | _LEAD]
+            if action == _NOTHING:  # set aside by a thread (hold): still silenced
+                self._baton = baton
                 return True
-            if self._baton != _LOOP_WAITING:
-                return False
+            if action != _SILENCE:
+                return False  # refused: the baton moved since the first look
             with self._lock:
                 if self._pending or self._writing:
-                    return False  # the writer may wait for EPOLLOUT on the same fd
+                    return False
+                self._baton = baton
                 try:
                     epoll.modify(self._fd, 0)
                 except OSError:
+                    self._baton = _STEP[baton | _SILENCE_FAILED][0]
                     return False
-            self._baton = _THREAD
         return True
 
     def fileno(self) -> int:
@@ -639,11 +672,11 @@ class SocketConnection(Connection):
         given the connection back): a frame the sink leaves to the loop, a frame bigger
         than the buffer, end of stream or an error (the reader task meets it itself)."""
         with self._read_lock:  # closing takes it: the descriptor is ours while held
-            if self._baton not in _LED:  # (parked: the reader task woke)
+            if self._baton not in _THREAD_READS:  # (handed back, broken)
                 return False
             view, start, end = self._rview, self._rstart, self._rend
             if self._closed or view is None:
-                self._give_back_locked(True)
+                self._move_locked(_GIVE_BACK_UNREAD)
                 return False
             try:
                 # (an empty buffer, the common case, is received into without a slice)
@@ -653,7 +686,7 @@ class SocketConnection(Connection):
             except OSError:
                 n = 0
             if n == 0:
-                self._give_back_locked(True)
+                self._move_locked(_GIVE_BACK_UNREAD)
                 return False
         # The frames are handled without the lock (a handler may close connections); the
         # baton keeps the reader task off the buffer meanwhile.
@@ -698,7 +731,7 @@ class SocketConnection(Connection):
                 with self._read_lock:
                     self._rstart, self._rend = _compact(view, start, end)
                     if not handled or self._closed:
-                        self._give_back_locked(True)
+                        self._move_locked(_GIVE_BACK_UNREAD)
                         handled = False
         return handled
 
@@ -724,10 +757,12 @@ class SocketConnection(Connection):
         return bool(taken)
 
     def give_back(self) -> None:
-        """The leading thread is done: the reader task reads again."""
+        """The leading thread is done (or a connection set aside goes back): the reader
+        task reads again, woken at once when bytes are left unread or it is closed."""
         with self._read_lock:
-            if self._baton in _LED_OR_HELD:
-                self._give_back_locked(self._rstart != self._rend)
+            self._move_locked(
+                _GIVE_BACK if self._rstart == self._rend and not self._closed else _GIVE_BACK_UNREAD
+            )
 
     def hold(self) -> None:
         """The leading thread stops reading for now but means to lead the connection again
@@ -737,10 +772,12 @@ class SocketConnection(Connection):
         runtime does, a few ms after the last hold). Given back at once instead when bytes
         are left in the buffer, the reader task waits for it, or it is closed."""
         with self._read_lock:
-            if self._baton == _THREAD and self._rstart == self._rend and not self._closed:
-                self._baton = _HELD
-            elif self._baton in _LED:
-                self._give_back_locked(self._rstart != self._rend)
+            event = _HOLD if self._rstart == self._rend and not self._closed else _HOLD_UNREAD
+            baton, action = _STEP[self._baton | event]
+            if action == _NOTHING:  # (the common case, thread -> held, without a call)
+                self._baton = baton
+            elif action != _REFUSED:
+                self._move_locked(event)
 
     @property
     def held(self) -> bool:
@@ -752,38 +789,55 @@ class SocketConnection(Connection):
         interest is re-armed (the reader task wakes if data came meanwhile). False when it
         was not set aside."""
         with self._read_lock:
-            if self._baton != _HELD:
-                return False
-            self._give_back_locked(self._rstart != self._rend)
-        return True
+            action = self._move_locked(
+                _RECLAIM if self._rstart == self._rend and not self._closed else _RECLAIM_UNREAD
+            )
+        return action != _REFUSED
 
-    def _give_back_locked(self, wake: bool) -> None:
-        """Hand reading back to the loop (``_read_lock`` held). With ``wake`` (bytes left in
-        the buffer, or a condition the reader task must meet) the reader task is woken;
-        else the socket's interest is re-armed, which wakes it only when data comes."""
-        if self._baton == _PARKED:
-            self._baton = _LOOP
-            handed = self._handed_back
-            assert handed is not None
-            self._call_on_loop(handed.set)
-        elif wake or self._closed:
-            self._baton = _LOOP
+    def _move_locked(self, event: int) -> int:
+        """Feed ``event`` to the baton (``_read_lock`` held) and perform the action it
+        decides (returned): re-arm the loop's interest (as trio armed it, with EPOLLOUT when
+        the writer may wait for it: see :meth:`lead`), wake the waiting reader task, or hand
+        the connection back to the parked one."""
+        before = self._baton
+        self._baton, action = _STEP[before | event]
+        if action == _REARM:
+            flags = _REARM_FLAGS
+            with self._lock:
+                if self._pending:
+                    flags |= select.EPOLLOUT
+                try:
+                    self._epoll.modify(self._fd, flags)
+                    return action
+                except OSError:
+                    self._baton, action = _STEP[self._baton | _REARM_FAILED]
+        if action == _WAKE_LOOP:
             scope = self._wait_scope
             assert scope is not None
             self._call_on_loop(scope.cancel)
-        else:
-            self._baton = _LOOP_WAITING
-            flags = _REARM
-            with self._lock:
-                if self._pending:
-                    flags |= select.EPOLLOUT  # see lead()
-                try:
-                    self._epoll.modify(self._fd, flags)
-                except OSError:
-                    self._baton = _LOOP
-                    scope = self._wait_scope
-                    assert scope is not None
-                    self._call_on_loop(scope.cancel)
+        elif action == _HAND_BACK:
+            handed = self._handed_back
+            assert handed is not None
+            self._call_on_loop(handed.set)
+        elif action == _ILLEGAL:
+            self._broke(before, event)
+        return action
+
+    def _broke(self, state: int, event: int) -> None:
+        """The baton got an event its state cannot see (``_read_lock`` held): a bug. The
+        connection fails (its session resumes on a new one) rather than have a frame read
+        twice or never; the reader task is woken, wherever it waits, to report it."""
+        error = ConnectionBroken(
+            f"the read baton went {_describe(state, event)} {_describe(_BROKEN)} "
+            f"(a bug in regency: please report it)"
+        )
+        log.error("closing connection to %s: %s", self.peer, error)
+        with self._lock:
+            self._fail_locked(error)
+        if self._wait_scope is not None:
+            self._call_on_loop(self._wait_scope.cancel)
+        if self._handed_back is not None:
+            self._call_on_loop(self._handed_back.set)
 
     def _call_on_loop(self, fn: Any) -> None:
         try:

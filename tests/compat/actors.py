@@ -396,3 +396,50 @@ class Aborter(Actor):
 
         context().actor_instance.abort(reason)
         return "aborting"
+
+
+# -- Monarch 0.7's bootstrap tests (test_bootstrap_07.py) ----------------------------------------
+
+
+class Hello(Actor):
+    @endpoint
+    def doit(self) -> str:
+        return "hello!"
+
+
+class RankActor(Actor):
+    @endpoint
+    async def get_rank(self) -> int:
+        from regency.actor import context
+
+        rank: int = context().actor_instance.rank.rank
+        return rank
+
+
+class WrapperMarkerActor(Actor):
+    """Returns the PID stamped by the wrapper executable."""
+
+    @endpoint
+    def get_wrapper_pid(self) -> str:
+        import os
+
+        return os.environ.get("PYTHON_WRAPPER_PID", "")
+
+    @endpoint
+    def spawn_inner(self) -> WrapperMarkerActor:
+        """Spawns a new proc via this_host() to test recursive propagation."""
+        from regency.actor import this_host
+
+        return (
+            this_host()
+            .spawn_procs(per_host={"procs": 1})
+            .spawn("inner_marker", WrapperMarkerActor)
+        )
+
+
+class Affinity(Actor):
+    @endpoint
+    def cpus(self) -> list[int]:
+        import os
+
+        return sorted(os.sched_getaffinity(0))

@@ -91,3 +91,36 @@ def test_bootstrap_callable_may_use_the_runtime() -> None:
     finally:
         sync.stop().get(T)
         aio.stop().get(T)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and at least two CPUs",
+)
+def test_proc_bind_pins_each_proc_of_a_host() -> None:
+    from .actors import Affinity
+
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    procs = this_host().spawn_procs(
+        per_host={"gpus": 2}, proc_bind=[{"cpus": str(first)}, {"cpus": str(second)}]
+    )
+    try:
+        pinned = procs.spawn("affinity", Affinity).cpus.call().get(T).values()
+        assert pinned == [[first], [second]]
+    finally:
+        procs.stop().get(T)
+
+
+@pytest.mark.parametrize(
+    ("proc_bind", "error", "message"),
+    [
+        ([{"cpus": "0"}], ValueError, r"proc_bind length \(1\) must equal procs_per_host \(2\)"),
+        ([{"cpus": "0"}, {"cpu": "1"}], ValueError, r"keys must be among .*\['cpu'\]"),
+        ([{"cpus": 0}, {"cpus": "1"}], TypeError, "must map str to str"),
+        ({"cpus": "0"}, TypeError, "must be a list of dicts"),
+    ],
+)
+def test_bad_proc_bind_is_refused(proc_bind: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=proc_bind)  # type: ignore[arg-type]

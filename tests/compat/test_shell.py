@@ -101,3 +101,54 @@ def test_shell_refuses_a_mesh_of_several_hosts() -> None:
         return "refused"
 
     assert simulate(program, hosts=2).value == "refused"
+
+
+@pytest.mark.slow
+def test_the_shell_command_on_a_host_of_the_applied_job(tmp_path: object) -> None:
+    """``regency shell`` (Monarch's ``monarch shell``): ``--point``, ``-e``, ``--kill``."""
+    from pathlib import Path
+
+    from regency.job import job_load
+
+    from ..conftest import pid_alive
+
+    here = Path(str(tmp_path))
+    (here / "shelljobs.py").write_text("from regency.job import ProcessJob\ntwo = ProcessJob({'hosts': 2})\n")
+    env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
+    env.update(SHELL="/bin/bash", PYTHONPATH=ROOT)
+    applied = subprocess.run(
+        [sys.executable, "-m", "regency", "apply", "shelljobs:two"], cwd=here, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    workers = [pid for pid, _ in job_load(str(here / ".regency/job_state.pkl"))._workers.values()]  # type: ignore[attr-defined]
+    master, slave = pty.openpty()
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "regency", "shell", "--point", "hosts=1", "-e", "GREETING=hi",
+         "--workdir", "/tmp", "--kill"],
+        stdin=slave, stdout=slave, stderr=subprocess.PIPE, cwd=here, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    user = _Terminal(master, controller)
+    try:
+        user.read_until(b"\r")
+        user.type(b"echo $GREETING-$((6*7)) in $(pwd)\n")
+        user.read_until(b"hi-42 in /tmp")
+        user.type(b"exit 4\n")
+        _, err = controller.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in workers):  # --kill ended the job's workers
+            assert time.monotonic() < deadline, "the job's workers outlived --kill"
+            time.sleep(0.05)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+        os.close(master)
+        for pid in workers:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    assert controller.returncode == 4, err
+    assert not (here / ".regency/job_state.pkl").exists()

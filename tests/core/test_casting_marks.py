@@ -12,7 +12,7 @@ DESTS = (("p1", (0,)),)
 
 
 def _casting(**outboxes: Any) -> Casting:
-    runtime: Any = SimpleNamespace(_outboxes=outboxes)
+    runtime: Any = SimpleNamespace(outboxes=outboxes)
     return Casting(runtime)
 
 

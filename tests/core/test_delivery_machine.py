@@ -35,6 +35,10 @@ from regency.core._delivery import (
 TIMEOUT = 10.0
 ACK_EVERY = 3
 ACK_BYTES = 100
+#: The sender's flow control: frames and bytes in flight at most (frames are 1-60 bytes, so
+#: both bounds close the window in turn).
+WINDOW = 5
+WINDOW_BYTES = 120
 
 
 def _size(frame: int) -> int:
@@ -59,7 +63,9 @@ class _Link:
 class DeliveryMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.sender = Outbound("s#0#1")
+        self.sender = Outbound(
+            "s#0#1", window=WINDOW, window_bytes=WINDOW_BYTES, size_of=_size
+        )
         self.table = SessionTable()
         self.queued: list[int] = []
         self.delivered: list[int] = []
@@ -113,7 +119,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         frame = len(self.queued) + (1000 if self.gave_up else 0)
         number = self.sender.queued_count
         try:
-            action = self.sender.queued(frame)
+            action = self.sender.queued(frame, _size(frame))
         except SessionFailed as exc:
             assert self.gave_up is not None and exc.cause is self.gave_up
             return
@@ -137,14 +143,25 @@ class DeliveryMachine(RuleBasedStateMachine):
         tick while the first was only late): it may begin after newer dials."""
         self.dials.append(data.draw(st.sampled_from(self.dials)))
 
-    @precondition(lambda self: self.sender.state == CONNECTED)
+    def window_open(self) -> bool:
+        """Whether the next frame would go out at once (connected, nothing waiting, room in
+        the window)."""
+        sender = self.sender
+        return (
+            sender.state == CONNECTED
+            and not sender.pending
+            and sender._fits(_size(len(self.queued)))
+            and sender._fits(_size(len(self.queued) + 500))
+        )
+
+    @precondition(lambda self: self.window_open())
     @rule(written=st.booleans())
     def write_is_interrupted(self, written: bool) -> None:
         """A KeyboardInterrupt inside a connection's write (``Outbox.send``): the frame is
         counted as sent, written or not; the shell takes the connection for lost and closes
         it later, on its loop, so frames already on it may still arrive meanwhile."""
         frame = len(self.queued)
-        assert self.sender.queued(frame) is SEND_NOW
+        assert self.sender.queued(frame, _size(frame)) is SEND_NOW
         self.queued.append(frame)
         link = self.sender.link
         if written:
@@ -152,14 +169,14 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.perform(self.sender.lost(link, ConnectionResetError("interrupted")))
         self.closing.append(link)
 
-    @precondition(lambda self: self.sender.state == CONNECTED)
+    @precondition(lambda self: self.window_open())
     @rule()
     def write_fails(self) -> None:
         """A frame's write fails with an error of its own before any byte went out (no
         memory to seal it): the shell withdraws it, and the sender gets the error; the
         frame was never sent, so the next one takes its number."""
         frame = len(self.queued) + 500  # (never queued for good)
-        assert self.sender.queued(frame) is SEND_NOW
+        assert self.sender.queued(frame, _size(frame)) is SEND_NOW
         self.sender.withdraw(frame)
 
     @precondition(lambda self: bool(self.closing))
@@ -175,6 +192,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         frame = len(self.queued)
         self.sender.queued_count += 1
         self.sender.pending.append(frame)
+        self.sender.pending_bytes += _size(frame)
         self.queued.append(frame)
 
     @precondition(lambda self: bool(self.dials))
@@ -233,7 +251,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     def acknowledge(self, link: _Link) -> None:
         count = link.receiver.ack()
         if count is not None and not link.broken:
-            self.sender.acknowledged(count)
+            self.perform(self.sender.acknowledged(count))
 
     @precondition(lambda self: bool(self.live()))
     @rule(data=st.data())
@@ -291,12 +309,19 @@ class DeliveryMachine(RuleBasedStateMachine):
         for link in self.links:
             if not link.broken and link is not self.sender.link:
                 self.close(link)  # an old connection the sender no longer uses
-        while self.sender.link is not None and self.sender.link.in_flight:
-            self.arrive_on(self.sender.link)
+        # What is in flight arrives and is acknowledged, which lets what waited for the
+        # window go, until nothing waits.
+        for _ in range(len(self.queued) + 2):
+            while self.sender.link is not None and self.sender.link.in_flight:
+                self.arrive_on(self.sender.link)
+            if self.sender.state != CONNECTED:
+                break
+            self.acknowledge(self.sender.link)
+            if not self.sender.pending and not self.sender.link.in_flight:
+                break
         if self.sender.state == CONNECTED:
             assert self.delivered == self.queued
-            self.acknowledge(self.sender.link)
-            assert not self.sender.unacked
+            assert not self.sender.unacked and not self.sender.pending
 
     def arrive_on(self, link: _Link) -> None:
         kind, a, b = link.in_flight.popleft()
@@ -314,6 +339,19 @@ class DeliveryMachine(RuleBasedStateMachine):
     @invariant()
     def handed_on_in_order_at_most_once(self) -> None:
         assert self.delivered == self.queued[: len(self.delivered)]
+
+    @invariant()
+    def the_window_holds(self) -> None:
+        """In flight: at most the window (a frame bigger than the byte window alone); what
+        waits, waits only for the window or a connection; the byte counts add up."""
+        sender = self.sender
+        assert len(sender.unacked) <= WINDOW
+        assert sender.unacked_bytes == sum(_size(f) for f in sender.unacked)
+        assert sender.pending_bytes == sum(_size(f) for f in sender.pending)
+        if sender.unacked_bytes > WINDOW_BYTES:
+            assert len(sender.unacked) == 1
+        if sender.state == CONNECTED and sender.pending:
+            assert not sender._fits(_size(sender.pending[0])), "waits with the window open"
 
     @invariant()
     def acknowledged_only_what_was_handled(self) -> None:

@@ -27,7 +27,7 @@ class _Interrupt(Exception):
 
 
 class _Link:
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         pass
 
 
@@ -140,7 +140,7 @@ def test_an_interrupt_before_the_first_dial_is_scheduled_loses_nothing(
         pm.spawn("first", Busy)  # its first frame to the proc opens the session
     monkeypatch.setattr(_outbox.Outbox, "_after", real_after)
     (box,) = lost
-    assert box is current_runtime()._outboxes[box.address]
+    assert box is current_runtime().outboxes[box.address]
     box.check_stalled(0.0)  # the watchdog's ticks (it also runs them on its own)
     box.check_stalled(1.0)
     busy = pm.spawn("second", Busy)
@@ -155,7 +155,7 @@ class _CutWrite:
         self.cut = False
         self.closed = False
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         if not self.cut:
             self.cut = True
             raise KeyboardInterrupt
@@ -200,7 +200,7 @@ class _Written:
     def __init__(self) -> None:
         self.sent: list[Any] = []
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         self.sent.append(frame)
 
     def close(self) -> None:
@@ -262,7 +262,7 @@ class _NoMemory:
         self.sent: list[Any] = []
         self.fail = True
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         if self.fail:
             self.fail = False
             raise MemoryError("no room to seal it")

@@ -141,7 +141,7 @@ def test_replies_that_come_during_a_fan_out_are_read_by_the_sending_thread(
 ) -> None:
     seq = pm.spawn("fan_seq", Seq)
     assert list(seq.take.call(0).get(T).values()) == [0, 0]
-    leadable = current_runtime().leadable
+    leadable = current_runtime().inbound.leadable
     me = threading.get_ident()
     # A connection the loop was reading just then is not led, and a frame on another one
     # may end the select early: under load a few attempts may not see it.
@@ -191,7 +191,7 @@ def test_a_mesh_call_sets_its_connections_aside_for_the_get_that_follows(
 ) -> None:
     seq = pm.spawn("hold_seq", Seq)
     assert list(seq.take.call(-1).get(T).values()) == [-1, -1]
-    leadable = current_runtime().leadable
+    leadable = current_runtime().inbound.leadable
     for attempt in range(100):  # (the loop may be reading one just then; load may delay us)
         before = leader.holds
         fut = seq.take.call(attempt)
@@ -226,7 +226,7 @@ def test_connections_set_aside_go_back_to_the_loop_when_no_thread_comes_back(
     pm: ProcMesh, leader: Leader
 ) -> None:
     seq = pm.spawn("hold_back", Seq)
-    leadable = current_runtime().leadable
+    leadable = current_runtime().inbound.leadable
     for attempt in range(20):
         replied = threading.Event()
         fut = seq.take_slowly.call(attempt)  # the replies come after the fan-out
@@ -246,7 +246,7 @@ def test_a_thread_waiting_on_the_loop_takes_back_what_threads_set_aside(
     pm: ProcMesh, leader: Leader
 ) -> None:
     seq = pm.spawn("hold_lock", Seq)
-    leadable = current_runtime().leadable
+    leadable = current_runtime().inbound.leadable
     for attempt in range(20):
         fut = seq.take_slowly.call(attempt)
         if any(_held(leadable)):
@@ -332,7 +332,7 @@ def test_a_thread_that_waits_for_one_rank_reads_only_that_procs_connection(
     seq = spawn_procs(per_host={"gpus": 3}).spawn("lead_one", Seq)
     assert list(seq.take.call(-1).get(T).values()) == [-1, -1, -1]
     ranks = [seq.slice(gpus=g) for g in range(3)]
-    leadable = current_runtime().leadable
+    leadable = current_runtime().inbound.leadable
     assert len(leadable) >= 3  # one inbound connection per proc (and any older ones)
     polled: list[int] = []
     leader.on_lead = lambda: polled.append(len(leader._local.sets[_last_set(leader)][1]))
@@ -430,7 +430,7 @@ def test_frames_read_on_a_thread_join_the_scheduled_acknowledgement_without_a_wa
 
     def counting_call_soon(fn: object) -> None:
         if "_acknowledge" in getattr(fn, "__qualname__", ""):
-            wakes.append(rt._ack_scheduled)
+            wakes.append(rt.inbound.ack_scheduled)
         call_soon(fn)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rt, "call_soon", counting_call_soon)
@@ -446,7 +446,7 @@ def test_frames_read_on_a_thread_join_the_scheduled_acknowledgement_without_a_wa
     # one scheduled before it may cover every frame.)
     assert not any(wakes), f"{sum(wakes)} of {len(wakes)} wake-ups with a flush scheduled"
     monkeypatch.undo()
-    boxes = [b for b in list(rt._outboxes.values()) if b._machine.unacked]
+    boxes = [b for b in list(rt.outboxes.values()) if b._machine.unacked]
     deadline = time.monotonic() + T
     while any(b._machine.unacked for b in boxes):  # acknowledged within ack_delay
         assert time.monotonic() < deadline, "frames read on a thread were never acknowledged"

@@ -41,7 +41,7 @@ class FakeConnection:
 def _leader(nursery: trio.Nursery, conns: list[FakeConnection]) -> Leader:
     runtime: Any = SimpleNamespace(
         config=SimpleNamespace(spin_us=0),
-        leadable={i: conn for i, conn in enumerate(conns)},
+        inbound=SimpleNamespace(leadable={i: conn for i, conn in enumerate(conns)}),
         nursery=nursery,
         call_soon=lambda fn: fn(),
     )

@@ -545,8 +545,13 @@ def test_value_mesh_examples() -> None:
     assert vm.flatten("r").values() == vm.values()
     assert vm.split(gpus=("a", "b"), a=2).item(hosts=1, a=1, b=0) == 60
     assert vm.rename(hosts="h").sizes == {"h": 2, "gpus": 4}
-    assert repr(col) == "ValueMesh({'hosts': 2}, [20, 60])"
-    assert repr(vm) == "ValueMesh({'hosts': 2, 'gpus': 4}, [0, 10, 20, 30, 40, 50, ... (8 in all)])"
+    # Monarch's form: the extent, then every (point, value).
+    assert repr(col) == "ValueMesh({hosts: 2}):\n  (({'hosts': 0/2}, 20), ({'hosts': 1/2}, 60))"
+    assert repr(vm).splitlines()[:2] == [
+        "ValueMesh({hosts: 2, gpus: 4}):",
+        "  (({'hosts': 0/2, 'gpus': 0/4}, 0),",
+    ]
+    assert repr(vm).splitlines()[-1] == "   ({'hosts': 1/2, 'gpus': 3/4}, 70))"
     # Equality ignores global ranks: a sliced result equals a freshly built mesh.
     assert col == ValueMesh(Shape.full(["hosts"], [2]), [20, 60])
     assert col != ValueMesh(Shape.full(["h"], [2]), [20, 60])

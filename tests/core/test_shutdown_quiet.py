@@ -41,7 +41,7 @@ class _Link:
         self.sent: list[Any] = []
         self.closed = False
 
-    def send_nowait(self, frame: Any) -> None:
+    def send_nowait(self, frame: Any, answer: bool = False) -> None:
         self.sent.append(frame)
 
     def close(self) -> None:

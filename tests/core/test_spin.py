@@ -288,7 +288,8 @@ def test_an_endpoints_own_waits_do_not_stop_its_thread_spinning_for_the_next_cal
     with ours, peers:
         conn = _PipeConnection(ours)
         runtime: Any = SimpleNamespace(
-            config=SimpleNamespace(spin_us=200), leadable={0: conn}, thread_id=None,
+            config=SimpleNamespace(spin_us=200), inbound=SimpleNamespace(leadable={0: conn}),
+            thread_id=None,
             env=SimpleNamespace(clock=time.monotonic),
         )
         leader = Leader(runtime)

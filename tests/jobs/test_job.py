@@ -119,19 +119,63 @@ def test_a_killed_controller_leaves_no_procs_and_the_workers_serve_the_next(tmp_
 
 
 @pytest.mark.slow
-def test_state_after_regency_started_here_says_so(tmp_path: Path) -> None:
-    from regency.core._controller import current_runtime
+def test_state_after_regency_started_here_gets_this_process_secret(tmp_path: Path) -> None:
+    from regency.actor import this_host
+    from regency.core._controller import current_runtime, derive_secret
+
+    from .actors import Probe
 
     current_runtime()  # Regency runs in this process now, with the test suite's secret
+    local = this_host().spawn_procs(per_host={"gpus": 1}, name="local").spawn("local", Probe)
     job = ProcessJob({"a": 1})
     try:
-        with pytest.raises(RuntimeError, match=r"ProcessJob.state\(\) must come before anything"):
-            job.state(cached_path=None)
-        assert job.active
+        state = job.state(cached_path=None)  # one controller, two jobs
+        # The job got this process's secret (the suite's REGENCY_SECRET, as it happens).
+        assert derive_secret(job._secret) == current_runtime().secret
+        remote = state.a.spawn_procs(per_host={"gpus": 1}).spawn("remote", Probe)
+        assert remote.bump.call_one().get(T) == 1
+        # A proc of one job calls an actor of the other: one secret, every link.
+        assert local.bump_there.call_one(remote).get(T) == 2
     finally:
         workers = [pid for pid, _ in job._workers.values()]
         job.kill()
     wait_gone(workers, 10)
+
+
+CACHED_ELSEWHERE = """
+import sys
+from regency.actor import this_host
+from regency.job import ProcessJob
+from tests.jobs.actors import Probe
+this_host().spawn_procs().spawn("local", Probe).bump.call_one().get(60)  # Regency starts
+try:
+    ProcessJob({"a": 1}).state(cached_path=sys.argv[1])
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_cached_by_another_process_after_regency_started_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    state = str(tmp_path / "job_state.pkl")
+    first = controller("ProcessJob({'a': 1})", state)  # applies and caches, with its secret
+    report_of(first)
+    assert first.wait(T) == 0
+    job = job_load(state)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
+        done = subprocess.run(
+            [sys.executable, "-c", CACHED_ELSEWHERE, state], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=T,
+        )  # fmt: skip
+        assert "was applied by another process, with its own job secret" in done.stdout, (
+            done.stdout + done.stderr
+        )
+        assert "call state() before anything else starts Regency" in done.stdout
+    finally:
+        job.kill()
 
 
 LOCAL_CLIENT = """
@@ -323,3 +367,140 @@ def test_cli_kubernetes_and_errors(
     assert code == 2 and "must be a regency.job.JobTrait" in err
     code, _, err = regency("apply", "notajob")
     assert code == 2 and "module:attr" in err
+
+
+@pytest.mark.slow
+def test_cli_contexts_hold_one_applied_job_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regency.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ctxjobs.py").write_text(
+        "from regency.job import ProcessJob\none = ProcessJob({'h': 1})\n"
+    )
+
+    def regency(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert regency("context", "ls") == (0, "No contexts.\n", "")
+    assert regency("context", "use", "first")[:2] == (0, "Switched to context 'first'\n")
+    code, out, err = regency("apply", "ctxjobs:one")
+    assert code == 0, err
+    assert os.path.islink(".regency/job_state.pkl")  # the state went into the context
+    [(worker, _)] = job_load(".regency/first/state.pkl")._workers.values()  # type: ignore[attr-defined]
+    assert pid_alive(worker)
+    assert regency("context", "create", "second")[0] == 0
+    assert regency("context", "use", "second")[0] == 0
+    assert regency("context", "ls")[1] == "  first\n* second\n"
+    assert oct(os.stat(".regency/second").st_mode & 0o777) == "0o700"
+    # `kill NAME` ends that context's job, whichever is active.
+    code, out, err = regency("kill", "first")
+    assert code == 0 and "killed the job in .regency/first/state.pkl" in out, err
+    wait_gone([worker], 10)
+    try:
+        os.waitpid(worker, 0)  # `apply` started it from this process: reap it
+    except ChildProcessError:
+        pass
+    assert regency("context", "rm", "second")[1] == "Removed context 'second'\n"
+    assert os.readlink(".regency/job_state.pkl") == os.path.join("default", "state.pkl")
+    code, _, err = regency("context", "use", "../elsewhere")
+    assert code == 2 and "a context name must be a plain directory name" in err
+    code, _, err = regency("context", "rm", "nosuch")
+    assert code == 2 and "there is no context 'nosuch'" in err
+    code, _, err = regency("context")
+    assert code == 2 and "give an action" in err
+
+
+@pytest.mark.slow
+def test_cli_exec_point_per_host_script_module_and_kill(tmp_path: Path) -> None:
+    (tmp_path / "execjobs.py").write_text(
+        "from regency.job import ProcessJob\ntwo = ProcessJob({'hosts': 2})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+
+    def regency(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "regency", *args], cwd=tmp_path, env=env, input=stdin,
+            capture_output=True, text=True, timeout=T,
+        )  # fmt: skip
+
+    applied = regency("apply", "execjobs:two")
+    assert applied.returncode == 0, applied.stderr
+    workers = [pid for pid, _ in job_load(str(tmp_path / ".regency/job_state.pkl"))._workers.values()]  # type: ignore[attr-defined]
+    try:
+        shown = "echo $REGENCY_RANK_HOSTS $REGENCY_RANK_GPUS $REGENCY_SIZE_GPUS"
+        one = regency("exec", "--per-host", "gpus=2", "--point", "hosts=1,gpus=1", "--", "sh", "-c", shown)
+        assert one.returncode == 0, one.stderr
+        assert one.stdout == "[hosts=1,gpus=1] 1 1 2\n"  # one proc: the point's
+        script = regency("exec", "--script", "-", "x", stdin='echo "$0 $1 $REGENCY_RANK_HOSTS"\nexit 3\n')
+        assert script.returncode == 3
+        assert sorted(script.stdout.splitlines()) == [
+            "[hosts=0] regency-exec x 0", "[hosts=1] regency-exec x 1",
+        ]  # fmt: skip
+        module = regency("exec", "--point", "hosts=0", "-m", "platform")
+        assert module.returncode == 0 and module.stdout.startswith("[hosts=0] "), module.stderr
+        assert module.stdout.count("\n") == 1
+        bad = regency("exec", "--point", "racks=1", "--", "true")
+        assert bad.returncode == 2 and "point names dims ['racks']" in bad.stderr
+        bad = regency("exec", "--per-host", "gpus", "--", "true")
+        assert bad.returncode == 2 and "--per-host takes DIM=N" in bad.stderr
+        killed = regency("exec", "--kill", "--", "true")
+        assert killed.returncode == 0, killed.stderr
+        assert "killed the job in .regency/job_state.pkl" in killed.stdout
+        assert not (tmp_path / ".regency/job_state.pkl").exists()
+        wait_gone(workers, 10)
+    finally:
+        for pid in workers:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_new_proc_mesh_on_a_host_after_one_of_its_procs_died() -> None:
+    """Monarch's users hit this on Kubernetes: the host stays usable after a proc dies."""
+    from ..conftest import root_failures
+    from .actors import Probe
+
+    job = ProcessJob({"hosts": 1})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        first = hosts.spawn_procs(per_host={"gpus": 2}, name="dying").spawn("first", Probe)
+        pids = [pid for pid, *_ in first.where.call().get(T).values()]
+        os.kill(pids[0], signal.SIGKILL)
+        root_failures.wait_for("first")
+        again = hosts.spawn_procs(per_host={"gpus": 2}, name="again").spawn("again", Probe)
+        assert again.bump.call().get(T).values() == [1, 1]
+    finally:
+        workers = [pid for pid, _ in job._workers.values()]
+        job.kill()
+    wait_gone(workers, 10)
+
+
+@pytest.mark.slow
+def test_host_mesh_stop_keeps_the_workers_for_the_next_attach() -> None:
+    from regency.actor import attach_to_workers
+
+    from .actors import Probe
+
+    job = ProcessJob({"hosts": 2})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        probes = hosts.spawn_procs(per_host={"gpus": 1}, name="before").spawn("before", Probe)
+        procs = [pid for pid, *_ in probes.where.call().get(T).values()]
+        hosts.stop().get(T)  # our procs end; the workers stay (shutdown() would end them)
+        wait_gone(procs, 10)
+        workers = [pid for pid, _ in job._workers.values()]
+        assert all(pid_alive(pid) for pid in workers)
+        again = attach_to_workers(
+            [address for _, address in job._workers.values()], job._secret, name="again"
+        )
+        assert again.spawn_procs(name="after").spawn("after", Probe).bump.call().get(T).values() == [1, 1]
+    finally:
+        workers = [pid for pid, _ in job._workers.values()]
+        job.kill()
+    wait_gone(workers, 10)

@@ -264,3 +264,35 @@ def test_sbatch_refusal_and_job_start_timeout_are_clear(
         assert slurm.job_ids() == [busy.stdout.strip()]  # ours was cancelled
     finally:
         slurm.run("scancel", busy.stdout.strip().split(";")[0])
+
+
+LOCAL_THEN_SLURM = """
+import json, sys
+from regency.actor import this_host
+from regency.job import SlurmJob
+from tests.jobs.actors import Probe
+local = this_host().spawn_procs(per_host={"gpus": 1}, name="local").spawn("local", Probe)
+first = local.bump.call_one().get(60)  # Regency runs in this process, on a secret of its own
+job = eval(sys.argv[1], {"SlurmJob": SlurmJob})
+state = job.state(cached_path=None)  # a notebook that experimented locally takes an allocation
+remote = state.hosts.spawn_procs(per_host={"gpus": 1}).spawn("remote", Probe)
+where = remote.where.call_one().get(60)
+crossed = local.bump_there.call_one(remote).get(60)  # a local proc calls the job's actor
+print(json.dumps({"first": first, "job_id": job.job_id, "in_job": where[1], "crossed": crossed}))
+job.kill()
+"""
+
+
+def test_slurm_job_after_local_procs_in_one_controller(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REGENCY_SECRET"}
+    env["HOME"] = str(tmp_path)  # no per-user secret file: the controller draws its own
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_THEN_SLURM, _spec(tmp_path, _free_port())],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=2 * T,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["first"] == 1 and result["in_job"] == result["job_id"] is not None
+    assert result["crossed"] == 1
+    _wait_job_state(slurm, result["job_id"], ENDED)

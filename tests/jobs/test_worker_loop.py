@@ -145,8 +145,9 @@ def test_a_secret_file_others_can_read_is_refused_by_both_sides(tmp_path: Path) 
         ({"ca": "/etc/ca.pem"}, "ca must be 'trust_all_connections'"),
         ({"ca": "trust_all_connections", "private_key": b"k"}, "private_key must be None"),
         ({"ca": "trust_all_connections", "address": "tcp://*:4444"}, "not a wildcard"),
-        ({"ca": "trust_all_connections", "address": "tcp://host"}, "tcp://HOST:PORT"),
-        ({"ca": "trust_all_connections", "address": "ipc://x"}, "tcp://HOST:PORT"),
+        ({"ca": "trust_all_connections", "address": "tcp://host"}, "SCHEME://HOST:PORT"),
+        ({"ca": "trust_all_connections", "address": "ipc://x"}, "ipc:///ABSOLUTE/PATH"),
+        ({"ca": "trust_all_connections", "address": "tcp://127.0.0.1:fdx"}, "SCHEME://HOST:PORT"),
     ],
 )
 def test_bad_worker_arguments_are_refused(kwargs: dict[str, object], message: str) -> None:

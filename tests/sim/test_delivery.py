@@ -134,7 +134,7 @@ def test_a_big_frame_is_acknowledged_at_once() -> None:
         for data in (b"x", bytes(300 * 1024)):
             assert await echo.echo.call_one(data) == data
             await trio.sleep(0.01)  # well within the acknowledgement delay
-            kept.append(sum(len(box._unacked) for box in rt._outboxes.values()))
+            kept.append(sum(len(box._unacked) for box in rt.outboxes.values()))
         return kept
 
     small, big = simulate(program, seed=3, hosts=1).value
@@ -157,7 +157,7 @@ def test_frames_are_acknowledged_once_their_bytes_add_up() -> None:
         for _ in range(12):
             assert await echo.echo.call_one(data) == data
             await trio.sleep(0.01)  # well within the acknowledgement delay
-            kept.append(sum(len(box._unacked) for box in rt._outboxes.values()))
+            kept.append(sum(len(box._unacked) for box in rt.outboxes.values()))
         return kept
 
     kept = simulate(program, seed=3, hosts=1).value

@@ -16,6 +16,7 @@ import trio
 
 from regency.actor import Actor, ActorError, SupervisionError, endpoint
 from regency.core import _oversight, _runtime
+from regency.core._inbound import InboundSessions
 from regency.sim import current, simulate
 from regency.sim._cluster import _SimProc
 
@@ -196,20 +197,20 @@ def planted(program: Callable[[Any], Any], **options: Any) -> str:
 
 def test_planted_duplicate_delivery_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # 1. The receiver forgets which frames of a session it handled: resends run twice.
-    original = _runtime.Runtime.session_opened
+    original = InboundSessions.opened
 
     def forgets(self: Any, session: str, first: int) -> Any:
         state = original(self, session, first)
         return type(state)()  # a fresh record: nothing handled
 
-    monkeypatch.setattr(_runtime.Runtime, "session_opened", forgets)
+    monkeypatch.setattr(InboundSessions, "opened", forgets)
     report = planted(chatter, seed=2, hosts=1, timeout=600)
     assert "was handled twice" in report, report
 
 
 def test_planted_skipped_frame_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2. The receiver believes one frame more was handled than was: a frame is lost.
-    original = _runtime.Runtime.session_opened
+    original = InboundSessions.opened
 
     def skips(self: Any, session: str, first: int) -> Any:
         resumed = session in self.delivered
@@ -218,7 +219,7 @@ def test_planted_skipped_frame_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
             state.handled += 1
         return state
 
-    monkeypatch.setattr(_runtime.Runtime, "session_opened", skips)
+    monkeypatch.setattr(InboundSessions, "opened", skips)
     report = planted(chatter, seed=2, hosts=1, timeout=600)
     assert "(order broken or frames lost)" in report, report
 

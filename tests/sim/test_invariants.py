@@ -233,12 +233,12 @@ def test_a_runtime_forgets_sessions_that_cannot_come_back() -> None:
         counters = procs.spawn("c", Counter)
         counters.incr.call().get()
         sleeper.nap.call_one(0.1).get()
-        before = len(controller.delivered)
+        before = len(controller.inbound.delivered)
         procs.stop().get()
         sleeper.nap.call_one(1.0).get()
-        still = len(controller.delivered)
+        still = len(controller.inbound.delivered)
         sleeper.nap.call_one(60.0).get()  # > 3 x delivery_timeout + 2 heartbeat ticks
-        return before, still, len(controller.delivered)
+        return before, still, len(controller.inbound.delivered)
 
     before, still, after = simulate(program, seed=1, hosts=1).value
     assert before >= 3 and still == before
@@ -250,7 +250,7 @@ def test_a_forgotten_session_cannot_resume() -> None:
         controller = current().controller
         assert controller is not None
         try:
-            controller.session_opened("someone#0#1", 5)
+            controller.inbound.opened("someone#0#1", 5)
         except ValueError as exc:
             return str(exc)
         return "accepted"

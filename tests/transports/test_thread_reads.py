@@ -144,6 +144,27 @@ async def test_a_peer_that_goes_away_while_a_thread_reads_is_reported_by_the_loo
         assert server.closed and not server.lead()
 
 
+async def test_an_illegal_move_of_the_baton_fails_the_connection(sockdir: str) -> None:
+    """An event the baton's state cannot see (a bug) breaks it for good: the connection
+    fails, the reader task is woken to report it, and no thread leads it again."""
+    from regency.transports import _baton
+
+    async with open_transport(SECRET) as t:
+        sink = Sink()
+        listener = await t.listen(f"unix://{sockdir}/l.sock", sink)
+        conn = await t.connect(listener.address, Client())
+        conn.send_nowait(b"L0")
+        await sink.wait_for(lambda: len(sink.seen) == 1)
+        server = sink.conn
+        assert server is not None
+        await trio.testing.wait_all_tasks_blocked()
+        with server._read_lock:
+            assert server._move_locked(_baton.SILENCE_FAILED) == _baton.ILLEGAL
+        await sink.wait_for(lambda: len(sink.lost) == 1)
+        assert "the read baton went loop_waiting --silence_failed--> broken" in str(sink.lost[0])
+        assert server.closed and not server.lead() and server._baton == _baton.BROKEN
+
+
 async def test_sealed_connections_are_never_led() -> None:
     async with open_transport(SECRET) as t:
         sink = Sink()
@@ -243,11 +264,12 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
 ) -> None:
     """Frames sent back to back (pipelined calls, a burst of replies) are coalesced for the
     writer task; a frame sent a fast round trip (40 us) after the previous one is not a burst
-    and goes out at once, and so is the first frame a thread sends after it waited for a
-    message (``_answering.answering``), however soon after the previous one. Before, a 60 us
-    window took a reply to a round trip that fast for a burst: it waited for the loop to wake
-    up and write it, which a round trip of about 50 us met on one reply in five."""
-    from regency.transports import _answering, _sockets
+    and goes out at once, and so does a frame sent as an answer (``answer=True``: the first
+    frame a thread sends after it waited for a message), however soon after the previous one.
+    Before, a 60 us window took a reply to a round trip that fast for a burst: it waited for
+    the loop to wake up and write it, which a round trip of about 50 us met on one reply in
+    five."""
+    from regency.transports import _sockets
 
     clock = _Clock()
     monkeypatch.setattr(_sockets, "_perf_counter", clock)
@@ -274,9 +296,8 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
         clock.now += 40e-6
         conn.send_nowait(b"L4")
         assert not queued()
-        _answering.answering.waited = True  # this thread waited for a message: L5 answers it
-        clock.now += 5e-6
-        conn.send_nowait(b"L5")
+        clock.now += 5e-6  # this thread waited for a message: L5 answers it
+        conn.send_nowait(b"L5", answer=True)
         assert not queued()
         conn.send_nowait(b"L6")  # the answer's own follow-up is a burst again
         assert queued()
@@ -284,31 +305,27 @@ async def test_a_reply_goes_out_at_once_and_back_to_back_frames_are_coalesced(
         assert [frame for _, frame in sink.seen] == [b"L%d" % i for i in range(7)]
 
 
-def test_an_acknowledgement_a_waiting_thread_sends_leaves_the_answer_its_mark() -> None:
+def test_an_acknowledgement_a_waiting_thread_sends_is_not_an_answer() -> None:
     """A thread that reads while it waits sends the receiver's acknowledgement itself now
-    and then; that frame is not the answer it waited for, so the mark that lets the answer
-    skip the burst window stays for the answer."""
+    and then; that frame is not the answer it waited for, so it goes without the answer
+    mark (the answer that follows skips the burst window, not the acknowledgement)."""
     from types import SimpleNamespace
 
     from regency.core._inbound import InboundSink
-    from regency.transports._answering import answering
 
     sent: list[bool] = []
 
     class Conn:
         closed = False
 
-        def send_nowait(self, frame: Any) -> None:
-            sent.append(answering.waited)
-            answering.waited = False  # as a socket's send does: it used the mark up
+        def send_nowait(self, frame: Any, answer: bool = False) -> None:
+            sent.append(answer)
 
     sink: Any = object.__new__(InboundSink)
     sink._ack_pending, sink._conn = True, Conn()
     sink._receiver = SimpleNamespace(ack=lambda: 7)
-    answering.waited = True
     sink._ack()
-    assert sent == [True] and answering.waited
-    answering.waited = False
+    assert sent == [False]
 
 
 def test_an_interrupt_inside_an_acknowledgements_write_closes_its_connection() -> None:
@@ -322,7 +339,7 @@ def test_an_interrupt_inside_an_acknowledgements_write_closes_its_connection() -
     class Conn:
         closed = False
 
-        def send_nowait(self, frame: Any) -> None:
+        def send_nowait(self, frame: Any, answer: bool = False) -> None:
             raise KeyboardInterrupt
 
         def close(self) -> None:
