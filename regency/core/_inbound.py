@@ -16,6 +16,7 @@ from .. import transports
 from . import _codec
 from ._delivery import Receiver, SessionTable, _Inbound
 from ._messages import Ack, Call, Session
+from ._metrics import count_received
 
 _reply_fields = _codec.REPLY_FIELDS
 _REPLY_FIELDS_BYTES = _codec.REPLY_FIELDS_BYTES
@@ -72,6 +73,7 @@ class InboundSink:
         self._receiver = Receiver(runtime.env.ack_every)
         self._ack_pending = False
         self._threaded = runtime.threaded_actor  # (bound once, not per call frame)
+        self._metered = runtime.config.metrics  # bytes of call frames per actor
 
     def frame_received(self, conn: transports.Connection, frame: memoryview) -> None:
         receiver = self._receiver
@@ -162,6 +164,8 @@ class InboundSink:
                         cell = rt.actors.get(call.actor)  # (else: gone meanwhile, or limbo)
                         if cell is not None:
                             cell.accept(call)
+                            if self._metered:
+                                count_received(rt, call, size)
                         else:
                             rt.to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)

@@ -48,6 +48,7 @@ from ._launcher import ProcLauncher, ZygoteLauncher
 from ._leader import Leader
 from ._liveness import BusyWatch
 from ._mailbox import ActorCell
+from ._metrics import count_received
 from ._outbox import Outbox
 from ._oversight import Oversight
 from ._ports import PortHandler, PortTable
@@ -475,6 +476,8 @@ class Runtime(ChildProcs, PortTable):
                 cell = self.actors.get(msg.actor)
                 if cell is not None:
                     cell.accept(msg)
+                    if self.config.metrics:  # bytes of call frames per actor
+                        count_received(self, msg, frame.nbytes)
                 else:
                     self.to_actor(msg.actor, msg)
             elif type(msg) is M.Reply:
