@@ -325,6 +325,9 @@ class Casting:
         # The node runs on the loop like every port handler; the fences above already hold
         # back what this thread sends next to those procs.
         node.port_id = rt.open_port(node)[1]
+        trace = rt.trace
+        if trace is not None:
+            trace.cast(node.cast_id, port)
         rt.call_soon(node.start_root)
         return True
 
@@ -429,9 +432,13 @@ class Casting:
         rt, actor, method = self._rt, msg.actor, msg.method
         payload = msg.payload
         assert isinstance(payload, M.Unpickled)
+        traced = rt.trace is not None
         for rank in msg.dests[0][1]:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
-            rt.to_actor(actor, M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args))
+            call = M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args)
+            if traced:
+                call.__dict__["cast"] = msg.cast_id  # (its trace's arrow: core/_trace.py)
+            rt.to_actor(actor, call)
         if not msg.gather:
             self._ack(msg.up, msg.offset, ())
 
@@ -630,9 +637,13 @@ class TreeNode:
         here = (rt.address, self.port_id) if decision.collect and self.port_id else self.port
         actor, method, labels, sizes = self.actor, self.method, self.labels, self.sizes
         payload = M.Unpickled(tuple(self.parts))
+        traced = rt.trace is not None
         for rank in decision.ranks:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
-            rt.to_actor(actor, M.Call(actor, method, here, rank, labels, sizes, args))
+            call = M.Call(actor, method, here, rank, labels, sizes, args)
+            if traced:
+                call.__dict__["cast"] = self.cast_id  # (its trace's arrow: core/_trace.py)
+            rt.to_actor(actor, call)
 
     def _answer(self, entries: list[tuple[int, int, Any]]) -> None:
         """(At the sender, gather mode) hand replies to the caller's ``Replies``."""

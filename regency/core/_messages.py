@@ -87,6 +87,9 @@ class Call:
     #: into the record's ``__dict__`` as it is queued (the flight recorder's,
     #: core/_mailbox.py); -inf until then. Not a field: neither sent, compared nor printed.
     queued_at: ClassVar[float] = -math.inf
+    #: The casting tree's ``cast_id`` a call came down (stamped by the proc that delivers
+    #: it while tracing is on, as ``queued_at`` is): its trace's arrow starts at the send.
+    cast: ClassVar[tuple[str, int] | None] = None
 
 
 @attrs.frozen(slots=False)

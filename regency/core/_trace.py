@@ -5,11 +5,15 @@ writes Chrome's trace-event JSON, which Perfetto and chrome://tracing open.
 What a ring holds, as tuples, as raw as they come (cheap to make: one per call sent, one
 per call handled; spans, arrows and ids are made only when the file is written):
 
-* ``("C", track, endpoint, queued, started, end, outcome, port, rank)``: a handled call, a
-  span (its sender is the port's address); with a reply port, the end of an arrow;
+* ``("C", track, endpoint, queued, started, end, outcome, port, rank, cast)``: a handled
+  call, a span (its sender is the port's address); with a reply port, the end of an arrow
+  (``cast``: the id of the casting tree it came down, whose replies a forwarder gathers:
+  its arrow is the sender's, found through the ``K`` event);
 * ``("S", track, endpoint, time, port, indices)``: a call sent to the ranks ``indices``: an
   instant, and with a reply port the start of an arrow to each (an arrow's id names the reply
   port and the rank, the same on both sides);
+* ``("K", track, "cast", time, cast_id, port)``: the sender started casting tree ``cast_id``
+  for the call whose replies go to ``port``;
 * ``("i", track, name, time, args)``: an instant (a stall, a failure, a proc's exit).
 
 Tracks are named by what runs on them: ``Class mesh[rank]`` for an actor, ``thread NAME``
@@ -81,7 +85,10 @@ class TraceRing:
         outcome: str,
     ) -> None:
         self.add(
-            ("C", cell.track, item.method, queued, started, end, outcome, item.port, item.rank)
+            (
+                "C", cell.track, item.method, queued, started, end, outcome, item.port,
+                item.rank, item.cast,
+            )
         )
 
     def sent(
@@ -90,6 +97,10 @@ class TraceRing:
         """A call was sent to the ranks ``indices`` (local to the mesh: what each reply
         names), its replies to ``port``."""
         self.add(("S", track, endpoint, self.clock(), port, indices))
+
+    def cast(self, cast_id: tuple[str, int], port: tuple[str, int] | None) -> None:
+        """The call whose replies go to ``port`` went down casting tree ``cast_id``."""
+        self.add(("K", "", "cast", self.clock(), cast_id, port))
 
     def instant(self, track: str, name: str, args: dict[str, Any]) -> None:
         self.add(("i", track, name, self.clock(), args))
@@ -350,11 +361,15 @@ def chrome_trace(traces: Sequence[ProcTrace]) -> dict[str, Any]:
         return round((seconds - origin) * 1e6, 3)
 
     flows_started: set[int] = set()
+    #: Casting trees by id: the reply port of the call that went down each.
+    cast_ports: dict[tuple[str, int], tuple[str, int]] = {}
     for t in traces:
         for event in t.events:
             if event[0] == "S" and event[4] is not None:
                 address, port_id = event[4]
                 flows_started.update(flow_id(address, port_id, i) for i in event[5])
+            elif event[0] == "K" and event[5] is not None:
+                cast_ports[tuple(event[4])] = event[5]
     for pid, trace in enumerate(traces, start=1):
         label = f"{trace.proc_id} ({trace.host}" + (f", pid {trace.pid})" if trace.pid else ")")
         out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
@@ -377,8 +392,13 @@ def chrome_trace(traces: Sequence[ProcTrace]) -> dict[str, Any]:
             )
         for event in trace.events:
             kind, track = event[0], event[1]
+            if kind == "K":
+                continue  # (read above: it names a tree's arrows)
             if kind == "C":
-                _, _, name, queued, begin, end, outcome, port, rank = event
+                _, _, name, queued, begin, end, outcome, port, rank, cast = event
+                sender = cast_ports.get(tuple(cast)) if cast is not None else None
+                if sender is not None:  # down a tree whose replies a forwarder gathers
+                    port = sender
                 if port:
                     flow = flow_id(port[0], port[1], rank)
                     if flow in flows_started:  # (its send may not have been traced)

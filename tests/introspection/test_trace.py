@@ -187,3 +187,35 @@ def test_a_simulated_run_traces_in_virtual_time_and_replays(
     stalls = [e for e in data["traceEvents"] if e["ph"] == "i" and e["name"] == "stall"]
     assert len(stalls) == 8  # 2 s and 4 s of virtual time, on each of 4 ranks
     assert first.read_text() == second.read_text()
+
+
+def test_calls_down_a_casting_tree_have_their_arrows(
+    spawn_procs: SpawnProcs, configured: Callable[..., None], tmp_path: Path
+) -> None:
+    """A call cast down a tree whose forwarders gather the replies: each rank's handling
+    still ends an arrow from the sender's send (through the tree's id)."""
+    configured(cast_tree_min=2, cast_fanout=2)  # every cast to 2+ procs goes down a tree
+    pm = spawn_procs({"gpus": 4})
+    mesh = pm.spawn("tree_traced", Stuck)
+    tree_casts = current_runtime().casting.tree_casts
+    path = tmp_path / "tree.json"
+    with regency.trace(str(path)):
+        assert mesh.ping.call().get(T).values() == ["pong"] * 4
+    assert current_runtime().casting.tree_casts > tree_casts, "the call went down no tree"
+    events = _load(path)["traceEvents"]
+    tracks = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"
+    }
+    ours = [
+        e for e in events
+        if e["ph"] == "X" and tracks[e["pid"], e["tid"]].startswith("Stuck tree_traced[")
+    ]
+    assert len(ours) == 4
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {
+        e["id"]: e for e in events
+        if e["ph"] == "f" and tracks[e["pid"], e["tid"]].startswith("Stuck tree_traced[")
+    }
+    assert len(ends) == 4, ends  # one arrow per rank, however deep in the tree
+    for flow, end in ends.items():
+        assert flow in starts and starts[flow]["ts"] <= end["ts"]
