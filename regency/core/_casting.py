@@ -437,7 +437,7 @@ class Casting:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
             call = M.Call(actor, method, msg.port, rank, msg.labels, msg.sizes, args)
             if traced:
-                call.__dict__["cast"] = msg.cast_id  # (its trace's arrow: core/_trace.py)
+                call.cast = msg.cast_id  # (its trace's arrow: core/_trace.py)
             rt.to_actor(actor, call)
         if not msg.gather:
             self._ack(msg.up, msg.offset, ())
@@ -642,7 +642,7 @@ class TreeNode:
             args = _codec.load_pickled(payload)  # one copy per rank, as the direct path has
             call = M.Call(actor, method, here, rank, labels, sizes, args)
             if traced:
-                call.__dict__["cast"] = self.cast_id  # (its trace's arrow: core/_trace.py)
+                call.cast = self.cast_id  # (its trace's arrow: core/_trace.py)
             rt.to_actor(actor, call)
 
     def _answer(self, entries: list[tuple[int, int, Any]]) -> None:

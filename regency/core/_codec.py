@@ -31,6 +31,7 @@ import copyreg
 import ctypes
 import hashlib
 import io
+import math
 import pickle
 import pickletools
 import struct
@@ -928,35 +929,38 @@ def decode_compact_call(
     actor, method, address, labels, sizes = route
     if wanted is not None and not wanted(actor):
         return None
-    # The record built without its ``__init__`` (a frozen attrs class's looks up its
-    # setattr hook first): the same fields, stored straight into its ``__dict__``
-    # (``_CALL_FIELDS`` checks the names against the class once, at import).
+    # The record built without its ``__init__``, slot by slot (``_CALL_FIELDS`` checks
+    # the names against the class once, at import; every slot is set).
     call = _new(Call)
-    fields = call.__dict__
-    fields["actor"] = actor
-    fields["method"] = method
-    fields["port"] = None if address is None else (address, port_id)
-    fields["rank"] = rank
-    fields["labels"] = labels
-    fields["sizes"] = sizes
+    call.actor = actor
+    call.method = method
+    call.port = None if address is None else (address, port_id)
+    call.rank = rank
+    call.labels = labels
+    call.sizes = sizes
+    call.queued_at = _NEVER
+    call.cast = None
     payload = frame[end:]
     if len(payload) == _NO_ARGUMENTS_BYTES and payload.tobytes() == _NO_ARGUMENTS:
         # A call without arguments (the senders' pickle of them is this constant): built,
         # not unpickled (about 1,500 instructions less a call: an unpickler per loads).
-        fields["payload"] = ((), {})
+        call.payload = ((), {})
     else:
-        fields["payload"] = _load_one(payload)
+        call.payload = _load_one(payload)
     return call
 
 
 _new = object.__new__
+_NEVER = -math.inf  # Call.queued_at until the call is queued
 #: The pickle of ``((), {})``: a call's arguments when it has none. Senders send exactly
 #: this (``_adverbs`` uses ``NO_ARGUMENTS``), so the decoder can tell it by its bytes.
 _NO_ARGUMENTS = pickle.dumps(((), {}), protocol=5)
 _NO_ARGUMENTS_BYTES = len(_NO_ARGUMENTS)
 #: The payload parts of a call without arguments (what :func:`dumps` makes of ``((), {})``).
 NO_ARGUMENTS: list[bytes | memoryview] = [_NO_ARGUMENTS]
-_CALL_FIELDS = ("actor", "method", "port", "rank", "labels", "sizes", "payload")
+_CALL_FIELDS = (
+    "actor", "method", "port", "rank", "labels", "sizes", "payload", "queued_at", "cast",
+)
 if tuple(f.name for f in attrs.fields(Call)) != _CALL_FIELDS:  # pragma: no cover
     raise AssertionError(f"decode_compact_call builds a Call of fields {_CALL_FIELDS}")
 

@@ -689,7 +689,7 @@ class LeadingMailbox:
 
     def put(self, item: Any) -> None:
         if type(item) is _Call:
-            item.__dict__["queued_at"] = self._clock()
+            item.queued_at = self._clock()
         self._queue.put(item)
         bell = self._bell  # after the put: a getter that armed sees the item, or is rung
         # (Not the getter's own bell when the getter put it, reading for itself, the common

@@ -297,13 +297,13 @@ class ActorCell:
         """``accept`` of an actor with a thread: stamp a call with the time it was queued
         (the flight recorder's), then the mailbox's own ``put``."""
         if type(item) is M.Call:
-            item.__dict__["queued_at"] = self._clock()
+            item.queued_at = self._clock()
         self._put(item)
 
     def _accept_on_loop(self, item: M.MailboxItem) -> None:
         """``accept`` of an all-async actor (on the loop)."""
         if type(item) is M.Call:
-            item.__dict__["queued_at"] = self._clock()
+            item.queued_at = self._clock()
         self._deque.append(item)
         self._wakeup.set()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 
@@ -71,10 +71,17 @@ class Unpickled:
 # build than slots (attrs then fills ``__dict__`` directly; measured 0.38 against 0.6 us).
 
 
-@attrs.frozen(slots=False)
+@attrs.define(slots=True, eq=True)
 class Call:
     """Call ``method`` of actor ``actor`` (one rank of a mesh); payload ``(args, kwargs)``.
-    ``rank``, ``labels`` and ``sizes`` place the receiver in the slice the call went to."""
+    ``rank``, ``labels`` and ``sizes`` place the receiver in the slice the call went to.
+
+    Slotted and, unlike the other records, not frozen: a call is the record of the hot
+    path, built field by field by the decoder (``_codec.decode_compact_call``) and read
+    by the mailbox, the flight recorder and the handler about twenty times; slot stores
+    and loads are the cheapest Python has (a frozen class's ``__setattr__`` refuses them,
+    and a ``__dict__`` filled by hand defeats the interpreter's attribute caches). Nothing
+    changes a call after it is built but the two stamps below."""
 
     actor: str
     method: str
@@ -84,12 +91,12 @@ class Call:
     sizes: Sequence[int]
     payload: Any
     #: When the call was queued in its actor's mailbox, on that runtime's clock: stamped
-    #: into the record's ``__dict__`` as it is queued (the flight recorder's,
-    #: core/_mailbox.py); -inf until then. Not a field: neither sent, compared nor printed.
-    queued_at: ClassVar[float] = -math.inf
+    #: as it is queued (the flight recorder's, core/_mailbox.py); -inf until then. Neither
+    #: sent, compared nor printed.
+    queued_at: float = attrs.field(default=-math.inf, init=False, eq=False, repr=False)
     #: The casting tree's ``cast_id`` a call came down (stamped by the proc that delivers
     #: it while tracing is on, as ``queued_at`` is): its trace's arrow starts at the send.
-    cast: ClassVar[tuple[str, int] | None] = None
+    cast: tuple[str, int] | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
 
 @attrs.frozen(slots=False)
