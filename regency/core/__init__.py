@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._future import Future
 from ._launcher import LocalLauncher, ProcLauncher
+from ._outbox import SendBufferFull
 from ._proc_mesh import HostMesh, ProcMesh, proc_mesh, this_host, this_proc
 from ._runtime import Runtime
 from ._shape import Extent, MeshAlgebra, Point, Shape, ValueMesh
@@ -58,6 +59,7 @@ __all__ = [
     "RemoteException",
     "RemoteFailure",
     "Runtime",
+    "SendBufferFull",
     "Shape",
     "SupervisionError",
     "UndeliverableError",

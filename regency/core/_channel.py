@@ -130,9 +130,9 @@ class _Received(Future[T]):
     turn of the loop (``Future.__await__``) once it is spent. A receiver whose senders keep
     it busy thus still lets its proc read, acknowledge and send heartbeats every couple of
     milliseconds, yet does not take a single value per turn of the loop: on a loop whose
-    readers decode a window of frames per turn (``core/_delivery.py``), a receiver that
-    took one value per turn fell ever further behind (Monarch's ``grpo_yield.py``: the
-    trainer waited seconds for each of its first twenty values)."""
+    socket readers decode many frames per turn, a receiver that took one value per turn
+    fell ever further behind (Monarch's ``grpo_yield.py``: the trainer waited seconds for
+    each of its first twenty values)."""
 
     __slots__ = ()
 

@@ -126,6 +126,14 @@ class Config:
     send_buffer_bytes: int = attrs.field(
         default=256 << 20, validator=lambda _inst, a, v: _positive(a, v)
     )
+    #: Seconds a reconnect to a network address (tcp) goes on dialing while the address
+    #: refuses connections: a relay, proxy or load balancer in between may be restarting.
+    #: Past it (or at once with 0, and always for a local socket, where a refusal means the
+    #: proc's listener is gone) the peer is given up, as an exited one. Longer rides out
+    #: slower restarts; it also delays noticing a host whose worker died by as much.
+    reconnect_refused_s: float = attrs.field(
+        default=2.0, validator=lambda _inst, a, v: _not_negative(a, v)
+    )
     #: Seconds a ``__cleanup__`` may take before it is abandoned.
     cleanup_timeout: float = attrs.field(
         default=3.0, validator=lambda _inst, a, v: _positive(a, v)

@@ -11,10 +11,9 @@ it gives up: the link is failed and later sends raise.
 
 Flow control: a session keeps at most ``window`` frames (and, past its first frame,
 ``window_bytes`` bytes) in flight, sent and not yet acknowledged; frames queued beyond that
-wait in the sender (``pending``) and go out as acknowledgements come. A receiver that falls
-behind thus holds back only what its sender has in flight, and its reader finds its socket
-empty (and lets its loop serve heartbeats and acknowledgements) at least once every window,
-however fast the sender produces. What waits is bounded by the shell: ``has_room`` says
+wait in the sender (``pending``) and go out as acknowledgements come. What a receiver that
+falls behind has in its socket buffers, and a sender in flight, is thus bounded however fast
+the sender produces. What waits is bounded by the shell: ``has_room`` says
 whether ``buffer_bytes`` allow one more frame (the shell then blocks a thread that sends, or
 raises to a sender on the loop, which cannot wait; see ``Outbox.send``).
 

@@ -67,11 +67,14 @@ class Outbox:
         )
         #: Threads that wait for room (``send_buffer_bytes``) wait on this (the lock's).
         self._room = threading.Condition(self._lock)
-        #: Whether a thread may wait for room: not in a simulation (its threads run in
-        #: lockstep with the loop that would make the room).
-        self._may_block = getattr(runtime.env, "simulated_host", None) is None
+        #: Whether a thread may wait for room: only where threads run beside the loop that
+        #: makes it (``Executor.runs_freely``: not a simulation's lockstep threads).
+        executor = getattr(runtime, "executor", None)  # (test stand-ins have none)
+        self._may_block = getattr(executor, "runs_freely", True)
         #: Whether "waiting for a busy peer" was logged for the current stall.
         self._busy_logged = False
+        #: When :meth:`check_stalled` last ran (the watchdog's time).
+        self._checked_at: float | None = None
         #: When the runtime's watchdog first saw this outbox failed (it is forgotten later).
         self.broken_at: float | None = None
         #: The session's frame count after this runtime's last direct actor message through
@@ -219,14 +222,23 @@ class Outbox:
         :meth:`Outbound.tick`). A stalled peer that is busy, not stuck (a local child whose
         CPU time advances while it is silent: a long call holding its GIL), is waited for;
         a dead or stopped one is dropped and dialed again."""
-        timeout = self._rt.config.delivery_timeout
+        config = self._rt.config
+        timeout = config.delivery_timeout
+        # A tick long overdue means this runtime's own loop was held (busy with a flood of
+        # frames, say): the acknowledgements may be waiting unread in our socket, so the
+        # peer's silence cannot be judged this time (the wait restarts, as for a busy one).
+        late = (
+            self._checked_at is not None
+            and now - self._checked_at > max(3 * config.heartbeat_interval, timeout / 4)
+        )
+        self._checked_at = now
         with self._lock:
             waited = self._machine.stalled_for(now)
         # Looked at from half the timeout on: a proc's first look only starts its record.
         busy = waited >= timeout / 2 and self._peer_busy(now)
         overdue = busy and waited >= timeout
         with self._lock:
-            actions = self._machine.tick(now, timeout, busy)
+            actions = self._machine.tick(now, timeout, busy or late)
         if overdue and not self._busy_logged:
             self._busy_logged = True
             log.warning(
@@ -314,7 +326,8 @@ class Outbox:
                     await ready.wait()
                 if self._machine.cause is not None:
                     return
-            conn = await self._dial(self._rt.config.spawn_timeout, retry_refused=True)
+            within = self._rt.config.spawn_timeout
+            conn = await self._dial(within, refused_for=within)
         except (transports.TransportError, trio.TooSlowError, OSError, ValueError) as exc:
             if isinstance(exc, trio.TooSlowError):
                 exc = TimeoutError(
@@ -333,12 +346,15 @@ class Outbox:
         if rest:
             self._after(rest)
 
-    async def _dial(self, within: float, *, retry_refused: bool) -> transports.Connection:
-        """Connect, retrying for ``within`` seconds. While a proc starts nothing listens yet
-        (``retry_refused``: a sibling may still be starting; on a network address, a relay
-        or proxy in between may be restarting). A wrong secret or wire version fails at
-        once, and so does a session given up meanwhile (the peer exited)."""
-        deadline = trio.current_time() + within
+    async def _dial(self, within: float, *, refused_for: float) -> transports.Connection:
+        """Connect, retrying for ``within`` seconds, and while the address refuses for
+        ``refused_for`` of them (while a proc starts nothing listens yet: a sibling may still
+        be starting; on a network address, a relay or proxy in between may be restarting).
+        A wrong secret or wire version fails at once, and so does a session given up
+        meanwhile (the peer exited)."""
+        start = trio.current_time()
+        deadline = start + within
+        refused_until = start + min(refused_for, within)
         delay = 0.001
         while True:
             try:
@@ -352,7 +368,7 @@ class Outbox:
             except (transports.AuthenticationError, transports.IncompatiblePeer):
                 raise
             except transports.ConnectionRefused:
-                if not retry_refused or trio.current_time() + delay > deadline:
+                if trio.current_time() + delay > refused_until:
                     raise
             except transports.ConnectionBroken:
                 if trio.current_time() + delay > deadline:
@@ -383,14 +399,14 @@ class Outbox:
         within = self._rt.config.delivery_timeout
         # A refusal on a local socket means the proc is gone (nothing else can listen at
         # its path). On a network address it may be a relay, proxy or load balancer in
-        # between that restarts: keep dialing for the reconnect window, as for a timeout.
-        retry_refused = _NETWORK in self.address
+        # between that restarts: keep dialing for ``reconnect_refused_s``.
+        refused_for = self._rt.config.reconnect_refused_s if _NETWORK in self.address else 0.0
         while True:
             try:
-                conn = await self._dial(within, retry_refused=retry_refused)
+                conn = await self._dial(within, refused_for=refused_for)
             except (transports.TransportError, OSError, ValueError) as exc:
                 # (ValueError: a peer of another wire version, a bad lane or seal, as
-                # _connect.) A local child that is silent but computing (a long call holding
+                # _connect.) A proc of this host that is silent but computing (a long call holding
                 # its GIL) cannot answer a dial until the call returns: it is waited for
                 # (another window each time), as its acknowledgements are (check_stalled).
                 # Not one that refuses: its listener is gone (it is exiting).
@@ -414,7 +430,7 @@ class Outbox:
                     continue
                 self._broken(
                     ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
-                    if not isinstance(exc, transports.ConnectionRefused) or retry_refused
+                    if not isinstance(exc, transports.ConnectionRefused) or refused_for
                     else cause
                 )
                 return

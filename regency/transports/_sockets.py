@@ -69,6 +69,11 @@ _KERNEL_BUFFER = 4 << 20
 # costs a page fault per 4 KiB (64 MiB: 250-350 ms here, against 25 ms to refill a warm
 # buffer), and released once no frame needed it for this many seconds.
 _KEEP_BIG = 1.0
+#: Seconds a reader may hold its loop while its socket stays readable: a peer (or several)
+#: that floods a connection would otherwise keep its reader decoding frame after frame,
+#: and the loop would send no heartbeat and no acknowledgement until the flood ends (its
+#: senders then give its links up). Past this, the reader lets the loop turn once.
+_READ_SLICE = 0.005
 
 # The shared-memory lane (see _shm.py) between procs of one host: frames at or above
 # LANE_MIN bytes travel through a ring of LANE_RING bytes per direction when both ends of a
@@ -524,6 +529,7 @@ class SocketConnection(Connection):
         buf = bytearray(_RECV_BUFFER)
         view = self._rview = memoryview(buf)
         big_used = 0.0  # trio time the big buffer (self._big) last took a frame
+        turned = _perf_counter()  # when this task last let the loop turn
         while True:
             start, end = self._rstart, self._rend  # a thread may have read meanwhile
             if not _frame_ready(view, start, end):  # (a thread may have left one)
@@ -535,6 +541,7 @@ class SocketConnection(Connection):
                     await self._await_readable(
                         None if self._big is None else big_used + _KEEP_BIG
                     )
+                    turned = _perf_counter()
                     continue
                 except OSError as exc:
                     raise ConnectionBroken(str(exc)) from exc
@@ -578,7 +585,11 @@ class SocketConnection(Connection):
                 if self._closed:
                     return
             self._rstart, self._rend = _compact(view, start, end)
-            await trio.lowlevel.checkpoint_if_cancelled()
+            if _perf_counter() - turned > _READ_SLICE:
+                await trio.lowlevel.checkpoint()
+                turned = _perf_counter()
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
 
     def _lane_of_descriptor(self, size: int) -> _shm.InRing:
         """A frame length above the limit: the lane when it is a descriptor on a connection
@@ -856,6 +867,7 @@ class SocketConnection(Connection):
         header_bytes = _protect.HEADER_BYTES
         big_used: float | None = None  # trio time a frame of several records last arrived
         start = end = 0
+        turned = _perf_counter()  # when this task last let the loop turn (_READ_SLICE)
         while True:
             try:
                 n = sock.recv_into(view[end:])
@@ -868,6 +880,7 @@ class SocketConnection(Connection):
                 else:
                     with trio.move_on_at(big_used + _KEEP_BIG):
                         await trio.lowlevel.wait_readable(sock)
+                turned = _perf_counter()
                 continue
             except OSError as exc:
                 raise ConnectionBroken(str(exc)) from exc
@@ -894,7 +907,11 @@ class SocketConnection(Connection):
                     if self._closed:
                         return
             start, end = _compact(view, start, end)
-            await trio.lowlevel.checkpoint_if_cancelled()
+            if _perf_counter() - turned > _READ_SLICE:
+                await trio.lowlevel.checkpoint()
+                turned = _perf_counter()
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _recv_into_exactly(self, target: memoryview) -> None:
         while target:
