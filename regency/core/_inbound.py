@@ -147,8 +147,8 @@ class InboundSink:
             if compact:
                 # Only port handlers that say so run off the loop (an endpoint call's
                 # replies, acknowledgements); the others (log sink, channels, ...) expect the
-                # trio thread. Looked up once, under the lock, and handed to ``_reply`` (as
-                # the loop's ``_reply`` looks it up under the lock before it delivers).
+                # trio thread. Looked up once, under the lock, and handed to ``deliver_reply``
+                # (as the loop's looks it up under the lock before it delivers).
                 handler = rt.ports.get(port_id)
                 if handler is None or not getattr(handler, "on_any_thread", False):
                     return False
@@ -169,7 +169,7 @@ class InboundSink:
                         else:
                             rt.to_actor(call.actor, call)
                     elif compact:  # its fields to its port, no record (as Runtime.on_frame)
-                        rt._reply(port_id, reply_index, status, _reply_value(frame), handler)
+                        rt.deliver_reply(port_id, reply_index, status, _reply_value(frame), handler)
                     else:
                         try:
                             rt.on_frame(frame)

@@ -1,5 +1,5 @@
 """Reply ports: the :class:`PortHandler` interface and the runtime's table of open ports
-(:class:`PortTable`, a part of :class:`Runtime`)."""
+(:class:`PortTable`, a component of :class:`Runtime`)."""
 
 from __future__ import annotations
 
@@ -34,37 +34,54 @@ class PortHandler(Protocol):
         """The port can no longer complete (``address``, a destination, is unreachable)."""
 
 
+class PortOwner(Protocol):
+    """What a :class:`PortTable` needs of the runtime it belongs to."""
+
+    @property
+    def address(self) -> str:
+        """The runtime's address: a port is named ``(address, port id)``."""
+        ...
+
+    @property
+    def died(self) -> Exception | None:
+        """Set when the runtime's loop died: new ports fail with it at once."""
+        ...
+
+    def send(self, address: str, frame: transports.Frame) -> None: ...
+
+
 class PortTable:
-    """This runtime's open reply ports (a part of :class:`Runtime`)."""
+    """A runtime's open reply ports (its component, ``rt.port_table``; the runtime offers
+    :meth:`open`, :meth:`close`, :meth:`send_to` and :meth:`deliver` under its own names,
+    ``open_port``, ``close_port``, ``send_port`` and ``deliver_reply``)."""
 
-    address: str
-    ports: dict[int, PortHandler]
-    _port_ids: itertools.count[int]
-    #: Set when the runtime's loop died: new calls fail with it at once.
-    died: Exception | None
+    def __init__(self, owner: PortOwner) -> None:
+        self._owner = owner
+        #: Open ports by id (read by the runtime's readers and supervision; only this table
+        #: and the runtime's shutdown change it).
+        self.ports: dict[int, PortHandler] = {}
+        self._ids = itertools.count(1)
 
-    def send(self, address: str, frame: transports.Frame) -> None:  # provided by Runtime
-        raise NotImplementedError
-
-    def open_port(self, handler: PortHandler) -> tuple[str, int]:
-        if self.died is not None:  # the runtime's loop is gone: this call could never finish
-            raise self.died
-        port_id = next(self._port_ids)
+    def open(self, handler: PortHandler) -> tuple[str, int]:
+        owner = self._owner
+        if owner.died is not None:  # the runtime's loop is gone: this call could never finish
+            raise owner.died
+        port_id = next(self._ids)
         self.ports[port_id] = handler
-        return (self.address, port_id)
+        return (owner.address, port_id)
 
-    def close_port(self, port_id: int) -> None:
+    def close(self, port_id: int) -> None:
         self.ports.pop(port_id, None)
 
-    def send_port(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
+    def send_to(self, port: tuple[str, int], index: int, status: int, value: Any) -> None:
         """Send ``value`` to a reply port. Raises if the value cannot be pickled."""
         address, port_id = port
-        self.send(address, _codec.encode_reply(port_id, index, status, value))
+        self._owner.send(address, _codec.encode_reply(port_id, index, status, value))
 
-    def _to_port(self, reply: Reply) -> None:
-        self._reply(reply.port_id, reply.index, reply.status, reply.payload)
+    def deliver_record(self, reply: Reply) -> None:
+        self.deliver(reply.port_id, reply.index, reply.status, reply.payload)
 
-    def _reply(
+    def deliver(
         self,
         port_id: int,
         index: int,

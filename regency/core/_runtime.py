@@ -65,7 +65,7 @@ _RESERVED_PORTS = 1 << 63
 log = logging.getLogger("regency.runtime")
 
 
-class Runtime(ChildProcs, PortTable):
+class Runtime(ChildProcs):
     """One process's runtime. Create it, then run :meth:`serve` on a trio loop."""
 
     def __init__(
@@ -99,8 +99,14 @@ class Runtime(ChildProcs, PortTable):
         #: Messages for actors whose SPAWN has not arrived yet (a third party may know the
         #: mesh before the SPAWN from its owner reaches this proc).
         self.limbo: dict[str, list[M.Call | M.StopActor]] = {}
-        self.ports: dict[int, PortHandler] = {}
-        self._port_ids = itertools.count(1)
+        #: Its open reply ports (core/_ports.py), and the table's operations under the
+        #: runtime's names (bound once: no call frame more on the hot path).
+        self.port_table = PortTable(self)
+        self.ports: dict[int, PortHandler] = self.port_table.ports
+        self.open_port = self.port_table.open
+        self.close_port = self.port_table.close
+        self.send_port = self.port_table.send_to
+        self.deliver_reply = self.port_table.deliver
         #: One outbox per peer address, made on first use by :meth:`outbox` (read it to
         #: find one without making it; only the runtime adds or drops them).
         self.outboxes: dict[str, Outbox] = {}
@@ -468,7 +474,7 @@ class Runtime(ChildProcs, PortTable):
         frame becomes a ``ValueError`` here."""
         try:
             if frame[:4] == _REPLY_MARK:  # a compact reply (most of a controller's traffic)
-                self._reply(*_codec.decode_reply(frame))
+                self.deliver_reply(*_codec.decode_reply(frame))
                 return
             msg = _codec.decode(frame)
             # The two kinds that are nearly all the traffic skip the match (same outcome).
@@ -481,7 +487,7 @@ class Runtime(ChildProcs, PortTable):
                 else:
                     self.to_actor(msg.actor, msg)
             elif type(msg) is M.Reply:
-                self._to_port(msg)
+                self.port_table.deliver_record(msg)
             else:
                 self.dispatch(msg)
         except (Exception, KeyboardInterrupt, trio.Cancelled):
@@ -494,7 +500,7 @@ class Runtime(ChildProcs, PortTable):
         the connection's sink; here it raises like a malformed frame."""
         match msg:
             case M.Reply():
-                self._to_port(msg)
+                self.port_table.deliver_record(msg)
             case M.Call():
                 self.to_actor(msg.actor, msg)
             case M.Cast():
