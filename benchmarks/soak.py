@@ -14,7 +14,7 @@ controller's links through it (FIN or RST) and holds new ones for a few seconds.
 The relay is also killed and started again (connections are refused for up to 4 s
 meanwhile): on a network address a refused reconnect is retried for ``reconnect_refused_s``,
 as a relay or proxy in between may be restarting (``Outbox._reconnect``); the soak sets it to
-6 s (the default, 2 s, notices a dead worker sooner).
+15 s (the default, 2 s, notices a dead worker sooner).
 
 Traffic, each slot (a proc mesh with an echo, a sink, a sender and a pinger actor on every
 proc):
@@ -1394,8 +1394,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     os.environ["REGENCY_SECRET"] = SECRET
-    # Relay restarts refuse connections for up to 4 s (the default ride-out is 2 s).
-    os.environ.setdefault("REGENCY_RECONNECT_REFUSED_S", "6")
+    # Relay restarts refuse connections for seconds (the default ride-out is 2 s).
+    os.environ.setdefault("REGENCY_RECONNECT_REFUSED_S", "15")
     _log(f"seed {args.seed}; {args.minutes} min")
     soak = Soak(args)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -428,10 +428,14 @@ class Outbox:
                         within,
                     )
                     continue
+                refused = isinstance(exc, transports.ConnectionRefused)
                 self._broken(
-                    ConnectionError(f"{cause}; no reconnection within {within} s ({exc})")
-                    if not isinstance(exc, transports.ConnectionRefused) or refused_for
-                    else cause
+                    cause
+                    if refused and not refused_for
+                    else ConnectionError(
+                        f"{cause}; no reconnection within "
+                        f"{min(refused_for, within) if refused else within} s ({exc})"
+                    )
                 )
                 return
             break
