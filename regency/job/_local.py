@@ -220,24 +220,30 @@ class ProcessJob(JobTrait):
         )
 
     def _kill(self) -> None:
-        for pid, _ in self._workers.values():
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 5
-        for pid, _ in self._workers.values():
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if _alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_groups([pid for pid, _ in self._workers.values()])
         self._workers.clear()
         if self._log_dir is not None:
             shutil.rmtree(self._log_dir, ignore_errors=True)
             self._log_dir = None
+
+
+def stop_groups(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM the process groups led by ``pids``, wait up to ``grace`` seconds in all for
+    their leaders to exit, then SIGKILL the groups of those still running."""
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _alive(pid: int) -> bool:

@@ -15,7 +15,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -208,20 +207,9 @@ class SSHJob(JobTrait):
 
     def _kill(self) -> None:
         """End each ssh connection (its worker ends with it, killing its procs)."""
-        for pid, _ in self._workers.values():
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 5
-        for pid, _ in self._workers.values():
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if _alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        from ._local import stop_groups
+
+        stop_groups([pid for pid, _ in self._workers.values()])
         self._workers.clear()
         if self._log_dir is not None:
             shutil.rmtree(self._log_dir, ignore_errors=True)
