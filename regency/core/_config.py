@@ -117,7 +117,7 @@ class Config:
     #: than the 1,024 frames after which receivers acknowledge (else each window would wait
     #: for the acknowledgement delay). Read when a runtime starts; procs inherit the
     #: controller's setting.
-    send_window: int = attrs.field(default=2048, validator=lambda _inst, a, v: _window(a, v))
+    send_window: int = attrs.field(default=65536, validator=lambda _inst, a, v: _window(a, v))
     #: Bytes of frames a process may hold for one destination beyond the window (a receiver
     #: that does not keep up). Past it, a send from a thread blocks until acknowledgements
     #: make room (or the link fails); a send from the runtime's loop (an async endpoint, an
