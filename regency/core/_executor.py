@@ -119,7 +119,7 @@ class ThreadExecutor:
         return not any(t.is_alive() for t in self._threads if t is not threading.current_thread())
 
     def mailbox(self) -> Mailbox:
-        leader: Leader | None = getattr(self._rt, "leader", None)
+        leader: Leader | None = self._rt.leader
         if leader is None:
             return queue.SimpleQueue()
         # Its get() reads the proc's sockets while empty (core/_leader.py): no hop.

@@ -16,10 +16,8 @@ import trio
 from .. import transports
 from . import _codec
 from ._delivery import (
-    BUFFER_BYTES,
     CONNECTED,
     FAILED,
-    WINDOW,
     Action,
     Close,
     Dial,
@@ -57,20 +55,18 @@ class Outbox:
         self._lock = threading.Lock()
         # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
         # proc ids (from pids) can repeat, e.g. in containers.
-        # (getattr: the stand-in runtimes of tests/core/test_interrupts.py have neither.)
         config = runtime.config
         self._machine = Outbound(
             f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}",
-            window=getattr(config, "send_window", WINDOW),
-            buffer_bytes=getattr(config, "send_buffer_bytes", BUFFER_BYTES),
+            window=config.send_window,
+            buffer_bytes=config.send_buffer_bytes,
             size_of=_frame_size,
         )
         #: Threads that wait for room (``send_buffer_bytes``) wait on this (the lock's).
         self._room = threading.Condition(self._lock)
         #: Whether a thread may wait for room: only where threads run beside the loop that
         #: makes it (``Executor.runs_freely``: not a simulation's lockstep threads).
-        executor = getattr(runtime, "executor", None)  # (test stand-ins have none)
-        self._may_block = getattr(executor, "runs_freely", True)
+        self._may_block = runtime.executor.runs_freely
         #: Whether "waiting for a busy peer" was logged for the current stall.
         self._busy_logged = False
         #: When :meth:`check_stalled` last ran (the watchdog's time).

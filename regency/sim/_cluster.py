@@ -918,7 +918,9 @@ def start_simulated_controller(seed: int) -> Runtime:
             run_deterministic(main, seed, timeout=None)
         except BaseException as exc:
             failed.append(exc)
-            lockstep._main_worker.turn.release()
+            main_worker = lockstep._main_worker
+            assert main_worker is not None  # (adopted above, before this thread started)
+            main_worker.turn.release()
 
     threading.Thread(target=run, name="regency-simulation", daemon=True).start()
     wait_first_turn()

@@ -177,7 +177,7 @@ class LockstepPolling:
         self._lockstep._wait(self._worker(), fut, timeout)
 
     def wait_on_loop(self, fut: Future[Any]) -> Awaitable[None]:
-        if self._worker() is getattr(self._lockstep, "_main_worker", None):
+        if self._worker() is self._lockstep._main_worker:
             # The program's own thread: its loop (a notebook's, an ``async def main``)
             # waits by giving the baton back, as its ``get()`` does.
             result: Awaitable[None] = self._lockstep._wait_async(fut)

@@ -84,6 +84,8 @@ class Lockstep:
         self._count = 0
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
+        #: The program's main thread, once adopted (:meth:`adopt_current_thread`).
+        self._main_worker: _Worker | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -130,9 +132,7 @@ class Lockstep:
         for worker in self._workers:
             if worker.frozen and not worker.in_mailbox:
                 continue
-            if worker.job is not None and worker.thread.is_alive() and worker is not getattr(
-                self, "_main_worker", None
-            ):
+            if worker.job is not None and worker.thread.is_alive() and worker is not self._main_worker:
                 worker.abandoned = True
                 worker.turn.release()
                 self._loop_turn.acquire(timeout=5.0)
@@ -158,7 +158,7 @@ class Lockstep:
     def start_main(self) -> None:
         """On the loop: give the adopted main thread its first turn."""
         worker = self._main_worker
-        assert worker.job is not None
+        assert worker is not None and worker.job is not None
         self._hand(worker, worker.job)
 
     def _wait(self, worker: _Worker, fut: Future[Any], timeout: float | None) -> None:

@@ -44,7 +44,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import attrs
 import trio
@@ -60,6 +60,7 @@ from ..transports._base import (
     FrameSink,
     Listener,
     SinkFactory,
+    ThreadSink,
     Transport,
     join_frame,
 )
@@ -566,10 +567,11 @@ class SimConnection(Connection):
         if self._baton not in _baton.THREAD_READS:
             return False
         unread = self._unread
-        on_thread = getattr(self.sink, "frame_on_thread", None)
+        # (A connection a thread leads is an inbound one: its sink takes frames on threads.)
+        on_thread = cast(ThreadSink, self.sink).frame_on_thread
         while unread and not self._closed:
             kind, payload = unread[0]
-            if kind != _FRAME or on_thread is None:
+            if kind != _FRAME:
                 break  # the loop reads a FIN
             unread.popleft()
             taken = False

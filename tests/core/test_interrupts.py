@@ -40,7 +40,10 @@ def _runtime(**more: Any) -> Any:
     """What an Outbox uses of its runtime, and ``more``."""
     return types.SimpleNamespace(
         env=types.SimpleNamespace(probe=None),
-        config=types.SimpleNamespace(max_frame_bytes=1 << 30),
+        config=types.SimpleNamespace(
+            max_frame_bytes=1 << 30, send_window=1 << 16, send_buffer_bytes=1 << 28
+        ),
+        executor=types.SimpleNamespace(runs_freely=True),
         proc_id="p",
         _nonce="n",
         _sessions=itertools.count(),
