@@ -28,6 +28,7 @@ from ._delivery import (
     Transmit,
 )
 from ._errors import UndeliverableError
+from ._future import Future
 from ._messages import Ack, Session
 from ._waiting import here as _here
 
@@ -62,11 +63,10 @@ class Outbox:
             buffer_bytes=config.send_buffer_bytes,
             size_of=_frame_size,
         )
-        #: Threads that wait for room (``send_buffer_bytes``) wait on this (the lock's).
-        self._room = threading.Condition(self._lock)
-        #: Whether a thread may wait for room: only where threads run beside the loop that
-        #: makes it (``Executor.runs_freely``: not a simulation's lockstep threads).
-        self._may_block = runtime.executor.runs_freely
+        #: Threads that wait for room (``send_buffer_bytes``): each waits on a future of its
+        #: own, through its waiter (core/_waiting.py: a lock, its reply-reading leader, or a
+        #: simulation's lockstep turn), resolved when acknowledgements make room.
+        self._room_waits: list[Future[None]] = []
         #: Whether "waiting for a busy peer" was logged for the current stall.
         self._busy_logged = False
         #: When :meth:`check_stalled` last ran (the watchdog's time).
@@ -187,7 +187,7 @@ class Outbox:
         a wait on a peer that stopped acknowledging: the session reconnects or gives up); a
         sender on the loop, which would wait for itself, raises."""
         machine = self._machine
-        if not self._may_block or self._rt.on_runtime_thread():
+        if self._rt.on_runtime_thread():
             raise SendBufferFull(
                 f"cannot send {size} bytes to the proc at {self.address}: "
                 f"{machine.pending_bytes} bytes in {len(machine.pending)} message(s) already "
@@ -199,7 +199,21 @@ class Outbox:
                 "raise send_buffer_bytes with regency.configure(...)"
             )
         while not machine.has_room(size):
-            self._room.wait(self._rt.config.heartbeat_interval)
+            room: Future[None] = Future()
+            self._room_waits.append(room)
+            self._lock.release()  # (the sender's ``with`` takes it again and releases it)
+            try:
+                room.get(self._rt.config.heartbeat_interval)
+            except TimeoutError:
+                pass  # look again: the session may have failed meanwhile
+            finally:
+                self._lock.acquire()
+
+    def _wake_room(self) -> None:
+        """Under the lock: threads waiting for room look again."""
+        waits, self._room_waits = self._room_waits, []
+        for room in waits:
+            room.set_result(None)
 
     def acknowledged(self, count: int) -> None:
         """The receiver handled the session's first ``count`` frames: what waited for the
@@ -211,7 +225,7 @@ class Outbox:
             if actions:
                 self._perform(actions)
             if waiting:
-                self._room.notify_all()
+                self._wake_room()
 
     def check_stalled(self, now: float) -> None:
         """Called every ``heartbeat_interval`` on the trio thread (see
@@ -338,7 +352,7 @@ class Outbox:
         then what queued."""
         with self._lock:
             rest = self._perform(self._machine.connected(conn))
-            self._room.notify_all()  # what waited joined the session: room for more
+            self._wake_room()  # what waited joined the session: room for more
         if rest:
             self._after(rest)
 
@@ -445,7 +459,7 @@ class Outbox:
         exc = exc.with_traceback(None)
         with self._lock:
             actions = self._machine.give_up(exc)
-            self._room.notify_all()  # threads waiting for room raise the session's error
+            self._wake_room()  # threads waiting for room raise the session's error
         if actions:
             self._after(actions)
 

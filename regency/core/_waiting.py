@@ -21,9 +21,10 @@ Which waiter a thread uses:
   controller's; a simulator's lockstep waiter serves only its own threads); with none, a
   lock.
 
-A wait also leaves a mark on its thread: the next frame the thread sends answers what it
-waited for (:func:`take_answer`), which the transport sends at once instead of batching it
-with a burst (``send_nowait(frame, answer)``; transports/_sockets.py's burst window).
+A wait also leaves a mark on its thread (``here.waited``): the next frame the thread sends
+answers what it waited for, and the outbox passes that to the transport, which sends it at
+once instead of batching it with a burst (``send_nowait(frame, answer)``;
+transports/_sockets.py's burst window).
 """
 
 from __future__ import annotations
@@ -79,21 +80,6 @@ class _Thread(threading.local):
 
 
 here = _Thread()
-
-
-def mark_waited() -> None:
-    """The calling thread is about to wait for a message: what it sends next answers it."""
-    here.waited = True
-
-
-def take_answer() -> bool:
-    """Whether the frame the calling thread is about to send answers a wait (and forget the
-    mark: only the first frame after a wait is an answer)."""
-    t = here
-    if t.waited:
-        t.waited = False
-        return True
-    return False
 
 
 class LockWaiter:
