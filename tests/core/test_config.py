@@ -69,6 +69,11 @@ def test_the_largest_frame_setting_is_the_u32_length_below_the_lanes_mark() -> N
         ({"delivery_timeout": 0}, ValueError, "delivery_timeout must be positive \\(got 0\\)"),
         ({"heartbeat_interval": -1.0}, ValueError, "heartbeat_interval must be positive"),
         (
+            {"reconnect_refused_s": -1.0},
+            ValueError,
+            "reconnect_refused_s must be zero or more \\(got -1.0\\)",
+        ),
+        (
             {"max_frame_bytes": 1 << 32},
             ValueError,
             "max_frame_bytes must be at most 4294967294 \\(a frame's length is a u32",
