@@ -184,6 +184,7 @@ def cleaned_up(log: Path) -> list[str]:
 def test_production_mailbox_is_fifo_and_says_when_empty() -> None:
     class NoRuntime:
         token = None
+        leader = None  # (threads wait on locks: the mailbox is a plain queue)
 
     box = ThreadExecutor(NoRuntime()).mailbox()  # type: ignore[arg-type]
     for item in [("a",), ("b",), ("c",)]:
