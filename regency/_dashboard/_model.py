@@ -24,7 +24,7 @@ import attrs
 from ..core._introspect import _host_of
 from ..core._stacks import RECENT, ActorState, Handled, JobStacks, ProcStacks, render
 from ..core._trace import ProcTrace
-from ..supervision._machine import FAILED, RUNNING, STOPPED
+from ..supervision import FAILED, RUNNING, STOPPED
 
 if TYPE_CHECKING:
     from ..core._runtime import Runtime
@@ -86,7 +86,7 @@ class Snapshot:
 
 def snapshot(rt: Runtime) -> Snapshot:
     """Read the controller's runtime. On its loop only."""
-    machine = rt.oversight.machine
+    oversight = rt.oversight
     children = []
     for child in rt.children.values():
         handle = child.handle
@@ -99,11 +99,11 @@ def snapshot(rt: Runtime) -> Snapshot:
         )
         children.append(info)
     meshes = []
-    for key, mesh in machine._meshes.items():
+    for key, mesh in oversight.meshes().items():
         causes = tuple(
             (rank, cause.summary, cause.traceback)
             for rank in range(len(mesh.status))
-            if (cause := machine.causes.get((key, rank))) is not None
+            if (cause := oversight.failures.get((key, rank))) is not None
         )
         info_ = MeshInfo(
             key, mesh.name, mesh.owner_name, mesh.actor_class, tuple(mesh.addresses),
@@ -119,7 +119,7 @@ def snapshot(rt: Runtime) -> Snapshot:
         rt.env.clock(),
         tuple(children),
         tuple(meshes),
-        machine.broken,
+        oversight.broken,
     )
 
 

@@ -133,7 +133,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
         shape = self._shape
         key, ranks = self._key, tuple(shape.ranks)
         # Stopping is not failing: the owner is not told about these ranks.
-        rt.call_soon(lambda: rt.oversight.machine.handle(MeshStopped(key, ranks)))
+        rt.call_soon(lambda: rt.oversight.feed(MeshStopped(key, ranks)))
         dests = frozenset(self._procs[r][1] for r in shape.ranks)
         acks = _Acks(fut, len(shape), f"stopping {self._name}", dests)
         port = rt.open_port(acks)

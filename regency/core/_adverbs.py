@@ -120,12 +120,12 @@ class Endpoint(Generic[P, R]):
 
     def _check_alive(self, rt: Runtime, local_ranks: Sequence[int]) -> None:
         """Raise ``SupervisionError`` if one of ``local_ranks`` is known to have failed."""
-        machine, key, ranks = rt.oversight.machine, self._mesh._key, self._mesh._shape.ranks
+        oversight, key, ranks = rt.oversight, self._mesh._key, self._mesh._shape.ranks
         for local in local_ranks:
-            if machine.failed(key, ranks[local]):
-                cause = machine.cause_of(key, ranks[local])
+            failure = oversight.failure_of(key, ranks[local])
+            if failure is not None:
+                who, cause = failure
                 why = f": {cause.summary}" if cause is not None else ""
-                who = machine.actor_of(key, ranks[local])
                 raise SupervisionError(
                     f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why} "
                     f"(The actor {who} and all its descendants have failed)"
@@ -174,7 +174,7 @@ class Endpoint(Generic[P, R]):
         if trace is not None:
             trace.sent(self.qualname, port, local_ranks, sender_track())
         try:
-            if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
+            if rt.oversight.failures:  # a rank of some mesh failed: is it one of ours?
                 self._check_alive(rt, local_ranks)
             casting = rt.casting
             if len(local_ranks) > 1:
@@ -213,7 +213,7 @@ class Endpoint(Generic[P, R]):
         if trace is not None:
             trace.sent(self.qualname, port, (local,), sender_track())
         try:
-            if rt.oversight.machine.causes:  # a rank of some mesh failed: is it this one?
+            if rt.oversight.failures:  # a rank of some mesh failed: is it this one?
                 self._check_alive(rt, (local,))
             rt.casting.send_one(route, local, mesh._key, self._name, port, payload)
         except (SupervisionError, ValueError) as exc:
@@ -257,7 +257,7 @@ class Endpoint(Generic[P, R]):
         rt = current_runtime()
         payload = _pickle_args(self.qualname, args, kwargs)
         ranks = range(len(self._mesh._shape))
-        if rt.oversight.machine.causes:  # a rank of some mesh failed: is it one of ours?
+        if rt.oversight.failures:  # a rank of some mesh failed: is it one of ours?
             self._check_alive(rt, ranks)
         trace = rt.trace
         if trace is not None:

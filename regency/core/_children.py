@@ -1,6 +1,6 @@
 """Child procs: the :class:`Child` record, and planning, launching and watching the procs
-a runtime starts (:class:`ChildProcs`, a part of :class:`Runtime`), stopping them, and
-waiting for them to start."""
+a runtime starts (:class:`ChildProcs`, the runtime's ``child_procs``, which reads the
+runtime through :class:`ChildHost`), stopping them, and waiting for them to start."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ..supervision import ProcStopped
 from . import _extensions
 from . import _messages as M
-from ._config import Config, current_config
+from ._config import Config
 from ._errors import SupervisionError, UndeliverableError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
@@ -82,56 +82,74 @@ def _free_tcp_port(host: str) -> int:
         return port
 
 
-class ChildProcs:
-    """The procs a runtime launched (a part of :class:`Runtime`)."""
+class ChildHost(Protocol):
+    """What :class:`ChildProcs` needs of the runtime it is a part of."""
 
     proc_id: str
     address: str
     secret: bytes
     jobdir: str
-    config: Config
-    launcher: ProcLauncher | None
     root_address: str | None
-    #: Sends to a planned child wait for its HELLO: set then, or when it exits.
-    child_ready: dict[str, trio.Event]
-    children: dict[str, Child]
-    on_child_exit: list[Callable[[Child], None]]
-    _child_ids: itertools.count[int]
-    #: CPU time of silent children between looks (busy or stuck, see _liveness).
-    _busy: BusyWatch
+    launcher: ProcLauncher | None
     #: The trace ring while tracing is on (core/_trace.py).
     trace: TraceRing | None
 
-    # Provided by Runtime, which this class is a part of.
-    def on_runtime_thread(self) -> bool:
-        raise NotImplementedError
+    @property
+    def config(self) -> Config: ...
 
-    def outbox(self, address: str) -> Outbox:
-        raise NotImplementedError
+    def refresh_config(self) -> Config:
+        """Take up ``regency.configure()`` changes made since the runtime started; the
+        runtime owns its live configuration."""
+        ...
 
-    def _default_address(self, proc_id: str) -> str:
-        decided = self.launcher.address_for(proc_id) if self.launcher is not None else None
+    def on_runtime_thread(self) -> bool: ...
+
+    def outbox(self, address: str) -> Outbox: ...
+
+
+class ChildProcs:
+    """The procs a runtime launched: planning, launching, exits, heartbeats (the runtime's
+    ``child_procs``). Reads what it needs of the runtime through :class:`ChildHost`."""
+
+    def __init__(self, host: ChildHost) -> None:
+        self._host = host
+        #: The procs launched, by address.
+        self.children: dict[str, Child] = {}
+        #: Sends to a planned child wait for its HELLO: set then, or when it exits.
+        self.child_ready: dict[str, trio.Event] = {}
+        #: Called (on the runtime's thread) with each child that exits.
+        self.on_child_exit: list[Callable[[Child], None]] = []
+        self._ids = itertools.count()
+        #: CPU time of silent children between looks (busy or stuck, see _liveness).
+        self._busy = BusyWatch()
+
+    def default_address(self, proc_id: str) -> str:
+        """Where the proc ``proc_id`` listens: its launcher's choice, else one of the
+        configured transport's (a socket in the job directory, a free port)."""
+        host = self._host
+        decided = host.launcher.address_for(proc_id) if host.launcher is not None else None
         if decided is not None:
             return decided
-        if self.config.default_transport == "unix":
-            return f"unix://{self.jobdir}/{proc_id}.sock"
-        if self.config.default_transport == "tcp":
-            return f"tcp://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
-        if self.config.default_transport == "nng+ipc":
-            return f"nng+ipc://{self.jobdir}/{proc_id}.nng"
-        scheme = self.config.default_transport
-        return f"{scheme}://{self.config.tcp_host}:{_free_tcp_port(self.config.tcp_host)}"
+        config = host.config
+        if config.default_transport == "unix":
+            return f"unix://{host.jobdir}/{proc_id}.sock"
+        if config.default_transport == "tcp":
+            return f"tcp://{config.tcp_host}:{_free_tcp_port(config.tcp_host)}"
+        if config.default_transport == "nng+ipc":
+            return f"nng+ipc://{host.jobdir}/{proc_id}.nng"
+        scheme = config.default_transport
+        return f"{scheme}://{config.tcp_host}:{_free_tcp_port(config.tcp_host)}"
 
-    def plan_procs(self, count: int, name: str) -> list[Child]:
+    def plan(self, count: int, name: str) -> list[Child]:
         """Name and address ``count`` new procs. Thread-safe; starts nothing.
 
         Picks up ``regency.configure()`` changes made since the runtime started.
         """
-        self.config = current_config()
+        self._host.refresh_config()
         children = []
         for _ in range(count):
             proc_id = self.new_proc_id(name)
-            children.append(self.plan_child(proc_id, self._default_address(proc_id)))
+            children.append(self.plan_child(proc_id, self.default_address(proc_id)))
         return children
 
     def plan_on_launchers(
@@ -143,59 +161,61 @@ class ChildProcs:
         for launcher in launchers:
             for _ in range(per_launcher):
                 proc_id = self.new_proc_id(name)
-                address = launcher.address_for(proc_id) or self._default_address(proc_id)
+                address = launcher.address_for(proc_id) or self.default_address(proc_id)
                 child = self.plan_child(proc_id, address)
                 child.launcher = launcher
                 children.append(child)
         return children
 
     def new_proc_id(self, name: str) -> str:
-        return f"{self.proc_id}.{name}{next(self._child_ids)}"
+        return f"{self._host.proc_id}.{name}{next(self._ids)}"
 
     def plan_child(self, proc_id: str, address: str) -> Child:
-        self.config = current_config()  # the child gets, and is watched by, today's settings
+        # The child gets, and is watched by, today's settings.
+        config = self._host.refresh_config()
         child = Child(proc_id, address)
-        child.heartbeat_timeout = self.config.heartbeat_timeout
+        child.heartbeat_timeout = config.heartbeat_timeout
         # Sends to the child wait for its HELLO; the event exists before any send.
         self.child_ready[address] = trio.Event()
         return child
 
     def bootstrap_record(self, child: Child, boot: str | None) -> dict[str, Any]:
         """What a new proc needs to become one (see :mod:`regency.core._bootstrap`)."""
+        host = self._host
         return {
             "proc_id": child.proc_id,
             "address": child.address,
-            "parent_address": self.address,
-            "root_address": self.root_address or self.address,
-            "secret": self.secret.hex(),
-            "jobdir": self.jobdir,
-            "config": self.config.to_env(),
+            "parent_address": host.address,
+            "root_address": host.root_address or host.address,
+            "secret": host.secret.hex(),
+            "jobdir": host.jobdir,
+            "config": host.config.to_env(),
             "sys_path": list(sys.path),
             "parent_pid": os.getpid(),
             "boot": boot,
         }
 
-    def launch_procs(
-        self, children: list[Child], env: dict[str, str] | None, boot: str | None
-    ) -> None:
+    def launch(self, children: list[Child], env: dict[str, str] | None, boot: str | None) -> None:
         """Start planned procs (on the trio thread); they connect back when ready."""
-        assert self.on_runtime_thread()
-        assert self.launcher is not None
+        host = self._host
+        assert host.on_runtime_thread()
+        assert host.launcher is not None
         for child in children:
             self.children[child.address] = child
-            launcher = child.launcher or self.launcher
+            launcher = child.launcher or host.launcher
             try:
                 child.handle = launcher.launch(
                     self.bootstrap_record(child, boot),
                     dict(env or {}),
-                    functools.partial(self._child_exited, child),
+                    functools.partial(self.exited, child),
                 )
             except Exception as exc:
                 log.error("could not start proc %s: %s", child.proc_id, exc)
                 child.killed_for = f"could not be started ({exc})"
-                self._child_exited(child, 1)
+                self.exited(child, 1)
 
-    def _child_exited(self, child: Child, code: int) -> None:
+    def exited(self, child: Child, code: int) -> None:
+        """``child`` exited with ``code`` (negative: killed by that signal); once."""
         if child.returncode is not None:
             return  # already known (a remote proc declared lost, then reported)
         child.returncode = code
@@ -204,20 +224,20 @@ class ChildProcs:
         if ready is not None:
             ready.set()  # wakes senders waiting for it; they find the outbox broken
         error = ProcessLookupError(child.describe_exit())
-        trace = self.trace
+        trace = self._host.trace
         if trace is not None:
             trace.instant(f"proc {child.proc_id}", "proc exited", {"how": child.describe_exit()})
-        self.outbox(child.address)._broken(error)
+        self._host.outbox(child.address)._broken(error)
         for hook in self.on_child_exit:
             hook(child)
 
-
-    def _shutdown_children(self) -> None:
+    def kill_all(self) -> None:
+        """Kill every child still running (the runtime is stopping)."""
         for child in self.children.values():
             if child.handle is not None and child.returncode is None:
                 child.handle.kill()
 
-    def _check_heartbeats(self, now: float) -> None:
+    def check_heartbeats(self, now: float) -> None:
         """Kill a started child whose heartbeats stopped for ``heartbeat_timeout``."""
         for child in list(self.children.values()):
             handle = child.handle
@@ -251,8 +271,7 @@ class ChildProcs:
                 child.handle.kill()
                 if child.handle.remote:
                     # Its host may be unreachable: the kill cannot be confirmed.
-                    self._child_exited(child, -signal.SIGKILL)
-
+                    self.exited(child, -signal.SIGKILL)
 
     def peer_busy(self, address: str, now: float) -> bool:
         """Whether the proc at ``address`` is known to be alive and computing: not stopped,
@@ -270,7 +289,7 @@ class ChildProcs:
                 return False
             pid, window = handle.pid, child.heartbeat_timeout
         else:
-            pid, window = _listener_pid(address) or 0, self.config.heartbeat_timeout
+            pid, window = _listener_pid(address) or 0, self._host.config.heartbeat_timeout
         if not pid:
             return False
         return self._busy.busy(pid, now, max(window, 1.0))
@@ -279,9 +298,10 @@ class ChildProcs:
         """A proc whose event loop stopped answering (no heartbeat for half of
         ``heartbeat_timeout``) is reported as a stall (logger ``regency.stall``) before it
         is declared stuck; once, and once more when it answers again."""
-        if not self.config.stall_warning_s:
+        config = self._host.config
+        if not config.stall_warning_s:
             return
-        limit = max(child.heartbeat_timeout / 2, 2 * self.config.heartbeat_interval)
+        limit = max(child.heartbeat_timeout / 2, 2 * config.heartbeat_interval)
         if silent > limit and not child.silence_warned:
             child.silence_warned = True
             where = f"pid {pid}" if pid else "on another host"
@@ -407,9 +427,9 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
     children = [rt.children[a] for a in addresses if a in rt.children]
     for child in children:
         remote = child.handle is not None and child.handle.remote
-        if child.returncode is None and remote and child.address in rt._lost:
+        if child.returncode is None and remote and child.address in rt.lost:
             # Declared lost (its worker died): no exit status will ever come; don't wait.
-            rt._child_exited(child, -signal.SIGKILL)
+            rt.child_procs.exited(child, -signal.SIGKILL)
     for child in children:
         if child.returncode is None:
             try:
@@ -427,7 +447,7 @@ async def _stop_procs(rt: Runtime, addresses: list[str], done: Future[None]) -> 
             await child.exited.wait()
     for child in children:
         if child.returncode is None:  # a remote proc whose worker is gone, or never started
-            rt._child_exited(child, -signal.SIGKILL)
+            rt.child_procs.exited(child, -signal.SIGKILL)
     done.set_result(None)
 
 

@@ -13,12 +13,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .. import supervision as S
+from ..supervision import FailureCause
 from . import _messages as M
 from . import _notebook
 from ._future import Future
@@ -125,7 +126,11 @@ class Oversight:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.machine = S.Supervisor()
+        self._machine = S.Supervisor()
+        #: Why each failed rank failed, by (mesh key, rank): the machine's own table, empty
+        #: while no rank of any mesh has failed (what a sender checks once per call). Read
+        #: it; only events change it.
+        self.failures: Mapping[tuple[str, int], FailureCause] = self._machine.causes
         #: Rank addresses of meshes owned here, to stop them when their owner goes.
         self.routes: dict[str, tuple[str, ...]] = {}
         #: Addresses of procs spawned by each owner here.
@@ -134,11 +139,29 @@ class Oversight:
     # -- events ------------------------------------------------------------------------
 
     def feed(self, event: S.Event) -> None:
-        actions = self.machine.handle(event)
-        if self.machine.broken is not None:
-            log.error("supervision state machine failed: %s", self.machine.broken)
+        actions = self._machine.handle(event)
+        if self._machine.broken is not None:
+            log.error("supervision state machine failed: %s", self._machine.broken)
         for action in actions:
             self._perform(action)
+
+    # -- queries -----------------------------------------------------------------------
+
+    def failure_of(self, key: str, rank: int) -> tuple[str, FailureCause | None] | None:
+        """None while rank ``rank`` of mesh ``key`` has not failed; else the actor as
+        Monarch prints it, and why it failed when that is known."""
+        if not self._machine.failed(key, rank):
+            return None
+        return self._machine.actor_of(key, rank), self._machine.cause_of(key, rank)
+
+    def meshes(self) -> Mapping[str, S.MeshState]:
+        """The actor meshes supervised here, by key (a read-only view)."""
+        return self._machine.meshes()
+
+    @property
+    def broken(self) -> str | None:
+        """Why the supervision machine stopped taking events, if it did (a bug)."""
+        return self._machine.broken
 
     def mesh_spawned(
         self,
@@ -199,7 +222,7 @@ class Oversight:
                 sent += 1
             except Exception:
                 pass  # already unreachable: nothing to stop
-        self.machine.handle(S.MeshStopped(key))
+        self._machine.handle(S.MeshStopped(key))
         return sent
 
     def stop_owned(self, owner: str) -> Future[None]:
@@ -208,9 +231,9 @@ class Oversight:
         from ._replies import _Acks
 
         done: Future[None] = Future()
-        keys = self.machine.owned_by(owner)
+        keys = self._machine.owned_by(owner)
         procs = self.owned_procs.pop(owner, [])
-        self.machine.handle(S.OwnerGone(owner))
+        self._machine.handle(S.OwnerGone(owner))
         if not keys and not procs:
             done.set_result(None)
             return done

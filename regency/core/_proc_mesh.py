@@ -320,9 +320,9 @@ class HostMesh(MeshAlgebra):
                 rt.env.host_launcher(host.worker) or worker_launcher(rt, host)
                 for host in (self._hosts[r] for r in self._shape.ranks)
             ]
-            children = rt.plan_on_launchers(launchers, count, name or "p")
+            children = rt.child_procs.plan_on_launchers(launchers, count, name or "p")
         else:
-            children = rt.plan_procs(len(shape), name or "p")
+            children = rt.child_procs.plan(len(shape), name or "p")
         extent = Extent(shape.labels, shape.sizes)
         for rank, child in enumerate(children):
             child.coords = tuple(Point(rank, extent).items())
@@ -350,13 +350,13 @@ class HostMesh(MeshAlgebra):
                 for child in children:
                     child.launcher = launcher
             try:
-                rt.launch_procs(children, env, boot)
+                rt.child_procs.launch(children, env, boot)
             except Exception as exc:  # not raised: this runs as a loop callback
                 ready.set_exception(exc)
                 for child in children:
                     if child.returncode is None:
                         child.killed_for = f"could not be started ({exc})"
-                        rt._child_exited(child, 1)
+                        rt.child_procs.exited(child, 1)
                 return
             rt.nursery.start_soon(_wait_ready, rt, children, ready)
 

@@ -34,7 +34,7 @@ from . import _messages as M
 from ._aio import AsyncioBridge, drive
 from ._casting import Casting
 from ._children import Child, ChildProcs
-from ._config import Config
+from ._config import Config, current_config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
 from ._delivery import FAILED
@@ -46,7 +46,6 @@ from ._introspect import install as install_introspection
 from ._introspect import watch_stalls
 from ._launcher import ProcLauncher, ZygoteLauncher
 from ._leader import Leader
-from ._liveness import BusyWatch
 from ._mailbox import ActorCell
 from ._metrics import count_received
 from ._outbox import Outbox
@@ -65,7 +64,7 @@ _RESERVED_PORTS = 1 << 63
 log = logging.getLogger("regency.runtime")
 
 
-class Runtime(ChildProcs):
+class Runtime:
     """One process's runtime. Create it, then run :meth:`serve` on a trio loop."""
 
     def __init__(
@@ -88,7 +87,15 @@ class Runtime(ChildProcs):
         self.env = env = env if env is not None else production()
         #: Starts procs on this host; made from ``env.launcher`` when ``serve`` starts.
         self.launcher: ProcLauncher | None = None
-        self.address = address or self._default_address(proc_id)
+        #: The procs it launched (core/_children.py), and their tables under the runtime's
+        #: names (read widely: the dashboard, introspection, the simulator's checks).
+        self.child_procs = ChildProcs(self)
+        self.children: dict[str, Child] = self.child_procs.children
+        self.child_ready: dict[str, trio.Event] = self.child_procs.child_ready
+        self.on_child_exit: list[Callable[[Child], None]] = self.child_procs.on_child_exit
+        #: Whether the proc at an address is alive and computing (an outbox's verdict).
+        self.peer_busy = self.child_procs.peer_busy
+        self.address: str = address or self.child_procs.default_address(proc_id)
         self.parent_address = parent_address
         #: The job's controller (procs learn it from their bootstrap record); None: this one.
         self.root_address: str | None = None
@@ -111,9 +118,6 @@ class Runtime(ChildProcs):
         #: find one without making it; only the runtime adds or drops them).
         self.outboxes: dict[str, Outbox] = {}
         self._outbox_lock = threading.Lock()
-        self.child_ready: dict[str, trio.Event] = {}
-        self.children: dict[str, Child] = {}
-        self._child_ids = itertools.count()
         self._names = itertools.count()
         self.started = threading.Event()
         #: ``spawn_procs(bootstrap=fn)``'s ``fn``: run once this runtime listens, before it
@@ -123,18 +127,17 @@ class Runtime(ChildProcs):
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
         self.executor: Executor = self.env.executor(self)
-        self.on_child_exit: list[Callable[[Child], None]] = []
         self.oversight = Oversight(self)
         #: Handlers for frame kinds beyond the core ones (the worker daemon's, the
         #: controller's side of multi-host), by kind. Called on the trio thread.
         self.extensions: dict[type[M.HostMessage], Callable[[Any], None]] = {}
         #: Set once an actor here failed: the proc refuses new actors from then on.
         self.poisoned: RemoteFailure | None = None
-        self._lost: set[str] = set()
+        #: Addresses of the procs declared lost (each reported to supervision once).
+        self.lost: set[str] = set()
         self._sessions = itertools.count(1)
         #: Set when this runtime's loop died (``runtime_died``): new calls fail with it.
         self.died: SupervisionError | None = None
-        self._busy = BusyWatch()
         #: How this runtime's threads wait for futures (core/_waiting.py): the environment's
         #: waiter (production's reads replies on the waiting thread, the simulator's takes
         #: turns with its loop).
@@ -229,7 +232,7 @@ class Runtime(ChildProcs):
                 self.started.set()
                 task_status.started()
                 await self._stop_event.wait()
-                self._shutdown_children()
+                self.child_procs.kill_all()
                 nursery.cancel_scope.cancel()
             clean = True
         finally:
@@ -330,7 +333,7 @@ class Runtime(ChildProcs):
             box.check_stalled(now)
         self.inbound.forget_idle(now)
         self._forget_broken_outboxes(now)
-        self._check_heartbeats(now)
+        self.child_procs.check_heartbeats(now)
         watch_stalls(self)
 
     def _forget_broken_outboxes(self, now: float) -> None:
@@ -346,7 +349,7 @@ class Runtime(ChildProcs):
                 box.broken_at = now
             elif now - box.broken_at > horizon:
                 del self.outboxes[address]
-                self._lost.discard(address)
+                self.lost.discard(address)
 
     async def _stop_actors_then_stop(self) -> None:
         """A proc told to stop stops its actors first, as Monarch's do: each ends what it
@@ -406,6 +409,12 @@ class Runtime(ChildProcs):
     def on_runtime_thread(self) -> bool:
         return threading.get_ident() == self.thread_id
 
+    def refresh_config(self) -> Config:
+        """Take up ``regency.configure()`` changes made since the runtime started (the
+        runtime owns its live configuration; its parts read it here)."""
+        self.config = current_config()
+        return self.config
+
     # -- sending -------------------------------------------------------------------------
 
     def outbox(self, address: str) -> Outbox:
@@ -449,9 +458,9 @@ class Runtime(ChildProcs):
         self._lose(child.address, exc, child)
 
     def _lose(self, address: str, exc: BaseException, child: Child | None) -> None:
-        if address in self._lost:
+        if address in self.lost:
             return
-        self._lost.add(address)
+        self.lost.add(address)
         if child is not None and child.returncode is not None:
             cause = FailureCause(child.describe_exit(), exit_code=child.returncode)
         else:
@@ -579,11 +588,11 @@ class Runtime(ChildProcs):
     def _spawn_decoded(self, msg: M.Spawn, payload: Any) -> None:
         if type(payload) is M.Undecodable:
             payload = payload.error
-        self._spawn(
+        self.spawn_here(
             msg.actor, msg.name, (msg.rank, msg.labels, msg.sizes), payload, msg.port, msg.owner
         )
 
-    def _spawn(
+    def spawn_here(
         self,
         key: str,
         name: str,
@@ -592,6 +601,8 @@ class Runtime(ChildProcs):
         port: tuple[str, int] | None,
         owner: tuple[str, str, str],
     ) -> None:
+        """Make actor ``key`` on this proc from its decoded SPAWN (on the trio thread);
+        a payload that is an exception makes an actor that fails at once."""
         if key in self.actors or key in self.dead:
             # Only a broken sender resends a SPAWN; dropping it keeps the link (a raise here
             # would close the connection, and the resend would close the next one too).

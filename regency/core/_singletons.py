@@ -66,7 +66,7 @@ def ensure_registry(rt: Runtime) -> None:
     """Create the registry in a root runtime (on its trio thread; idempotent)."""
     if REGISTRY_KEY in rt.actors or REGISTRY_KEY in rt.dead:
         return
-    rt._spawn(
+    rt.spawn_here(
         REGISTRY_KEY,
         "controller_controller",
         (0, [], []),

@@ -485,7 +485,7 @@ def trace(path: str, *, capacity: int | None = None, timeout: float = 10.0) -> I
     if rt.on_runtime_thread():
         raise RuntimeError("trace() would block the runtime's event loop")
     with overridden(trace_path=path, trace_buffer=size):
-        rt.config = current_config()
+        rt.refresh_config()
         ready = threading.Event()
 
         def begin() -> None:
@@ -498,7 +498,7 @@ def trace(path: str, *, capacity: int | None = None, timeout: float = 10.0) -> I
             yield
         finally:
             collect_and_write(rt, path, stop=True, timeout=timeout)
-    rt.config = current_config()
+    rt.refresh_config()
 
 
 def install(rt: Runtime) -> None:

@@ -17,7 +17,8 @@ Invariants (checked by tests/supervision/test_machine.py with Hypothesis):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -131,7 +132,9 @@ Action = Notify | Escalate | RunRootHook | StopMeshes
 
 
 @attrs.define
-class _Mesh:
+class MeshState:
+    """What the machine knows of one actor mesh: read it, never change it."""
+
     name: str
     owner: str
     owner_name: str
@@ -144,7 +147,7 @@ class _Mesh:
 
 @attrs.define
 class Supervisor:
-    _meshes: dict[str, _Mesh] = attrs.field(factory=dict)
+    _meshes: dict[str, MeshState] = attrs.field(factory=dict)
     #: Why each failed rank failed, by (mesh key, rank): a rank is in it exactly while its
     #: mesh is known here and the rank failed, so an empty dict means no rank of any mesh
     #: has failed (what a sender checks once per call, not once per rank).
@@ -160,6 +163,10 @@ class Supervisor:
         except _Illegal as exc:
             self.broken = str(exc)
             return []
+
+    def meshes(self) -> Mapping[str, MeshState]:
+        """The meshes known here, by key (a read-only view)."""
+        return MappingProxyType(self._meshes)
 
     def actor_of(self, key: str, rank: int) -> str:
         """Rank ``rank`` of mesh ``key`` as Monarch prints an actor (for error messages)."""
@@ -187,7 +194,7 @@ class Supervisor:
         if isinstance(event, MeshSpawned):
             if event.key in self._meshes:
                 raise _Illegal(f"mesh {event.key!r} spawned twice")
-            self._meshes[event.key] = _Mesh(
+            self._meshes[event.key] = MeshState(
                 event.name,
                 event.owner,
                 event.owner_name,
@@ -266,7 +273,7 @@ class Supervisor:
         raise _Illegal(f"unknown event {event!r}")
 
     def _fail(
-        self, key: str, mesh: _Mesh, ranks: Iterable[int], cause: FailureCause
+        self, key: str, mesh: MeshState, ranks: Iterable[int], cause: FailureCause
     ) -> list[Action]:
         newly = []
         for rank in ranks:
