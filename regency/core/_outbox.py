@@ -409,8 +409,10 @@ class Outbox:
         within = self._rt.config.delivery_timeout
         # A refusal on a local socket means the proc is gone (nothing else can listen at
         # its path). On a network address it may be a relay, proxy or load balancer in
-        # between that restarts: keep dialing for ``reconnect_refused_s``.
-        refused_for = self._rt.config.reconnect_refused_s if _NETWORK in self.address else 0.0
+        # between that restarts: keep dialing for ``reconnect_refused_s``. The transport
+        # says which (``Transport.refusal_is_final``).
+        final = self._rt.transport.refusal_is_final(self.address)
+        refused_for = 0.0 if final else self._rt.config.reconnect_refused_s
         while True:
             try:
                 conn = await self._dial(within, refused_for=refused_for)
@@ -468,10 +470,6 @@ class Outbox:
         if conn is not None:
             conn.close()
 
-
-#: In an address: a network transport (tcp, nng+tcp, nng+tls+tcp), where a refused dial may
-#: come from something in between that restarts (``Outbox._reconnect``).
-_NETWORK = "tcp://"
 
 
 class SendBufferFull(UndeliverableError):

@@ -443,7 +443,7 @@ class SimCluster:
                     one_way=fault.one_way,
                 )
         elif isinstance(fault, DisconnectFault):
-            self.disconnect(fault.host_a, fault.host_b)
+            self.disconnect(fault.host_a, fault.host_b, refuse_for=fault.refuse_for)
         elif isinstance(fault, ClogFault):
             self.clog(fault.host, fault.duration)
         elif isinstance(fault, DelayFault):
@@ -523,14 +523,17 @@ class SimCluster:
         # One host on both sides means the links between processes on that host.
         return list(dict.fromkeys((min(x, y), max(x, y)) for x in a_hosts for y in b_hosts))
 
-    def disconnect(self, host_a: object, host_b: object) -> None:
+    def disconnect(self, host_a: object, host_b: object, *, refuse_for: float = 0.0) -> None:
         """Break every connection between two hosts (both ends told; they may reconnect).
-        Either side may name several hosts (every pair across is broken)."""
+        Either side may name several hosts (every pair across is broken). With
+        ``refuse_for``, dials between them are refused for that many virtual seconds (a
+        relay in between restarting): a sender keeps dialing for ``reconnect_refused_s``."""
         pairs = self._pairs(host_a, host_b, "disconnect")
+        _targets.check_duration(refuse_for, "disconnect(refuse_for)")
 
         def disconnect() -> None:
             for x, y in pairs:
-                self.network.disconnect(x, y)
+                self.network.disconnect(x, y, refuse_for)
 
         self._on_loop(disconnect)
 

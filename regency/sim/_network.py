@@ -211,11 +211,14 @@ class PartitionFault:
 
 @attrs.frozen
 class DisconnectFault:
-    """At ``at``, break every connection between ``host_a`` and ``host_b``."""
+    """At ``at``, break every connection between ``host_a`` and ``host_b``; with
+    ``refuse_for``, dials between them are refused for that long after (a relay or proxy in
+    between restarting)."""
 
     at: float = attrs.field(validator=_non_negative("virtual time"))
     host_a: str
     host_b: str
+    refuse_for: float = attrs.field(default=0.0, validator=_duration_check, repr=_number_repr)
 
 
 @attrs.frozen
@@ -690,6 +693,11 @@ class SimTransport(Transport):
 
     schemes = (SCHEME,)
 
+    def refusal_is_final(self, address: str) -> bool:
+        # As in production, where a host's procs talk over unix sockets (a refusal: the
+        # proc is gone) and hosts over tcp (something in between may be restarting).
+        return _parse(address)[0] == self.host
+
     def __init__(
         self,
         net: SimNetwork,
@@ -773,6 +781,13 @@ class SimTransport(Transport):
         await trio.sleep_until(arrive)
         if not net._reachable(me, host):
             await self._give_up(address, start)
+        if net._refusing.get(_pair(me, host), -math.inf) > trio.current_time():
+            await trio.sleep(net._draw_latency(host, me))
+            net._record("connect_failed", f"{me}->{address} refused in between")
+            raise ConnectionRefused(
+                f"cannot connect to {address}: refused by what is between hosts {me!r} and "
+                f"{host!r} (restarting)"
+            )
         listener = net._listeners.get(address)
         if listener is None:
             await trio.sleep(net._draw_latency(host, me))
@@ -996,6 +1011,8 @@ class SimNetwork:
         self._last_cut = 0
         self._slowdowns: list[_Slowdown] = []
         self._clogs: dict[str, float] = {}
+        #: Host pairs whose dials are refused until a time (``disconnect(refuse_for=)``).
+        self._refusing: dict[tuple[str, str], float] = {}
         self._crashed: set[str] = set()  # membership only: never iterated
         #: Transports whose process runs, by name (in creation order).
         self._live: dict[str, SimTransport] = {}
@@ -1116,14 +1133,24 @@ class SimNetwork:
         self._cuts = [c for c in self._cuts if c.id != cut]
         self._record("heal", f"#{cut}")
 
-    def disconnect(self, host_a: str, host_b: str) -> int:
-        """Break every connection between two hosts (both ends told); return how many."""
+    def disconnect(self, host_a: str, host_b: str, refuse_for: float = 0.0) -> int:
+        """Break every connection between two hosts (both ends told); return how many.
+
+        With ``refuse_for``, dials between the two are refused for that many virtual seconds
+        after (what a relay, proxy or load balancer in between does while it restarts):
+        across hosts a refusal may pass (``SimTransport.refusal_is_final``)."""
         broken = 0
         for wire in list(self._wires.values()):
             if _pair(*wire.hosts()) == _pair(host_a, host_b):
                 self._break(wire, f"hosts {host_a!r} and {host_b!r} were disconnected")
                 broken += 1
-        self._record("disconnect", f"{host_a}|{host_b} broke {broken}")
+        refusing = ""
+        if refuse_for > 0:
+            until = trio.current_time() + refuse_for
+            pair = _pair(host_a, host_b)
+            self._refusing[pair] = max(self._refusing.get(pair, -math.inf), until)
+            refusing = f", refusing until {self._refusing[pair]:.9f}"
+        self._record("disconnect", f"{host_a}|{host_b} broke {broken}{refusing}")
         return broken
 
     def clog(self, host: str, duration: float) -> None:
@@ -1256,7 +1283,7 @@ class SimNetwork:
         if isinstance(fault, PartitionFault):
             self.partition(fault.a_hosts, fault.b_hosts, fault.one_way, duration=fault.duration)
         elif isinstance(fault, DisconnectFault):
-            self.disconnect(fault.host_a, fault.host_b)
+            self.disconnect(fault.host_a, fault.host_b, fault.refuse_for)
         elif isinstance(fault, ClogFault):
             self.clog(fault.host, fault.duration)
         elif isinstance(fault, DelayFault):

@@ -20,6 +20,7 @@ import trio
 
 from ._base import (
     DEFAULT_MAX_FRAME_BYTES,
+    NNG_NETWORK,
     AuthenticationError,
     Connection,
     ConnectionBroken,
@@ -101,6 +102,9 @@ class MultiTransport(Transport):
     async def connect(self, address: str, sink: FrameSink) -> Connection:
         return await self.backend(address).connect(address, sink)
 
+    def refusal_is_final(self, address: str) -> bool:
+        return self.backend(address).refusal_is_final(address)
+
 
 class _LazyNng(Transport):
     """The nng backend, imported on its first use: importing pynng costs 35-100 ms here,
@@ -119,6 +123,10 @@ class _LazyNng(Transport):
     ) -> None:
         self._args = (nursery, secret, max_frame, tls, protect_tcp)
         self._backend: Transport | None = None
+
+    def refusal_is_final(self, address: str) -> bool:
+        # Without importing pynng: the rule is the backend's (NngTransport's).
+        return not address.startswith(NNG_NETWORK)
 
     def _nng(self) -> Transport:
         if self._backend is None:

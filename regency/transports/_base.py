@@ -233,6 +233,10 @@ class SinkFactory(Protocol):
     def __call__(self, conn: Connection) -> FrameSink: ...
 
 
+#: Address prefixes of nng's network schemes (``nng+ipc`` is a path on this host).
+NNG_NETWORK = ("nng+tcp://", "nng+tls+tcp://")
+
+
 class Transport(abc.ABC):
     """Opens listeners and connections for one family of address schemes.
 
@@ -247,6 +251,13 @@ class Transport(abc.ABC):
     async def listen(self, address: str, sinks: SinkFactory) -> Listener:
         """Bind ``address`` and accept connections; each accepted, authenticated connection
         gets its sink from ``sinks``. A port of 0 / an empty path picks a free one."""
+
+    def refusal_is_final(self, address: str) -> bool:
+        """Whether a refused dial to ``address`` means nothing will listen there again (a
+        local socket's path: its proc is gone), or may pass (a network address: a relay,
+        proxy or load balancer in between may be restarting, and a dialer keeps trying for
+        ``reconnect_refused_s``). Final unless a transport says otherwise."""
+        return True
 
     @abc.abstractmethod
     async def connect(self, address: str, sink: FrameSink) -> Connection:

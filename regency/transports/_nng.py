@@ -51,6 +51,7 @@ import trio
 
 from . import _auth, _protect
 from ._base import (
+    NNG_NETWORK,
     AuthenticationError,
     Connection,
     ConnectionBroken,
@@ -993,6 +994,10 @@ class NngTransport(Transport):
     """nng's tcp, ipc and tls+tcp transports, one ``Pair1`` pipe per connection."""
 
     schemes = ("nng+tcp", "nng+ipc", "nng+tls+tcp")
+
+    def refusal_is_final(self, address: str) -> bool:
+        # nng+ipc is this host's socket path; the tcp schemes are network addresses.
+        return not address.startswith(NNG_NETWORK)
 
     def __init__(
         self,

@@ -998,6 +998,11 @@ class SocketTransport(Transport):
     #: Connections that may be in their handshake at once; beyond it the oldest is shed.
     max_handshakes = 64
 
+    def refusal_is_final(self, address: str) -> bool:
+        # A unix socket's path is this host's: a refusal means its proc is gone. A tcp
+        # address may have a relay or proxy in between that restarts.
+        return not address.startswith("tcp://")
+
     def __init__(
         self,
         nursery: trio.Nursery,

@@ -93,6 +93,10 @@ PAIRS: dict[str, tuple[Callable[[Any], None], ScheduledFault]] = {
         lambda sim: sim.disconnect("controller", "host2"),
         DisconnectFault(AT, "controller", "host2"),
     ),
+    "disconnect with a relay restarting": (
+        lambda sim: sim.disconnect("controller", "host2", refuse_for=1.0),
+        DisconnectFault(AT, "controller", "host2", 1.0),
+    ),
     "clog": (lambda sim: sim.clog("host1", 1.5), ClogFault(AT, "host1", 1.5)),
     "delay": (
         lambda sim: sim.delay("controller", "host0", 0.3, 4.0),

@@ -383,3 +383,20 @@ async def test_unix_socket_refuses_shared_directory(transport: MultiTransport) -
 async def test_unknown_scheme(transport: MultiTransport) -> None:
     with pytest.raises(ValueError, match=r"address scheme must be one of .* \(got 'carrier://x'\)"):
         await transport.connect("carrier://x", Recorder())
+
+
+#: Whether a refused dial is final at each backend's addresses: on a local path the proc
+#: is gone; on a network address something in between may be restarting.
+REFUSAL_IS_FINAL = {
+    "tcp": False, "unix": True, "inproc": True, "nng+tcp": False, "nng+ipc": True,
+    "nng+tls+tcp": False, "sim": True,  # sim://h0/ seen from h0: the same host
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_each_backend_says_whether_a_refusal_is_final(
+    kind: str, transport: MultiTransport, sockdir: str
+) -> None:
+    listener = await transport.listen(address_for(kind, sockdir), Server())
+    assert transport.refusal_is_final(listener.address) is REFUSAL_IS_FINAL[kind]
+    listener.close()
