@@ -58,11 +58,11 @@ def _log_forwarding() -> _extensions.LogForwarding:
 
 
 def _install_logs(rt: Runtime) -> None:
-    """In a new proc: the tee when forwarding is on; else ``logging_option(level=...)``
-    still applies."""
+    """In a new proc: the tee when forwarding, file capture or an output tail is on; else
+    ``logging_option(level=...)`` still applies."""
     from . import _logs
 
-    if rt.config.enable_log_forwarding:
+    if rt.config.tees_output:
         _logs.install_proc(rt)
     else:
         _logs.install_level_control(rt)

@@ -192,6 +192,8 @@ def _transport(key: str, value: Any) -> tuple[str, Any]:
 _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
     "default_transport": _transport,
     "enable_log_forwarding": _same("enable_log_forwarding"),
+    "enable_file_capture": _same("enable_file_capture"),
+    "tail_log_lines": _same("tail_log_lines"),
     "codec_max_frame_length": _same("max_frame_bytes"),
     "message_delivery_timeout": _seconds("delivery_timeout"),
     "host_spawn_ready_timeout": _seconds("spawn_timeout"),
@@ -214,8 +216,6 @@ _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
 
 #: Monarch's keys that have no meaning in Regency, and why.
 _NOT_HERE = {
-    "enable_file_capture": "procs' output is teed to the host's own stdout/stderr already",
-    "tail_log_lines": "Regency keeps no log tail; forwarded lines reach the controller whole",
     "message_ack_time_interval": "acknowledgement cadence is internal to delivery sessions",
     "message_ack_every_n_messages": "acknowledgement cadence is internal to delivery sessions",
     "message_ttl_default": "Regency messages have no TTL; delivery_timeout bounds a link",

@@ -7,6 +7,9 @@ before spawning procs; then ``await proc_mesh.logging_option(...)``. See docs/lo
 * :mod:`._sink`: in the controller, the sink port that prints (and groups) lines.
 * :mod:`._aggregate`: the pure grouping of similar lines.
 * :mod:`._leftovers`: what a proc killed by a signal left unread in its pipes.
+* :mod:`._capture`: each proc's output in files on its host (``enable_file_capture``).
+* ``regency.core._output_tail``: each proc's last lines, for the report of its death
+  (``tail_log_lines``; in core, because the spawner that reads them is core).
 * :mod:`._sim`: the simulator's side.
 * :mod:`._records`: the messages between them.
 """
@@ -48,7 +51,8 @@ log = logging.getLogger("regency.logs")
 
 
 def install_proc(rt: Runtime) -> None:
-    """In a new proc (bootstrap), when forwarding is on: start the tee."""
+    """In a new proc (bootstrap), when forwarding, file capture or an output tail is on:
+    start the tee."""
     from ._tee import install_tee
 
     install_tee(rt)
@@ -68,6 +72,8 @@ class LevelControl:
     def deliver(self, index: int, status: int, value: Any) -> bool:
         from ..core import _messages as M
 
+        if isinstance(value, Init):
+            return False  # the simulator's procs have no tee to capture or keep a tail
         if not isinstance(value, SetMode):
             raise TypeError(f"log control port without forwarding takes SetMode (got {value!r})")
         if self.apply_level:
@@ -102,19 +108,47 @@ def _teed(rt: Runtime, addresses: Sequence[str]) -> list[str]:
     return [a for a in addresses if a in known]
 
 
+#: Per root runtime: the job's name (the directory of its capture files).
+_jobs: weakref.WeakKeyDictionary[Runtime, str] = weakref.WeakKeyDictionary()
+
+
+def _job(rt: Runtime) -> str:
+    """This job's name: the controller's, made at its first spawn; a proc passes on the
+    one its own spawner gave it."""
+    if rt.parent_address is not None:
+        from ._tee import installed
+
+        tee = installed()
+        if tee is not None and tee.job:
+            return tee.job
+    name = _jobs.get(rt)
+    if name is None:
+        from ._capture import job_name
+
+        name = _jobs[rt] = job_name(rt.proc_id)
+    return name
+
+
 def procs_planned(rt: Runtime, children: Sequence[Child]) -> None:
-    """The spawner planned ``children`` (in rank order). With forwarding on, their first
-    message is their rank and the default mode (stream, 3 s window, INFO as in Monarch)."""
-    if not rt.config.enable_log_forwarding:
+    """The spawner planned ``children`` (in rank order) with their output teed. Their first
+    message is their rank, the job's name and, with forwarding on, the default mode
+    (stream, 3 s window, INFO as in Monarch); without it they forward nothing and keep
+    their logging level."""
+    config = rt.config
+    if not config.tees_output:
         return
-    _forwarding.setdefault(rt, set()).update(child.address for child in children)
-    sink = root_address(rt)
-    if rt.parent_address is None:
-        rt.call_soon(lambda: ensure_sink(rt))
+    job = _job(rt) if config.enable_file_capture else ""
+    sink: str | None = None
+    mode = Mode(stream=False)
+    if config.enable_log_forwarding:
+        _forwarding.setdefault(rt, set()).update(child.address for child in children)
+        sink, mode = root_address(rt), Mode()
+        if rt.parent_address is None:
+            rt.call_soon(lambda: ensure_sink(rt))
     from ..core import _messages as M
 
     for rank, child in enumerate(children):
-        rt.send_port((child.address, CONTROL_PORT), rank, M.OK, Init(rank, sink, Mode()))
+        rt.send_port((child.address, CONTROL_PORT), rank, M.OK, Init(rank, sink, mode, job))
 
 
 class _Countdown:

@@ -55,8 +55,13 @@ class Init:
     """The spawner's first word to a new proc: its rank in the proc mesh and the mode."""
 
     rank: int
-    sink: str
+    #: The controller's address (its sink); None when forwarding is off (the proc's output
+    #: is teed for file capture or a tail only, and its logging level is left alone).
+    sink: str | None
     mode: Mode
+    #: The job's name, the directory of its capture files (``_capture.py``): set by the
+    #: controller, passed down by procs that spawn procs.
+    job: str = ""
 
 
 @attrs.frozen

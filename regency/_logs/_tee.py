@@ -11,10 +11,15 @@ Mode changes and flushes arrive on the control port and are applied as their fra
 dispatched (on the trio thread), after draining both pipes under the readers' lock: what was
 written before a change is forwarded under the old mode, what is written after under the new
 one.
+
+The same reader also appends each line to the proc's output tail (``tail_log_lines``,
+``core/_output_tail.py``) and each chunk to its capture files (``enable_file_capture``,
+:mod:`._capture`); the tee runs when any of the three is on.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import select
@@ -27,6 +32,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core import _messages as M
+from ..core._output_tail import TailRing, tail_path
+from ._capture import FileCapture
 from ._leftovers import cut_line, hand_over
 from ._records import (
     CONTROL_PORT,
@@ -34,6 +41,7 @@ from ._records import (
     SINK_PORT,
     STDERR,
     STDOUT,
+    TRUNCATED_MARK,
     Flush,
     Flushed,
     Init,
@@ -148,6 +156,11 @@ class ProcLogs:
         self.mode = Mode(stream=False)
         self.rank: int | None = None
         self.sink: str | None = None
+        #: The job's name, from the spawner's Init (procs this proc spawns get it too).
+        self.job = ""
+        #: The output tail (``tail_log_lines``) and capture files, when on.
+        self.tail: TailRing | None = None
+        self.capture: FileCapture | None = None
         self._backlog: deque[tuple[int, str, float]] = deque(maxlen=_BACKLOG)
         self._io = threading.Lock()
         #: Signals chunks queued for the host's output (its own lock, never held long).
@@ -228,9 +241,21 @@ class ProcLogs:
 
     def _take(self, stream: _Stream, chunk: bytes) -> None:
         stream.queue_for_host(chunk, self._host_ready)
+        if self.capture is not None:
+            self.capture.write(stream.number, chunk)
         lines = stream.split(chunk)
         if lines:
-            self._forward(stream.number, lines)
+            self._lines(stream.number, lines)
+
+    def _lines(self, number: int, lines: list[str]) -> None:
+        """Lines as read, in order: into the tail, then forwarded."""
+        if self.tail is not None:
+            self.tail.append(number, lines)
+        self._forward(number, lines)
+
+    def complain(self, text: str) -> None:
+        """Say ``text`` on the host's stderr (never through logging: see _capture)."""
+        self.streams[-1].queue_for_host(text.encode(), self._host_ready)
 
     def _drain(self, *, final: bool = False) -> None:
         """Read what the pipes hold now: everything written before this call."""
@@ -249,7 +274,7 @@ class ProcLogs:
     def _forward_rest(self, stream: _Stream) -> None:
         rest = stream.rest()
         if rest:
-            self._forward(stream.number, rest)
+            self._lines(stream.number, rest)
 
     def _forward(self, number: int, lines: list[str]) -> None:
         now = time.time()
@@ -280,9 +305,14 @@ class ProcLogs:
 
     def _obey(self, message: Init | SetMode | Flush) -> None:
         if isinstance(message, Init):
-            logging.getLogger().setLevel(message.mode.level)
             self.rank, self.sink, self.mode = message.rank, message.sink, message.mode
+            self.job = message.job
             backlog, self._backlog = list(self._backlog), deque(maxlen=_BACKLOG)
+            if self.capture is not None:
+                self.capture.open(message.job, message.rank)
+            if self.sink is None:  # teed for capture or a tail only: not forwarding
+                return
+            logging.getLogger().setLevel(message.mode.level)
             self._announce()
             if self.mode.stream:
                 for number in (STDOUT, STDERR):
@@ -304,10 +334,10 @@ class ProcLogs:
 
     # -- the end -----------------------------------------------------------------------------
 
-    def final_drain(self, timeout: float = 2.0) -> None:
+    def final_drain(self, timeout: float = 2.0, confirm: bool = True) -> None:
         """Forward what is still in the pipes (the proc is about to exit), from any thread;
-        then, when the trio loop can still deliver its answer, wait (at most ``timeout``)
-        for the sink to confirm it has the lines."""
+        then, when the trio loop can still deliver its answer (and ``confirm``), wait (at
+        most ``timeout``) for the sink to confirm it has the lines."""
         _flush_python_streams()
         if not self._io.acquire(timeout=timeout):
             return
@@ -317,7 +347,7 @@ class ProcLogs:
             self._io.release()
         self._copy_to_host()  # the host writer may not run again
         rt = self.rt
-        if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
+        if not confirm or self.sink is None or not self.mode.stream or rt.on_runtime_thread():
             return
         from ..core._future import Future
 
@@ -377,10 +407,28 @@ def install_tee(rt: Runtime) -> ProcLogs:
     # INFO must not make the runtime chatty).
     logging.getLogger("regency").setLevel(os.environ.get("REGENCY_LOG_LEVEL", "WARNING"))
     logs = ProcLogs(rt, streams)
+    config = rt.config
+    if config.tail_log_lines:
+        try:
+            logs.tail = TailRing(
+                tail_path(rt.jobdir, rt.proc_id),
+                config.tail_log_lines,
+                MAX_LINE_BYTES + len(TRUNCATED_MARK),
+            )
+        except OSError as exc:
+            logs.complain(f"[regency: no output tail for proc {rt.proc_id}: {exc}]\n")
+    if config.enable_file_capture:
+        logs.capture = FileCapture(
+            config.file_capture_dir, config.file_capture_max_bytes, rt.proc_id, logs.complain
+        )
     rt.ports[CONTROL_PORT] = logs
     hand_over(rt.jobdir, rt.proc_id, [s.read_fd for s in streams])
     logs.start()
     _installed = logs
+    if logs.tail is not None or logs.capture is not None:
+        # A proc told to stop exits through Python's finalization: what it wrote last
+        # still reaches its files and its tail (forwarding has had its flush barrier).
+        atexit.register(_drain_at_exit, logs)
     real_exit = os._exit
 
     def exit_after_drain(status: int) -> NoReturn:
@@ -392,6 +440,11 @@ def install_tee(rt: Runtime) -> ProcLogs:
 
     os._exit = exit_after_drain
     return logs
+
+
+def _drain_at_exit(logs: ProcLogs) -> None:
+    logs.sink = None  # the runtime has stopped: nothing more is sent
+    logs.final_drain(timeout=1.0, confirm=False)
 
 
 def installed() -> ProcLogs | None:

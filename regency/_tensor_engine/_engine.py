@@ -103,12 +103,16 @@ def _line_of(code: Any, lasti: int) -> int:
 class Engine:
     """The tensor workers of one proc mesh and the controller's view of them."""
 
-    def __init__(self, mesh: ProcMesh, issuer: Issuer) -> None:
+    def __init__(self, mesh: ProcMesh, issuer: Issuer, number: int) -> None:
         self.issuer = issuer
         procs: tuple[tuple[str, str], ...] = mesh._procs
         self.procs = procs
         self.size = len(procs)
         rt = current_runtime()
+        #: Names this engine where its workers meet actors (``_actors.handoff``): unique
+        #: among the engines of every runtime (an actor may run an engine of its own), and
+        #: the same from one simulated run to the next.
+        self.token = f"{rt.address}#{number}"
         self.simulated = rt.env.simulated_host is not None
         whole = mesh._shape if len(mesh._shape) == len(procs) else None
         env = _env_for(procs, whole)
@@ -233,7 +237,7 @@ def engine_for(mesh: ProcMesh) -> Engine:
         with _states_lock:
             engine = state.engines.get(procs)
             if engine is None:
-                engine = Engine(mesh, state.issuer)
+                engine = Engine(mesh, state.issuer, len(state.engines))
                 state.engines[procs] = engine
     return engine
 

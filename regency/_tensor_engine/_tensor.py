@@ -188,10 +188,16 @@ class Tensor(torch.Tensor):
         )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(
-            "a regency.Tensor lives on its mesh and cannot be pickled; fetch its value with "
-            "regency.inspect(t) or pass it to a regency.remote function"
-        )
+        from ._actors import reduce_handle
+
+        reduced = reduce_handle(self)  # among an actor endpoint's arguments: each rank's own
+        if reduced is None:
+            raise TypeError(
+                "a regency.Tensor lives on its mesh and cannot be pickled; fetch its value "
+                "with regency.inspect(t), pass it to a regency.remote function, or pass it to "
+                "an endpoint of actors on its mesh (each gets its own proc's tensor)"
+            )
+        return reduced
 
     # -- collectives and moves (implemented in _collectives) -----------------------------------
 

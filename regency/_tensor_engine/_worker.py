@@ -15,6 +15,12 @@ FIFO; a worker runs them one after another. Op kinds (plain tuples):
 ``("move", seq, src, out, sends, recvs, meta)``
     ``to_mesh``: ``sends`` are (from, to) rank pairs; this rank sends its ``src`` where it is
     ``from`` and defines ``out`` where it is ``to``.
+``("lend", seq, token, refs)``
+    a call of an actor endpoint with these tensors among its arguments: the actor of this
+    proc that takes the call gets them (:mod:`._actors`, handoff ``(token, seq)``).
+``("rref", seq, token, refs, outs, endpoint)``
+    ``endpoint.rref(...)``: lends ``refs`` as ``"lend"`` does, waits for what the endpoint
+    returns on this proc, and holds its tensors under ``outs``.
 ``("alias", new, old)``, ``("del", refs)``, ``("peers", ports)`` (simulator).
 
 GPU tensors: ops, factories and remote functions run wherever their tensors are; reductions
@@ -34,7 +40,10 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ..core import Actor, current_rank, current_runtime, endpoint
+from ._actors import handoff
 from ._records import Failure, Packed, Ref
 
 if TYPE_CHECKING:
@@ -178,7 +187,7 @@ class TensorWorker(Actor):
         _keep_freed_memory()
         self.rank = current_rank().rank
         self.refs: dict[int, Any] = {}
-        rt = current_runtime()
+        rt = self._runtime = current_runtime()
         simulated = rt.env.simulated_host is not None  # procs share one OS process
         if not simulated:  # simulated procs share one os.environ
             os.environ.update(env_by_rank[self.rank])
@@ -239,6 +248,10 @@ class TensorWorker(Actor):
                 self._reduce(*op[1:])
             elif kind == "move":
                 self._move(*op[1:])
+            elif kind == "lend":
+                handoff(self._runtime, op[2], op[1]).lent.set_result(self._lent(op[1], op[3]))
+            elif kind == "rref":
+                self._rref(*op[1:])
             elif kind == "alias":
                 if op[2] in self.refs:
                     self.refs[op[1]] = self.refs[op[2]]
@@ -328,6 +341,47 @@ class TensorWorker(Actor):
             return
         for out, value in zip(outs, tensors, strict=True):
             refs[out] = value
+
+    def _lent(self, seq: int, refs: list[int]) -> Any:
+        """The tensors of ``refs`` here, or the Failure of the first that failed."""
+        values: list[Any] = []
+        for ref in refs:
+            value = self.refs.get(ref)
+            if value is None:
+                return Failure(seq, self.rank, "LookupError", f"tensor ref {ref} is not here", "")
+            if isinstance(value, Failure):
+                return value
+            values.append(value)
+        return values
+
+    def _rref(
+        self, seq: int, token: str, refs: list[int], outs: list[int], endpoint: str
+    ) -> None:
+        """Lend ``refs`` to this proc's actor of ``endpoint``, wait for what it returns (the
+        stream waits, as in Monarch), and hold its tensors under ``outs``."""
+        entry = handoff(self._runtime, token, seq)
+        entry.lent.set_result(self._lent(seq, refs))
+        result = entry.outcome.get()
+        if isinstance(result, Failure):
+            if result.seq == -1:  # raised by the endpoint: this op, this rank
+                result = attrs.evolve(result, seq=seq, rank=self.rank)
+            for out in outs:
+                self.refs[out] = result
+            return
+        tensors = [v for v in pytree.tree_leaves(result) if isinstance(v, torch.Tensor)]
+        if len(tensors) != len(outs):
+            failure = self._failure(
+                seq,
+                TypeError(
+                    f"endpoint {endpoint} returned {len(tensors)} tensors here but "
+                    f"{len(outs)} were expected (from its propagate function)"
+                ),
+            )
+            for out in outs:
+                self.refs[out] = failure
+            return
+        for out, value in zip(outs, tensors, strict=True):
+            self.refs[out] = value
 
     def _reduce(
         self,

@@ -1,7 +1,9 @@
 """Endpoints of an actor mesh and their adverbs (``call``, ``call_one``, ``choose``,
 ``stream``, ``broadcast``, ``Accumulator``, ``send``): each pickles its arguments once and
 sends one CALL frame per destination rank, or, to many procs, one CAST down a casting tree
-(:mod:`regency.core._casting`)."""
+(:mod:`regency.core._casting`). Arguments that core cannot pickle because they are tensors of
+the tensor engine go as the engine makes them (``_extensions.MeshTensors.carry``), as does
+``rref``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import _codec
+from . import _extensions as _ext
 from ._controller import current_runtime
 from ._errors import ArgumentPickleError, SupervisionError
 from ._future import Future
@@ -67,6 +70,24 @@ def _pickle_args(
         raise ArgumentPickleError(
             f"cannot pickle the arguments of endpoint {endpoint}: {exc}"
         ) from exc
+
+
+def _carried(
+    endpoint: Endpoint[..., Any],
+    ranks: Sequence[int] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    error: ArgumentPickleError,
+) -> list[Any]:
+    """The payload of a call whose arguments core could not pickle (``error``): the tensor
+    engine's, when they hold its tensors (each of ``ranks``, None: all of the mesh's,
+    receives its own); else ``error`` is raised."""
+    if ranks is None:
+        ranks = range(len(endpoint._mesh._shape))
+    payload = _ext.mesh_tensors().carry(endpoint, ranks, args, kwargs)
+    if payload is None:
+        raise error
+    return payload
 
 
 def _unsent(rt: Runtime, port: Any, handler: Any, exc: Exception) -> None:
@@ -134,9 +155,12 @@ class Endpoint(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Send to every rank; the future resolves to a ValueMesh of the replies."""
         rt = current_runtime()
-        payload = (
-            _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
-        )
+        try:
+            payload = (
+                _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
+            )
+        except ArgumentPickleError as exc:
+            payload = _carried(self, None, args, kwargs, exc)
         fut: Future[ValueMesh[R]] = Future()
         fut._explain = self._call_all(
             rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True, gather=True
@@ -230,21 +254,31 @@ class Endpoint(Generic[P, R]):
                 f"call_one needs a mesh of exactly 1 rank (got {self._ranks} ranks: "
                 f"{self._mesh._shape.dim_sizes()}); slice it first or use call()"
             )
-        payload = (
-            _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
-        )
+        try:
+            payload = (
+                _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
+            )
+        except ArgumentPickleError as exc:
+            payload = _carried(self, None, args, kwargs, exc)
         return self._call_rank(current_runtime(), 0, payload)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank chosen uniformly at random."""
         rt = current_runtime()
-        payload = _pickle_args(self.qualname, args, kwargs)
-        return self._call_rank(rt, rt.rng.randrange(len(self._mesh._shape)), payload)
+        rank = rt.rng.randrange(len(self._mesh._shape))
+        try:
+            payload = _pickle_args(self.qualname, args, kwargs)
+        except ArgumentPickleError as exc:
+            payload = _carried(self, (rank,), args, kwargs, exc)
+        return self._call_rank(rt, rank, payload)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
-        payload = _pickle_args(self.qualname, args, kwargs)
+        try:
+            payload = _pickle_args(self.qualname, args, kwargs)
+        except ArgumentPickleError as exc:
+            payload = _carried(self, None, args, kwargs, exc)
         futs: list[Future[R]] = [Future() for _ in range(len(self._mesh._shape))]
         explain = self._call_all(rt, EachInTurn(futs), payload, once_per_rank=True).explain
         for fut in futs:
@@ -255,7 +289,14 @@ class Endpoint(Generic[P, R]):
         """Send to every rank; wait for nothing. A rank known to have failed raises
         ``SupervisionError`` here."""
         rt = current_runtime()
-        payload = _pickle_args(self.qualname, args, kwargs)
+        try:
+            payload = _pickle_args(self.qualname, args, kwargs)
+        except ArgumentPickleError as exc:
+            payload = _carried(self, None, args, kwargs, exc)
+        self._broadcast(rt, payload)
+
+    def _broadcast(self, rt: Runtime, payload: list[Any]) -> None:
+        """Send pickled arguments to every rank, with no reply port."""
         ranks = range(len(self._mesh._shape))
         if rt.oversight.failures:  # a rank of some mesh failed: is it one of ours?
             self._check_alive(rt, ranks)
@@ -270,12 +311,25 @@ class Endpoint(Generic[P, R]):
         self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
     ) -> Future[Any]:
         rt = current_runtime()
-        payload = _pickle_args(self.qualname, args, kwargs)
+        try:
+            payload = _pickle_args(self.qualname, args, kwargs)
+        except ArgumentPickleError as exc:
+            payload = _carried(self, None, args, kwargs, exc)
         fut: Future[Any] = Future()
         fut._explain = self._call_all(
             rt, Fold(fut, acc, combine), payload, once_per_rank=True, gather=True
         ).explain
         return fut
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call every rank from the tensor engine's stream: what the endpoint returns on
+        each rank becomes a tensor of the engine (``regency.Tensor``), usable in later ops at
+        once. The endpoint says its result's shape with ``@endpoint(propagate=fn)``."""
+        rt = current_runtime()
+        result: R = _ext.mesh_tensors().rref(
+            self, args, kwargs, lambda payload: self._broadcast(rt, payload)
+        )
+        return result
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.qualname} over {self._mesh._shape.dim_sizes()}>"
@@ -326,9 +380,12 @@ def send(
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be one of ('all', 'choose') (got {selection!r})")
     rt = current_runtime()
-    payload = _pickle_args(endpoint.qualname, args, kwargs)
     n = len(endpoint._mesh._shape)
     ranks: Sequence[int] = [rt.rng.randrange(n)] if selection == "choose" else range(n)
+    try:
+        payload = _pickle_args(endpoint.qualname, args, kwargs)
+    except ArgumentPickleError as exc:
+        payload = _carried(endpoint, ranks, args, kwargs, exc)
     endpoint._send(rt, ranks, port._ref if port is not None else None, payload)
     if rt.config.metrics:
         count_sent(rt, endpoint._mesh._name, endpoint._name, len(ranks))

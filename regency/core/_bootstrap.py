@@ -83,6 +83,9 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     for entry in reversed(record["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    from ._workspace_files import add_synced_paths
+
+    add_synced_paths(record)  # workspaces synced to this host (HostMesh.sync_workspace)
     logging.basicConfig(
         level=os.environ.get("REGENCY_LOG_LEVEL", "WARNING"),
         format=f"[{record['proc_id']}] %(levelname)s %(name)s: %(message)s",

@@ -24,6 +24,7 @@ from ._errors import SupervisionError, UndeliverableError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
 from ._liveness import BusyWatch
+from ._output_tail import format_tail, read_tail, tail_path
 from ._trace import TraceRing
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ class Child:
         self.silence_warned = False
         #: Its coordinates in the proc mesh it was spawned in: (label, index) pairs.
         self.coords: tuple[tuple[str, int], ...] = ()
+        #: The ``tail_log_lines`` it was started with, and once it exited its last lines of
+        #: output as (stream, line) pairs (core/_output_tail.py), which its exit's
+        #: description ends with.
+        self.tail_lines = 0
+        self.output_tail: tuple[tuple[str, str], ...] = ()
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -72,7 +78,7 @@ class Child:
             how = f"exited with status {code}"
         if self.killed_for:
             how += f" after it {self.killed_for}"
-        return f"proc {self.proc_id} {how}"
+        return f"proc {self.proc_id} {how}{format_tail(self.output_tail)}"
 
 
 def _free_tcp_port(host: str) -> int:
@@ -175,6 +181,7 @@ class ChildProcs:
         config = self._host.refresh_config()
         child = Child(proc_id, address)
         child.heartbeat_timeout = config.heartbeat_timeout
+        child.tail_lines = config.tail_log_lines
         # Sends to the child wait for its HELLO; the event exists before any send.
         self.child_ready[address] = trio.Event()
         return child
@@ -219,6 +226,8 @@ class ChildProcs:
         if child.returncode is not None:
             return  # already known (a remote proc declared lost, then reported)
         child.returncode = code
+        if child.tail_lines and not child.output_tail:  # a worker may have sent it already
+            child.output_tail = read_tail(tail_path(self._host.jobdir, child.proc_id))
         child.exited.set()
         ready = self.child_ready.pop(child.address, None)
         if ready is not None:
@@ -407,7 +416,8 @@ async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -
                         n.cancel_scope.cancel()
                 if child.returncode is not None:
                     raise SupervisionError(
-                        f"proc {child.proc_id} exited with {child.returncode} before it started"
+                        f"proc {child.proc_id} exited with {child.returncode} before it "
+                        f"started{format_tail(child.output_tail)}"
                     )
     except trio.TooSlowError:
         ready.set_exception(

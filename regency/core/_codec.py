@@ -759,7 +759,9 @@ def encode(msg: M.Wire) -> Frame:
         case Launch():
             return _pack((_LAUNCH, msg.controller), _parts(msg.payload))
         case Exited():
-            return _pack((_EXITED, msg.address, msg.code))
+            if not msg.tail:  # the frame as it was before exits carried tails
+                return _pack((_EXITED, msg.address, msg.code))
+            return _pack((_EXITED, msg.address, msg.code, msg.tail))
         case Kill():
             return _pack((_KILL, msg.controller, msg.address))
         case Lease():
@@ -1037,8 +1039,9 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
         _, controller, _ = env
         return Launch(controller, _load(parts))
     if kind == _EXITED:
-        _, address, code, _ = env
-        return Exited(address, code)
+        _, address, code, *tail, _ = env
+        lines = tail[0] if tail else ()
+        return Exited(address, code, tuple((str(s), str(line)) for s, line in lines))
     if kind == _KILL:
         _, controller, address, _ = env
         return Kill(controller, address)

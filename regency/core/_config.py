@@ -66,6 +66,21 @@ def _window(attribute: attrs.Attribute[Any], value: int) -> None:
         )
 
 
+def _flag(attribute: attrs.Attribute[Any], value: bool) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name} must be True or False (got {value!r})")
+
+
+def _count(attribute: attrs.Attribute[Any], value: int) -> None:
+    if not (type(value) is int and value >= 0):
+        raise ValueError(f"{attribute.name} must be an int of 0 or more (got {value!r})")
+
+
+def _byte_bound(attribute: attrs.Attribute[Any], value: int) -> None:
+    if not (type(value) is int and value > 0):
+        raise ValueError(f"{attribute.name} must be a positive int of bytes (got {value!r})")
+
+
 def _check_runtime(_: Any, __: Any, value: str) -> None:
     if value not in ("real", "sim"):
         raise ValueError(f"runtime must be one of ('real', 'sim') (got {value!r})")
@@ -145,6 +160,23 @@ class Config:
     #: Tee every proc's stdout and stderr to the controller (docs/logging.md); read when
     #: procs are spawned.
     enable_log_forwarding: bool = False
+    #: Also write each proc's stdout and stderr to files on its host, one pair per proc
+    #: (docs/logging.md, "Files"; Monarch's key); read when procs are spawned.
+    enable_file_capture: bool = attrs.field(
+        default=False, validator=lambda _inst, a, v: _flag(a, v)
+    )
+    #: Where those files go: ``<dir>/<job>/<proc_id>.rank<R>.stdout`` (and ``.stderr``);
+    #: "" (default) is ``$TMPDIR/regency-logs-<user>``.
+    file_capture_dir: str = ""
+    #: Bytes a capture file grows to before it is rotated (renamed ``.1``, replacing the
+    #: previous ``.1``): a proc's files never take more than twice this per stream.
+    file_capture_max_bytes: int = attrs.field(
+        default=64 << 20, validator=lambda _inst, a, v: _byte_bound(a, v)
+    )
+    #: Lines of each proc's output (stdout and stderr, in the order read) its host keeps;
+    #: when the proc dies, its spawner puts them in the failure's message (docs/logging.md,
+    #: "The last lines of a dead proc"; Monarch's key). 0 (default, as Monarch's) keeps none.
+    tail_log_lines: int = attrs.field(default=0, validator=lambda _inst, a, v: _count(a, v))
     #: Seconds without a heartbeat after which a spawner declares a proc stuck and kills it.
     heartbeat_timeout: float = attrs.field(
         default=10.0, validator=lambda _inst, a, v: _positive(a, v)
@@ -214,6 +246,12 @@ class Config:
     #: ``cast_tree_min`` is 4 x 16: below it, ranges of fewer than 4 procs save the sender
     #: little and cost a hop; docs/performance.md.)
     cast_fanout: int = attrs.field(default=16, validator=lambda _inst, a, v: _at_least_2(a, v))
+
+    @property
+    def tees_output(self) -> bool:
+        """Whether procs spawned with these settings tee their fds 1 and 2 (log
+        forwarding, file capture or an output tail needs it)."""
+        return self.enable_log_forwarding or self.enable_file_capture or self.tail_log_lines > 0
 
     def to_env(self) -> dict[str, str]:
         return {f"REGENCY_{f.name.upper()}": str(getattr(self, f.name)) for f in attrs.fields(Config)}

@@ -9,7 +9,10 @@ slots are filled before anything can call core:
   sessions that the mailbox tests on every call (:data:`debug_sessions`);
 * log forwarding (:mod:`regency._logs`): :class:`LogForwarding`, loaded on first use;
 * the tensor engine (:mod:`regency._tensor_engine`): :class:`MeshTensors`, what
-  ``ProcMesh.activate()`` and ``ProcMesh.rank_tensor()`` run;
+  ``ProcMesh.activate()`` and ``ProcMesh.rank_tensor()`` run, and what an endpoint's call
+  with tensor-engine tensors among its arguments and ``Endpoint.rref()`` run; such a call's
+  payload is a :class:`DeferredArguments`, which the receiving actor completes before the
+  endpoint runs;
 * the controller's boot (the first :func:`~regency.core._controller.current_runtime` of a
   script: production or the simulator);
 * what a new proc installs when it starts (the debugger's ``breakpoint()`` hook, log
@@ -26,7 +29,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from ._adverbs import Endpoint
     from ._children import Child
+    from ._endpoint import EndpointSpec
     from ._future import Future
     from ._proc_mesh import ProcMesh
     from ._runtime import Runtime
@@ -35,6 +40,7 @@ R = TypeVar("R")
 
 __all__ = [
     "Debugger",
+    "DeferredArguments",
     "LogForwarding",
     "MeshTensors",
     "NotPluggedIn",
@@ -109,7 +115,8 @@ class LogForwarding(Protocol):
     """What core calls of log forwarding (docs/logging.md)."""
 
     def procs_planned(self, rt: Runtime, children: Sequence[Child]) -> None:
-        """The spawner planned ``children`` (in rank order) with forwarding on."""
+        """The spawner planned ``children`` (in rank order) with their output teed
+        (``Config.tees_output``: forwarding, file capture or an output tail on)."""
         ...
 
     async def flush_procs(self, rt: Runtime, addresses: Sequence[str]) -> None:
@@ -160,6 +167,49 @@ class MeshTensors(Protocol):
     def rank_tensor(self, mesh: ProcMesh, dims: tuple[str, ...]) -> Any:
         """A tensor whose value on each proc is its coordinate along ``dims`` (row-major)."""
         ...
+
+    def carry(
+        self,
+        endpoint: Endpoint[..., Any],
+        ranks: Sequence[int],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> list[Any] | None:
+        """The pickled payload (a :class:`DeferredArguments`) of a call to ``endpoint``'s
+        local ``ranks`` whose arguments core could not pickle, when tensor-engine tensors are
+        what it could not pickle; None otherwise (core reports its own error)."""
+        ...
+
+    def rref(
+        self,
+        endpoint: Endpoint[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        send: Callable[[list[Any]], None],
+    ) -> Any:
+        """``endpoint.rref(*args, **kwargs)``: ``send`` (to every rank, no reply) the payload
+        (a :class:`DeferredArguments`) it makes; what the endpoint returns on each rank
+        becomes tensor-engine tensors, which it returns."""
+        ...
+
+
+class DeferredArguments:
+    """The payload of a call whose arguments a package above core completes on the
+    receiving proc, when the actor takes the call (in its mailbox's order), before the
+    endpoint runs: the tensor engine's, whose tensor arguments are each rank's own tensors,
+    handed over by that proc's tensor worker once its stream reaches the call."""
+
+    __slots__ = ()
+
+    async def resolve(self, rt: Runtime) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The endpoint's ``(args, kwargs)``, awaited on ``rt``'s loop. What it raises is
+        what the endpoint would have raised (its caller gets it)."""
+        raise NotImplementedError
+
+    def around(self, spec: EndpointSpec[..., Any] | None) -> EndpointSpec[..., Any] | None:
+        """The endpoint to run in place of ``spec`` (None: a plain method called through
+        ``as_endpoint``): itself, unless the package takes the endpoint's outcome."""
+        return spec
 
 
 _mesh_tensors: MeshTensors | None = None

@@ -74,6 +74,9 @@ class _Hosts:
         rt.extensions[M.Lapsed] = self._lapsed
 
     def _exited(self, msg: M.Exited) -> None:
+        child = self.rt.children.get(msg.address)
+        if child is not None and msg.tail and child.returncode is None:
+            child.output_tail = msg.tail  # its exit's description ends with them
         for launcher in self.launchers.values():
             if launcher.exited(msg.address, msg.code):
                 return

@@ -68,6 +68,8 @@ _ABANDON = M.Abandon()
 #: A handled call's outcome when it returned (the flight recorder's common case).
 _RETURNED = "returned"
 _NEVER = -math.inf  # Call.queued_at of a call not stamped
+#: ``ActorCell._call``'s default: look the endpoint up by the call's method.
+_LOOKUP: Any = object()
 
 #: What the mailbox loop's generators ask their driver for (see ActorCell._thread_main).
 _NEXT = object()  # the next mailbox item
@@ -587,16 +589,18 @@ class ActorCell:
         return ctx
 
     def _call(
-        self, item: M.Call, method: str, port: M.PortRef | None
+        self, item: M.Call, method: str, port: M.PortRef | None, spec: Any = _LOOKUP
     ) -> Generator[Any, Any, bool] | None:
         """Handle one call (``method`` and ``port``: its own, read once by the mailbox
-        loop). A sync endpoint runs here, to its reply: None. What must wait or await (an
-        async or concurrent endpoint, a coroutine to await, the actor's death) goes on in
-        the generator returned, whose result says whether the actor lives.
+        loop; ``spec``: the endpoint to run, looked up by ``method`` unless given). A sync
+        endpoint runs here, to its reply: None. What must wait or await (an async or
+        concurrent endpoint, a coroutine to await, deferred arguments, the actor's death)
+        goes on in the generator returned, whose result says whether the actor lives.
 
         The common case (a sync endpoint that returns) is a plain call, not a generator of
         its own: it costs each message of a pipelined burst no generator, no delegation."""
-        spec = self.endpoints.get(method)
+        if spec is _LOOKUP:
+            spec = self.endpoints.get(method)
         if spec is not None and (spec.is_async or spec.concurrent):
             return self._call_async(item, spec)
         ctx = self._context(item)
@@ -608,6 +612,8 @@ class ActorCell:
                 fn = spec.fn  # the common case, without _prepare's tuple
                 args, kwargs = payload
             else:
+                if isinstance(payload, _ext.DeferredArguments):
+                    return self._call_deferred(item, payload, spec)
                 fn, args, kwargs, explicit = self._prepare(item, spec)
                 if spec is None and inspect.iscoroutinefunction(fn):  # a plain method, async
                     return self._call_async(item, spec)
@@ -629,6 +635,31 @@ class ActorCell:
         if self.stop_when_handled:  # a handler that replied through an explicit port
             self._queue_requested_stop()
         return None
+
+    def _call_deferred(
+        self,
+        item: M.Call,
+        deferred: _ext.DeferredArguments,
+        spec: EndpointSpec[..., Any] | None,
+    ) -> Generator[Any, Any, bool]:
+        """A call whose arguments are completed here (:class:`~._extensions.DeferredArguments`):
+        awaited on the loop, in mailbox order, then the call handled as any other, the
+        endpoint being the one ``deferred.around`` gives. What resolving raises, the caller
+        gets (as for arguments that could not be unpickled)."""
+        rt = self.rt
+        try:
+            payload: Any = yield _Await(lambda: deferred.resolve(rt))
+            spec = deferred.around(spec)
+        except (trio.Cancelled, trio.RunFinishedError):
+            raise
+        except Exception as exc:
+            payload = M.Undecodable(exc)
+        call = M.Call(item.actor, item.method, item.port, item.rank, item.labels, item.sizes, payload)
+        call.queued_at = item.queued_at
+        rest = self._call(call, call.method, call.port, spec)
+        if rest is None:
+            return True
+        return (yield from rest)
 
     def _call_failed(
         self, item: M.Call, exc: BaseException, explicit: bool
@@ -683,8 +714,10 @@ class ActorCell:
     ) -> Generator[Any, Any, bool]:
         """A call to an async endpoint (run on the loop, awaited by this driver) or to a
         concurrent one (started as its own task; the mailbox moves on)."""
+        if isinstance(item.payload, _ext.DeferredArguments):
+            return (yield from self._call_deferred(item, item.payload, spec))
         if spec is not None and spec.concurrent:
-            yield _OnLoop(lambda: self._start_concurrent(item))
+            yield _OnLoop(lambda: self._start_concurrent(item, spec))
             return True  # the mailbox moves on; the call runs as its own task
         token = current.set(self._context(item))
         explicit = False
@@ -742,18 +775,19 @@ class ActorCell:
         self._queue_requested_stop()  # a handler that replied through an explicit port
         return True
 
-    def _start_concurrent(self, item: M.Call) -> None:
+    def _start_concurrent(self, item: M.Call, spec: EndpointSpec[..., Any]) -> None:
         """On the loop: start a concurrent endpoint's call as its own task. Its cancel scope
         is registered now: the actor may retire before the task starts."""
         scope = trio.CancelScope()
         self._running.add(scope)
-        self.rt.nursery.start_soon(self._concurrent, item, scope)
+        self.rt.nursery.start_soon(self._concurrent, item, scope, spec)
 
-    async def _concurrent(self, item: M.Call, scope: trio.CancelScope) -> None:
+    async def _concurrent(
+        self, item: M.Call, scope: trio.CancelScope, spec: EndpointSpec[..., Any]
+    ) -> None:
         """A concurrent endpoint's call, cancelled when the actor retires (its caller then
         gets DEAD, as for a message still queued). With no caller waiting, its failure is
         queued as an Escalate: the actor dies in mailbox order."""
-        spec = self.endpoints.get(item.method)
         token = current.set(self._context(item))
         explicit = False
         record: list[Any] = [item, self._clock(), None]

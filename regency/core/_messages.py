@@ -243,10 +243,12 @@ class Launch:
 
 @attrs.frozen
 class Exited:
-    """(worker -> controller) the proc at ``address`` exited with ``code``."""
+    """(worker -> controller) the proc at ``address`` exited with ``code``; ``tail``: its
+    last lines of output, as (stream, line) pairs (``tail_log_lines``)."""
 
     address: str
     code: int
+    tail: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen

@@ -6,7 +6,7 @@ import collections.abc
 import logging
 import os
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import _codec, _extensions
 from . import _messages as M
@@ -23,6 +23,9 @@ from ._launcher import LocalLauncher
 from ._replies import _Acks
 from ._shape import Extent, MeshAlgebra, Point, Shape
 from ._singletons import ensure_registry
+
+if TYPE_CHECKING:
+    from ._workspace import Workspace, WorkspaceSync
 
 A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
@@ -157,6 +160,12 @@ class ProcMesh(MeshAlgebra):
                 for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             ).rstrip()
             for row in rows
+        )
+
+    def sync_workspace(self, *args: Any, **kwargs: Any) -> None:
+        """Monarch's: not for proc meshes (it raises, as there)."""
+        raise NotImplementedError(
+            "sync_workspace is not implemented for ProcMesh. Use HostMesh.sync_workspace instead."
         )
 
     def __repr__(self) -> str:
@@ -328,7 +337,7 @@ class HostMesh(MeshAlgebra):
             child.coords = tuple(Point(rank, extent).items())
         if rt.parent_address is None:  # procs may ask the controller for its singletons
             rt.call_soon(lambda: ensure_registry(rt))
-        if rt.config.enable_log_forwarding:  # log forwarding is loaded when it is on
+        if rt.config.tees_output:  # log forwarding, file capture or tails: loaded when on
             _extensions.log_forwarding().procs_planned(rt, children)
         python = self._python
         if python is not None:
@@ -485,6 +494,27 @@ class HostMesh(MeshAlgebra):
             return resolved(None)
         rt = current_runtime()
         return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks], keep_workers=True)
+
+    def sync_workspace(
+        self,
+        workspace: Workspace | None = None,
+        conda: bool = False,
+        auto_reload: bool = False,
+    ) -> Future[WorkspaceSync]:
+        """Copy ``workspace``'s directories (default: the working directory) to every host
+        of this mesh, content-hashed: only what a host lacks travels, and what the
+        directories no longer hold is deleted there (docs/workspace.md). A directory goes to
+        ``$WORKSPACE_DIR/<its remote path>`` on a host whose environment sets
+        ``WORKSPACE_DIR``, else to the same path as here; procs started on the host
+        afterwards have it first on ``sys.path``. ``conda``: also the active conda
+        environment (to the same path). ``auto_reload``: every running proc the controller
+        started on these hosts reloads the modules whose files changed.
+
+        Await it (trio or asyncio) or ``.get()`` it; it resolves to a :class:`WorkspaceSync`
+        (what each host received, wrote, deleted and reloaded)."""
+        from ._workspace import sync_workspace
+
+        return _CoroutineFuture(sync_workspace(self, workspace, conda, auto_reload))
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.dim_sizes()}>"

@@ -36,6 +36,7 @@ from ._errors import RemoteFailure
 from ._hostlinks import host_address
 from ._launcher import ProcHandle
 from ._liveness import BusyWatch
+from ._output_tail import read_tail, tail_path
 from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
@@ -68,6 +69,8 @@ class WorkerService:
         self.lease = 0.0
         self.deadline = 0.0
         self.procs: dict[str, ProcHandle] = {}
+        #: The proc ids of those procs, by address (where their output tails are).
+        self.proc_ids: dict[str, str] = {}
         #: Reserved ports, each held by a bound (not listening) SO_REUSEADDR socket until
         #: its proc exits or the controller goes: another process cannot bind it meanwhile,
         #: while our proc (which binds with SO_REUSEADDR too) can.
@@ -155,6 +158,7 @@ class WorkerService:
                 "REGENCY_DEFAULT_TRANSPORT": scheme_of(address),
                 "REGENCY_TCP_HOST": self.host_ip,
             }
+            self.proc_ids[address] = record["proc_id"]
             self.procs[address] = self.rt.launcher.launch(
                 record, env, functools.partial(self._exited, address)
             )
@@ -194,9 +198,11 @@ class WorkerService:
         held = self.held.pop(port, None) if port is not None else None
         if held is not None:
             held.close()
+        proc_id = self.proc_ids.pop(address, None)
+        tail = read_tail(tail_path(self.rt.jobdir, proc_id)) if proc_id is not None else ()
         if self.controller is not None:
             try:
-                self.rt.post(self.controller, M.Exited(address, code))
+                self.rt.post(self.controller, M.Exited(address, code, tail))
             except Exception as exc:
                 log.warning("could not report the exit of %s: %s", address, exc)
 

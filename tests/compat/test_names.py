@@ -77,7 +77,7 @@ def test_configured_restores(clean_config: None) -> None:
 @pytest.mark.parametrize(
     ("settings", "error", "message"),
     [
-        ({"enable_file_capture": True}, TypeError, "'enable_file_capture' is Monarch's and does"),
+        ({"read_log_buffer": 100}, TypeError, "'read_log_buffer' is Monarch's and does not"),
         ({"no_such_key": 1}, TypeError, "unknown configuration key 'no_such_key'"),
         ({"message_delivery_timeout": "soon"}, ValueError, "such as '30s'"),
         ({"message_delivery_timeout": True}, TypeError, "message_delivery_timeout must be"),
@@ -231,8 +231,8 @@ def test_parametrize_config_pointwise_runs_in_lockstep(tmp_path: Path) -> None:
 
 def test_parametrize_config_restores_and_refuses_bad_keys() -> None:
     assert current_config().stop_timeout == 5.0  # the parametrized runs left nothing behind
-    with pytest.raises(TypeError, match="'tail_log_lines' is Monarch's and does not apply"):
-        config.parametrize_config(tail_log_lines={1})
+    with pytest.raises(TypeError, match="'force_file_log' is Monarch's and does not apply"):
+        config.parametrize_config(force_file_log={True})
     with pytest.raises(ValueError, match="sequences of one length"):
         config.parametrize_config_pointwise(stop_actor_timeout=["1s"], cleanup_timeout=[1, 2])
 

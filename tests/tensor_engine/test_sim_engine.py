@@ -425,11 +425,12 @@ def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
 
                 pickle.dumps(t)
             counters = mesh.spawn("counters", Counter)
-            with pytest.raises(
-                TypeError,
-                match=r"argument #0 \(Tensor\) of endpoint counters\.incr: .* regency\.inspect\(t\)",
-            ):
-                counters.incr.call(t)  # actors take values, not handles
+            # An actor takes its own proc's tensor (tests/tensor_engine/test_actor_tensors.py),
+            # never one of another mesh's procs.
+            taken = counters.incr.call_one(t).get()
+            strangers = other.spawn("strangers", Counter)
+            with pytest.raises(ValueError, match=r"must be on the procs of the regency\.Tensor"):
+                strangers.incr.call(t)
             with pytest.raises(TypeError, match="requires grad"):
                 w.reduce("gpu")
             square = torch.ones(2, 3)
@@ -452,9 +453,9 @@ def test_values_handles_cannot_give_and_constants_they_can_take() -> None:
                 torch.set_default_dtype(torch.float32)
         assert (first.dtype, second.dtype) == (torch.float32, torch.float64)
         assert regency.inspect(second).dtype == torch.float64
-        return regency.inspect(scaled).tolist()
+        return regency.inspect(scaled).tolist(), taken.tolist()
 
-    assert run(program, hosts=1) == [3.0, 6.0]
+    assert run(program, hosts=1) == ([3.0, 6.0], [1.0, 2.0])
 
 
 def test_a_tensor_program_replays_from_its_seed() -> None:

@@ -1,0 +1,1 @@
+"""Monarch's ``monarch.tools``: the workspace configuration (``regency.tools.config``)."""
