@@ -198,7 +198,10 @@ class Future(Generic[R]):
                 if not waiter.done():
                     waiter.set_result(None)
 
-            loop.call_soon_threadsafe(settle)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass  # the loop has closed (asyncio.run ended by Ctrl-C): nobody waits
 
         self.add_done_callback(wake)
         notebook = _served.notebook

@@ -118,6 +118,22 @@ def test_await_from_asyncio_resolved_from_a_thread() -> None:
     assert asyncio.run(main()) == 10
 
 
+def test_resolving_after_the_awaiting_asyncio_loop_closed_raises_nothing() -> None:
+    # Ctrl-C in ``asyncio.run(main())`` while main awaits a call: the loop closes with the
+    # wait pending, and the runtime fails the call later, from its own thread.
+    fut: Future[int] = Future()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(fut.wait_on_loop())
+    loop.run_until_complete(asyncio.sleep(0))
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        loop.run_until_complete(task)
+    loop.close()
+    fut.set_exception(RuntimeError("the runtime stopped"))  # the call fails: wakes nobody
+    assert isinstance(fut.exception(), RuntimeError)
+
+
 def test_await_raises_the_exception() -> None:
     async def main() -> None:
         fut: Future[int] = Future()
