@@ -259,7 +259,7 @@ class Casting:
         outboxes = self._rt.outboxes
         for entry in dests:
             box = outboxes.get(entry[0])
-            if box is not None and box._machine.acked < box.direct_mark:
+            if box is not None and box.direct_unacked():
                 direct.append(entry)
             else:
                 tree.append(entry)

@@ -236,7 +236,7 @@ class ChildProcs:
         trace = self._host.trace
         if trace is not None:
             trace.instant(f"proc {child.proc_id}", "proc exited", {"how": child.describe_exit()})
-        self._host.outbox(child.address)._broken(error)
+        self._host.outbox(child.address).give_up(error)
         for hook in self.on_child_exit:
             hook(child)
 

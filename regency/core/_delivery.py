@@ -150,7 +150,9 @@ class Outbound:
     #: How many frames of the session the receiver has acknowledged.
     acked: int = 0
     unacked: deque[Frame] = attrs.field(factory=deque)
-    pending: deque[Frame] = attrs.field(factory=deque, converter=deque)
+    #: (No converter, nor any validator: one would make attrs hook every assignment to
+    #: the record, four calls on each frame a sender counts; tests/core/test_hot_path.py.)
+    pending: deque[Frame] = attrs.field(factory=deque)
     cause: BaseException | None = None
     #: Since when frames have waited for an acknowledgement that did not come, and how many
     #: were acknowledged then (see :meth:`tick`).

@@ -54,11 +54,9 @@ class Outbox:
         self._max_frame = runtime.config.max_frame_bytes  # nor does a runtime's config
         self.address = address
         self._lock = threading.Lock()
-        # The nonce keeps ids unique across jobs: a worker outlives its controllers, whose
-        # proc ids (from pids) can repeat, e.g. in containers.
         config = runtime.config
         self._machine = Outbound(
-            f"{runtime.proc_id}#{runtime._nonce}#{next(runtime._sessions)}",
+            runtime.new_session_id(),
             window=config.send_window,
             buffer_bytes=config.send_buffer_bytes,
             size_of=_frame_size,
@@ -113,15 +111,17 @@ class Outbox:
                     probe.frame_sent(
                         self._rt, self.address, machine.session, machine.queued_count
                     )
+                # The window's bytes with this frame in flight (``unacked_bytes`` is 0 when
+                # nothing is: then the frame goes whatever its size), summed once.
+                unacked = machine.unacked
+                in_flight = machine.unacked_bytes + size
                 if (
                     machine.state == CONNECTED
                     and not machine.pending
                     and (
-                        not machine.unacked
-                        or (
-                            len(machine.unacked) < machine.window
-                            and machine.unacked_bytes + size <= machine.window_bytes
-                        )
+                        # (the common case first: frames in flight, the window open)
+                        (len(unacked) < machine.window and in_flight <= machine.window_bytes)
+                        or not unacked
                     )
                 ):
                     # What machine.queued(frame) does when connected (then it says SEND_NOW),
@@ -136,8 +136,8 @@ class Outbox:
                     try:
                         # (In the try: a signal pending since the lock was taken is raised
                         # as append returns, the frame queued and not written.)
-                        machine.unacked.append(frame)
-                        machine.unacked_bytes += size
+                        unacked.append(frame)
+                        machine.unacked_bytes = in_flight
                         # The first frame a thread sends after it waited for a message
                         # answers it: sent at once, not coalesced (core/_waiting.py).
                         answer = _here.waited
@@ -343,7 +343,7 @@ class Outbox:
                 exc = TimeoutError(
                     f"proc did not start within spawn_timeout={self._rt.config.spawn_timeout} s"
                 )
-            self._broken(exc)
+            self.give_up(exc)
             return
         self._resume(conn)
 
@@ -404,7 +404,7 @@ class Outbox:
         assert cause is not None
         child = self._rt.children.get(self.address)
         if child is not None and child.returncode is not None:
-            self._broken(cause)
+            self.give_up(cause)
             return
         within = self._rt.config.delivery_timeout
         # A refusal on a local socket means the proc is gone (nothing else can listen at
@@ -441,7 +441,7 @@ class Outbox:
                     )
                     continue
                 refused = isinstance(exc, transports.ConnectionRefused)
-                self._broken(
+                self.give_up(
                     cause
                     if refused and not refused_for
                     else ConnectionError(
@@ -454,7 +454,7 @@ class Outbox:
         log.info("reconnected to %s; resending %d frame(s)", self.address, len(self._unacked))
         self._resume(conn)
 
-    def _broken(self, exc: BaseException) -> None:
+    def give_up(self, exc: BaseException) -> None:
         """Give up: the peer exited or cannot be reached."""
         # Kept for later senders' errors; its traceback would keep the frames (and receive
         # buffers) of the reader that raised it alive.
@@ -464,6 +464,24 @@ class Outbox:
             self._wake_room()  # threads waiting for room raise the session's error
         if actions:
             self._after(actions)
+
+    # -- what others may read -------------------------------------------------------------
+
+    def direct_unacked(self) -> bool:
+        """Whether a direct actor message sent through this outbox is not yet acknowledged
+        (a cast to the proc then goes directly too, not down a tree: ``Casting``)."""
+        return self._machine.acked < self.direct_mark
+
+    @property
+    def idle(self) -> bool:
+        """Whether no frame waits for an acknowledgement or for the link."""
+        machine = self._machine
+        return not (machine.unacked or machine.pending)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the session was given up: the peer is gone for good."""
+        return self._machine.state == FAILED
 
     def close(self) -> None:
         conn = self._machine.link

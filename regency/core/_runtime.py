@@ -37,7 +37,6 @@ from ._children import Child, ChildProcs
 from ._config import Config, current_config
 from ._controller import current_runtime, derive_secret, job_secret
 from ._current import _runtime_var, current_runtime_or_none, set_current_runtime, use_runtime
-from ._delivery import FAILED
 from ._environment import Environment, TransportFactory, production
 from ._errors import RemoteFailure, SupervisionError, UndeliverableError
 from ._executor import Executor
@@ -343,7 +342,7 @@ class Runtime:
         this runtime launched keep theirs: their failure is part of their record."""
         horizon = 3 * self.config.delivery_timeout + 2 * self.config.heartbeat_interval
         for address, box in list(self.outboxes.items()):
-            if box._machine.state != FAILED or address in self.children:
+            if not box.failed or address in self.children:
                 continue
             if box.broken_at is None:
                 box.broken_at = now
@@ -408,6 +407,11 @@ class Runtime:
 
     def on_runtime_thread(self) -> bool:
         return threading.get_ident() == self.thread_id
+
+    def new_session_id(self) -> str:
+        """An id for a new delivery session from here, unique across jobs: the nonce, as a
+        worker outlives its controllers, whose proc ids (from pids) can repeat."""
+        return f"{self.proc_id}#{self._nonce}#{next(self._sessions)}"
 
     def refresh_config(self) -> Config:
         """Take up ``regency.configure()`` changes made since the runtime started (the

@@ -222,7 +222,7 @@ class SimTicker:
             if rt.inbound.ack_scheduled:
                 return False
             for box in list(rt.outboxes.values()):
-                if box._machine.unacked or box._machine.pending:
+                if not box.idle:
                     return False
             for address, child in rt.children.items():
                 if child.returncode is not None or child.last_seen is None:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from regency.core._casting import Casting
+from regency.core._outbox import Outbox
 
 DESTS = (("p1", (0,)),)
 
@@ -16,8 +17,18 @@ def _casting(**outboxes: Any) -> Casting:
     return Casting(runtime)
 
 
+class _Box:
+    """An outbox's mark and its machine's count, with the outbox's own test of them."""
+
+    direct_unacked = Outbox.direct_unacked
+
+    def __init__(self, acked: int, mark: int) -> None:
+        self._machine = SimpleNamespace(acked=acked)
+        self.direct_mark = mark
+
+
 def _box(acked: int, mark: int) -> Any:
-    return SimpleNamespace(_machine=SimpleNamespace(acked=acked), direct_mark=mark)
+    return _Box(acked, mark)
 
 
 def test_a_proc_with_a_direct_message_not_acknowledged_gets_the_cast_directly() -> None:

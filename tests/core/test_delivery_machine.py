@@ -496,7 +496,7 @@ def test_a_session_an_interrupt_left_idle_with_frames_dials_at_the_second_tick()
     """A KeyboardInterrupt inside ``queued`` after the frame was queued and before the
     session moved on (``_dial``) leaves it idle with a frame waiting: the watchdog dials."""
     sender = Outbound("s")
-    sender.queued_count, sender.pending = 1, ["f0"]  # what the cut-short call left
+    sender.queued_count, sender.pending = 1, deque(["f0"])  # what the cut-short call left
     assert sender.tick(1.0, 10.0) == []
     (dial,) = sender.tick(2.0, 10.0)
     assert isinstance(dial, Dial) and dial.first and sender.state == DIALING

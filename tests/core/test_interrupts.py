@@ -6,6 +6,7 @@ one (acquire() returning): that form left the lock held in 200 of 200 trials bel
 
 from __future__ import annotations
 
+import functools
 import itertools
 import signal
 import socket
@@ -45,8 +46,7 @@ def _runtime(**more: Any) -> Any:
         ),
         executor=types.SimpleNamespace(runs_freely=True),
         proc_id="p",
-        _nonce="n",
-        _sessions=itertools.count(),
+        new_session_id=functools.partial(next, (f"p#n#{i}" for i in itertools.count())),
         closing=False,
         **more,
     )
