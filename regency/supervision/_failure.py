@@ -62,9 +62,12 @@ class MeshFailure:
 
     def __str__(self) -> str:
         ranks = ", ".join(map(str, self.ranks))
+        # ``crashed_ranks=[...]``: the field Monarch's str(MeshFailure) shows, which programs
+        # (Monarch's own tests among them) look for.
         return (
-            f"MeshFailure: actor mesh {self.mesh_name} failed at rank(s) {ranks}, and all its "
-            f"descendants have failed: {self.cause.summary}"
+            f"MeshFailure: actor mesh {self.mesh_name} failed at rank(s) {ranks} "
+            f"(crashed_ranks={list(self.ranks)}), and all its descendants have failed: "
+            f"{self.cause.summary}"
         )
 
     def report(self) -> str:
