@@ -22,6 +22,7 @@ import os
 import random
 import sys
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, assert_never
 
@@ -30,6 +31,7 @@ import trio
 from .. import transports
 from ..supervision import FailureCause, ProcLost, RanksFailed
 from . import _codec, _waiting
+from . import _extensions as _ext
 from . import _messages as M
 from ._aio import AsyncioBridge, drive
 from ._casting import Casting
@@ -57,6 +59,8 @@ from ._trace import TraceRing
 from ._trace import install as install_trace
 
 _REPLY_MARK = _codec.REPLY_MARK
+#: A SPAWN's payload while a thread decodes it (``Runtime._spawns``).
+_DECODING: Any = object()
 #: Port ids from here up are reserved for services (regency/_logs/_records.py, _introspect.py).
 _RESERVED_PORTS = 1 << 63
 
@@ -105,6 +109,10 @@ class Runtime:
         #: Messages for actors whose SPAWN has not arrived yet (a third party may know the
         #: mesh before the SPAWN from its owner reaches this proc).
         self.limbo: dict[str, list[M.Call | M.StopActor]] = {}
+        #: SPAWNs decoded off the loop, and those that came after them, in arrival order:
+        #: each applies once it and every SPAWN before it are decoded (a small SPAWN must
+        #: not overtake a big one: an actor that fails poisons its proc for the later ones).
+        self._spawns: deque[list[Any]] = deque()
         #: Its open reply ports (core/_ports.py), and the table's operations under the
         #: runtime's names (bound once: no call frame more on the hot path).
         self.port_table = PortTable(self)
@@ -526,9 +534,14 @@ class Runtime:
                         # (a notebook's brings torch: seconds); messages for the actor wait
                         # in ``limbo`` meanwhile. Other executors (the simulator's) unpickle
                         # here: only their own threads may run.
-                        self.start_soon(self._spawn_off_loop, msg)
+                        slot = [msg, _DECODING]
+                        self._spawns.append(slot)
+                        self.start_soon(self._spawn_off_loop, slot)
                         return
                     payload = _codec.load_pickled(payload)
+                if self._spawns:  # behind a SPAWN still decoding
+                    self._spawns.append([msg, payload])
+                    return
                 self._spawn_decoded(msg, payload)
             case M.Failed():
                 if type(msg.payload) is M.Undecodable:
@@ -586,8 +599,12 @@ class Runtime:
             return
         bounce(self, item, failure)
 
-    async def _spawn_off_loop(self, msg: M.Spawn) -> None:
-        self._spawn_decoded(msg, await trio.to_thread.run_sync(_codec.load_pickled, msg.payload))
+    async def _spawn_off_loop(self, slot: list[Any]) -> None:
+        slot[1] = await trio.to_thread.run_sync(_codec.load_pickled, slot[0].payload)
+        spawns = self._spawns
+        while spawns and spawns[0][1] is not _DECODING:
+            msg, payload = spawns.popleft()
+            self._spawn_decoded(msg, payload)
 
     def _spawn_decoded(self, msg: M.Spawn, payload: Any) -> None:
         if type(payload) is M.Undecodable:
@@ -667,8 +684,11 @@ def bounce(rt: Runtime, item: M.MailboxItem, failure: RemoteFailure) -> None:
     be gone too, and nothing here may raise into the loop)."""
     try:
         match item:
-            case M.Call(port=port, rank=index) if port is not None:
-                rt.send_port(port, index, M.DEAD, failure)
+            case M.Call(port=port, rank=index, payload=payload):
+                if isinstance(payload, _ext.DeferredArguments):  # (the tensor engine's)
+                    payload.abandoned(rt, failure.message)
+                if port is not None:
+                    rt.send_port(port, index, M.DEAD, failure)
             case M.StopActor(port=port) if port is not None:
                 rt.send_port(port, 0, M.OK, None)
     except Exception as exc:
