@@ -50,13 +50,15 @@ if TYPE_CHECKING:
 class Handoff:
     """One call's meeting point on one proc: ``lent`` (the worker's tensors for the call's
     arguments, or the :class:`Failure` of one of them) and, for ``rref``, ``outcome`` (what
-    the endpoint returned, or a Failure)."""
+    the endpoint returned, or a Failure). ``abandoned``: why the call will never run here
+    (its actor was gone), set before the worker came."""
 
-    __slots__ = ("lent", "outcome")
+    __slots__ = ("abandoned", "lent", "outcome")
 
     def __init__(self) -> None:
         self.lent: Future[Any] = Future()
         self.outcome: Future[Any] = Future()
+        self.abandoned: str | None = None
 
 
 _handoffs: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], Handoff]] = (
@@ -65,17 +67,56 @@ _handoffs: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], Handoff]] = (
 _handoffs_lock = threading.Lock()
 
 
+def _table(rt: Runtime) -> dict[tuple[str, int], Handoff]:
+    table = _handoffs.get(rt)
+    if table is None:
+        table = _handoffs[rt] = {}
+    return table
+
+
 def handoff(rt: Runtime, token: str, seq: int) -> Handoff:
     """The handoff of op ``seq`` of engine ``token`` on ``rt``'s proc (made by whichever of
     the worker and the actor comes first)."""
     with _handoffs_lock:
-        table = _handoffs.get(rt)
-        if table is None:
-            table = _handoffs[rt] = {}
+        table = _table(rt)
         entry = table.get((token, seq))
         if entry is None:
             entry = table[(token, seq)] = Handoff()
         return entry
+
+
+def lend(rt: Runtime, token: str, seq: int, lent: Any) -> Handoff:
+    """The worker reached op ``seq``: ``lent`` goes to the call's actor. When the call was
+    abandoned first (``Handoff.abandoned``), nothing is kept for it and the handoff is
+    forgotten: an ``rref`` worker then fails its results instead of waiting."""
+    key = (token, seq)
+    with _handoffs_lock:
+        table = _table(rt)
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = Handoff()
+        elif entry.abandoned is not None:
+            del table[key]
+            return entry
+    entry.lent.set_result(lent)
+    return entry
+
+
+def abandon(rt: Runtime, token: str, seq: int, why: str) -> None:
+    """The call of op ``seq`` will never run on ``rt``'s proc (``why``): its tensors, if the
+    worker lent them already, are let go, and an ``rref`` worker waiting for its outcome
+    gets a failure; else the worker finds the handoff abandoned when it comes."""
+    key = (token, seq)
+    with _handoffs_lock:
+        table = _table(rt)
+        entry = table.get(key)
+        if entry is None or not entry.lent.done():
+            if entry is None:
+                entry = table[key] = Handoff()
+            entry.abandoned = why  # the worker has not come: it finds this
+            return
+        del table[key]
+    entry.outcome.set_result(Failure(-1, -1, "SupervisionError", why, ""))
 
 
 def _release(rt: Runtime, token: str, seq: int) -> None:
@@ -163,8 +204,10 @@ class TensorArguments(DeferredArguments):
         entry = self._entry = handoff(rt, self.token, self.seq)
         try:
             lent = await entry.lent
-        finally:
-            _release(rt, self.token, self.seq)
+        except BaseException:  # cancelled: the actor or its proc is stopping
+            abandon(rt, self.token, self.seq, "the call was cancelled before it ran")
+            raise
+        _release(rt, self.token, self.seq)
         try:
             if isinstance(lent, Failure):
                 raise RemoteException(
@@ -183,6 +226,9 @@ class TensorArguments(DeferredArguments):
             self._skip = True
             return (), {}
         return args, kwargs
+
+    def abandoned(self, rt: Runtime, why: str) -> None:
+        abandon(rt, self.token, self.seq, f"the call never ran: {why}")
 
     def around(self, spec: EndpointSpec[..., Any] | None) -> EndpointSpec[..., Any] | None:
         if not self.rref:

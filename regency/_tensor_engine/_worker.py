@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..core import Actor, current_rank, current_runtime, endpoint
-from ._actors import handoff
+from ._actors import lend
 from ._records import Failure, Packed, Ref
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ class TensorWorker(Actor):
             elif kind == "move":
                 self._move(*op[1:])
             elif kind == "lend":
-                handoff(self._runtime, op[2], op[1]).lent.set_result(self._lent(op[1], op[3]))
+                lend(self._runtime, op[2], op[1], self._lent(op[1], op[3]))
             elif kind == "rref":
                 self._rref(*op[1:])
             elif kind == "alias":
@@ -325,14 +325,19 @@ class TensorWorker(Actor):
             for out in outs:
                 refs[out] = failure
             return
-        if not outs:
-            return
+        if outs:
+            self._hold(seq, outs, result, "remote function", fn)
+
+    def _hold(self, seq: int, outs: list[int], result: Any, what: str, who: object) -> None:
+        """The tensors of ``result`` under ``outs``: as many as its propagate function
+        said, else each out fails, naming ``what`` ``who`` returned them."""
+        refs = self.refs
         tensors = [v for v in pytree.tree_leaves(result) if isinstance(v, torch.Tensor)]
         if len(tensors) != len(outs):
             failure = self._failure(
                 seq,
                 TypeError(
-                    f"remote function {fn!r} returned {len(tensors)} tensors here but "
+                    f"{what} {who!r} returned {len(tensors)} tensors here but "
                     f"{len(outs)} were expected (from its propagate function)"
                 ),
             )
@@ -359,29 +364,18 @@ class TensorWorker(Actor):
     ) -> None:
         """Lend ``refs`` to this proc's actor of ``endpoint``, wait for what it returns (the
         stream waits, as in Monarch), and hold its tensors under ``outs``."""
-        entry = handoff(self._runtime, token, seq)
-        entry.lent.set_result(self._lent(seq, refs))
-        result = entry.outcome.get()
+        entry = lend(self._runtime, token, seq, self._lent(seq, refs))
+        if entry.abandoned is not None:  # its actor was gone: no outcome will come
+            result: Any = Failure(seq, self.rank, "SupervisionError", entry.abandoned, "")
+        else:
+            result = entry.outcome.get()
         if isinstance(result, Failure):
             if result.seq == -1:  # raised by the endpoint: this op, this rank
                 result = attrs.evolve(result, seq=seq, rank=self.rank)
             for out in outs:
                 self.refs[out] = result
             return
-        tensors = [v for v in pytree.tree_leaves(result) if isinstance(v, torch.Tensor)]
-        if len(tensors) != len(outs):
-            failure = self._failure(
-                seq,
-                TypeError(
-                    f"endpoint {endpoint} returned {len(tensors)} tensors here but "
-                    f"{len(outs)} were expected (from its propagate function)"
-                ),
-            )
-            for out in outs:
-                self.refs[out] = failure
-            return
-        for out, value in zip(outs, tensors, strict=True):
-            self.refs[out] = value
+        self._hold(seq, outs, result, "endpoint", endpoint)
 
     def _reduce(
         self,

@@ -78,12 +78,22 @@ def _carried(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     error: ArgumentPickleError,
+    *,
+    checked: bool = True,
 ) -> list[Any]:
     """The payload of a call whose arguments core could not pickle (``error``): the tensor
     engine's, when they hold its tensors (each of ``ranks``, None: all of the mesh's,
-    receives its own); else ``error`` is raised."""
+    receives its own); else ``error`` is raised. ``checked``: the call is not sent when
+    one of ``ranks`` is known to have failed (it fails first), so the engine is not asked
+    (it would set the tensors aside for a call that never comes)."""
     if ranks is None:
         ranks = range(len(endpoint._mesh._shape))
+    rt = current_runtime()
+    if checked and rt.oversight.failures:
+        try:
+            endpoint._check_alive(rt, ranks)
+        except SupervisionError:
+            return _NO_ARGUMENTS  # never sent: the caller gets the same check's error
     payload = _ext.mesh_tensors().carry(endpoint, ranks, args, kwargs)
     if payload is None:
         raise error
@@ -384,8 +394,8 @@ def send(
     ranks: Sequence[int] = [rt.rng.randrange(n)] if selection == "choose" else range(n)
     try:
         payload = _pickle_args(endpoint.qualname, args, kwargs)
-    except ArgumentPickleError as exc:
-        payload = _carried(endpoint, ranks, args, kwargs, exc)
+    except ArgumentPickleError as exc:  # (no liveness check: a failed rank bounces it)
+        payload = _carried(endpoint, ranks, args, kwargs, exc, checked=False)
     endpoint._send(rt, ranks, port._ref if port is not None else None, payload)
     if rt.config.metrics:
         count_sent(rt, endpoint._mesh._name, endpoint._name, len(ranks))

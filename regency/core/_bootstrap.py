@@ -18,6 +18,9 @@ import threading
 import time
 from typing import Any, NoReturn
 
+# At import (a zygote imports this module before it forks): a proc does not pay for it.
+from ._workspace_files import add_synced_paths
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -83,8 +86,6 @@ def run(record: dict[str, Any], env: dict[str, str] | None = None) -> NoReturn:
     for entry in reversed(record["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    from ._workspace_files import add_synced_paths
-
     add_synced_paths(record)  # workspaces synced to this host (HostMesh.sync_workspace)
     logging.basicConfig(
         level=os.environ.get("REGENCY_LOG_LEVEL", "WARNING"),

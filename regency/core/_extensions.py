@@ -206,6 +206,11 @@ class DeferredArguments:
         what the endpoint would have raised (its caller gets it)."""
         raise NotImplementedError
 
+    def abandoned(self, rt: Runtime, why: str) -> None:
+        """The call will never run on ``rt``'s proc: its actor was gone when it came, or
+        died or stopped before taking it (``why``, naming the actor). What was set aside for
+        it is let go (the runtime's ``bounce`` calls this)."""
+
     def around(self, spec: EndpointSpec[..., Any] | None) -> EndpointSpec[..., Any] | None:
         """The endpoint to run in place of ``spec`` (None: a plain method called through
         ``as_endpoint``): itself, unless the package takes the endpoint's outcome."""

@@ -48,6 +48,9 @@ class TailRing:
         self._line_bytes = line_bytes
         # Room for one more record than kept: after a wrap the oldest one is partial.
         self._capacity = min((lines + 1) * (line_bytes + 2), MAX_RING_BYTES)
+        # A record takes 2 bytes at least: more lines than that never fit (and the header
+        # holds a 32-bit count).
+        lines = min(lines, self._capacity // 2)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, _HEADER.size + self._capacity)

@@ -138,6 +138,38 @@ def check_relative(path: str, what: str) -> None:
         raise ValueError(f"{what}: {path!r} is not a plain relative path")
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_manifest(root: str, entries: list[Entry]) -> None:
+    """Refuse a manifest that :func:`scan` could not have made: a path that leaves the
+    directory, an entry under a link or a file (written there, it would land where the
+    link points), a name that is never synced, a content name that is not a sha256."""
+    what = f"workspace entry for {root}"
+    dirs = {""}
+    for e in entries:
+        if not e.path:
+            if e.kind != DIR:
+                raise ValueError(f"{what}: the directory itself must be a directory entry")
+            continue
+        check_relative(e.path, what)
+        parent, _, name = e.path.rpartition("/")
+        if parent not in dirs:
+            raise ValueError(
+                f"{what}: {e.path!r} does not lie in a directory of the manifest (its parent "
+                "must come first, as a directory: never a link or a file)"
+            )
+        if skipped(name):
+            raise ValueError(f"{what}: {e.path!r} is a name that is never synced")
+        if e.kind == DIR:
+            dirs.add(e.path)
+        elif e.kind == FILE:
+            if len(e.sha) != 64 or not _HEX.issuperset(e.sha) or e.size < 0:
+                raise ValueError(f"{what}: {e.path!r} has no sha256 and size (got {e.sha!r})")
+        elif e.kind != LINK:
+            raise ValueError(f"{what}: {e.path!r} has the unknown kind {e.kind!r}")
+
+
 class Report(NamedTuple):
     """What a host did for one directory."""
 
@@ -156,9 +188,7 @@ class Destination:
     def __init__(self, path: str, entries: list[Entry], cache: HashCache, token: str) -> None:
         self.path = path
         self.entries = entries
-        for e in entries:
-            if e.path:
-                check_relative(e.path, f"workspace entry for {path}")
+        check_manifest(path, entries)
         self.cache = cache
         self.staging = os.path.join(path, f"{RESERVED_PREFIX}{token}")
         #: What the destination holds now: relative path -> (kind, sha or target, st).
@@ -168,6 +198,8 @@ class Destination:
         self.received: dict[str, int] = {}  # sha -> bytes written to staging so far
         self.sizes = {e.sha: e.size for e in entries if e.kind == FILE}
         self.bytes_received = 0
+        #: Directories made owner-writable for the sync (a read-only tree), their modes.
+        self._opened: dict[str, int] = {}
         if os.path.lexists(path) and not os.path.isdir(path):
             raise NotADirectoryError(
                 f"the workspace destination {path} exists and is not a directory"
@@ -205,7 +237,7 @@ class Destination:
         size = self.sizes.get(sha)
         if size is None or offset + len(data) > size:
             raise ValueError(f"unexpected workspace content {sha[:12]} for {self.path}")
-        os.makedirs(self.staging, mode=0o700, exist_ok=True)
+        self._make_staging()
         blob = os.path.join(self.staging, sha)
         with open(blob, "r+b" if os.path.exists(blob) else "wb") as f:
             f.seek(offset)
@@ -225,7 +257,10 @@ class Destination:
         missing = [e.sha[:12] for e in self.entries if e.kind == FILE and e.sha not in self.have]
         if missing:
             raise RuntimeError(f"workspace sync for {self.path}: contents {missing} never arrived")
-        os.makedirs(self.staging, mode=0o700, exist_ok=True)
+        self._make_staging()
+        for rel, (kind, _, _) in self.present.items():  # what changes inside them
+            if kind == DIR:
+                self._open_up(os.path.join(self.path, rel))
         staged_blobs = {
             sha for sha, where in self.have.items() if os.path.dirname(where) == self.staging
         }
@@ -291,11 +326,11 @@ class Destination:
             target = os.path.join(self.path, e.path)
             os.chmod(target, e.mode)
             os.utime(target, ns=(e.mtime_ns, e.mtime_ns))
+        self.discard()  # (while the directory may still be written)
         for e in sorted(
             (e for e in self.entries if e.kind == DIR), key=lambda e: -e.path.count("/")
         ):
             os.chmod(os.path.join(self.path, e.path) if e.path else self.path, e.mode)
-        self.discard()
         received = len(self.received)
         return Report(
             self.path, False, tuple(written), tuple(deleted), received, self.bytes_received
@@ -314,9 +349,32 @@ class Destination:
         shutil.rmtree(target)
         return gone
 
+    def _make_staging(self) -> None:
+        if os.path.isdir(self.staging):
+            return
+        if os.path.isdir(self.path):
+            self._open_up(self.path)
+        os.makedirs(self.staging, mode=0o700, exist_ok=True)
+
+    def _open_up(self, directory: str) -> None:
+        """Let the owner write in ``directory`` for the time of the sync: a tree with
+        read-only directories (mode 0555) syncs as any other. Their modes come back at
+        :meth:`discard`, and the commit then sets every directory's."""
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+        if mode & 0o300 != 0o300:
+            self._opened.setdefault(directory, mode)
+            os.chmod(directory, mode | 0o300)
+
     def discard(self) -> None:
-        """Remove the staging directory (after a commit, or when the sync is abandoned)."""
+        """Remove the staging directory (after a commit, or when the sync is abandoned), and
+        give back the modes of the directories opened up for the sync."""
         shutil.rmtree(self.staging, ignore_errors=True)
+        for directory, mode in reversed(list(self._opened.items())):
+            try:
+                os.chmod(directory, mode)
+            except OSError:
+                pass  # removed by the commit
+        self._opened.clear()
 
 
 def _drop_bytecode(path: str) -> None:

@@ -159,14 +159,17 @@ class WorkspaceClient(Actor):
 
     def __init__(self) -> None:
         self._cache = F.HashCache()
-        #: Each host's WorkspaceHost (a one-host slice), its proc's address, its mesh key.
-        self._hosts: dict[str, tuple[ActorMesh[WorkspaceHost], str, str]] = {}
+        #: Each host's WorkspaceHost (a one-host slice), its proc's address, the key of the
+        #: mesh it is a rank of (one mesh serves the hosts whose procs were spawned
+        #: together) and that rank.
+        self._hosts: dict[str, tuple[ActorMesh[WorkspaceHost], str, str, int]] = {}
 
     def __supervise__(self, failure: MeshFailure) -> bool:
         # A host proc or a reloader failed: the sync waiting on it fails with the call, and
-        # the next sync spawns a new host proc. Never the program's business.
-        for key, (_, _, mesh_key) in list(self._hosts.items()):
-            if mesh_key == failure.mesh_key:
+        # the next sync spawns a new host proc there (only there: the other ranks of its
+        # mesh serve on). Never the program's business.
+        for key, (_, _, mesh_key, rank) in list(self._hosts.items()):
+            if mesh_key == failure.mesh_key and rank in failure.ranks:
                 del self._hosts[key]
         return True
 
@@ -253,7 +256,7 @@ class WorkspaceClient(Actor):
             # This host's file system is this process's: the host side runs here.
             here = cast("ActorMesh[WorkspaceHost]", this_proc().spawn("workspace_host", WorkspaceHost))
             here.initialized.get()
-            self._hosts[_key(None)] = (here, "", here._key)
+            self._hosts[_key(None)] = (here, "", here._key, 0)
         remote = [r for r in missing if r is not None]
         if remote:
             mesh = HostMesh(Shape.full(["hosts"], [len(remote)]), tuple(remote))
@@ -261,7 +264,9 @@ class WorkspaceClient(Actor):
             actors = cast("ActorMesh[WorkspaceHost]", procs.spawn("workspace_host", WorkspaceHost))
             actors.initialized.get()
             for j, ref in enumerate(remote):
-                self._hosts[_key(ref)] = (actors.slice(hosts=j), procs._procs[j][1], actors._key)
+                self._hosts[_key(ref)] = (
+                    actors.slice(hosts=j), procs._procs[j][1], actors._key, j
+                )
         return [self._hosts[_key(ref)][0] for _, ref in hosts]
 
     def _send(
@@ -311,7 +316,7 @@ class WorkspaceClient(Actor):
         from ._proc_mesh import ProcMesh
 
         rt = current_runtime()
-        ours = {address for _, address, _ in self._hosts.values()}
+        ours = {address for _, address, _, _ in self._hosts.values()}
         failures: list[str] = []
         done: list[HostSync] = []
         for (_, ref), result in zip(hosts, results, strict=True):

@@ -111,6 +111,14 @@ def test_a_batch_larger_than_the_ring_keeps_its_newest_lines(tmp_path: Path) -> 
     assert read_tail(path) == (("stderr", "only one"),)
 
 
+def test_a_ring_asked_for_more_lines_than_fit_keeps_what_fits(tmp_path: Path) -> None:
+    """Any count the setting accepts works: the ring holds at most what its 64 MiB fit."""
+    path = str(tmp_path / "p.tail")
+    ring = TailRing(path, lines=1 << 40, line_bytes=16)
+    ring.append(2, ["first", "second"])
+    assert read_tail(path) == (("stderr", "first"), ("stderr", "second"))
+
+
 def test_the_failure_text_of_a_tail() -> None:
     assert format_tail(()) == ""
     assert format_tail((("stdout", "a"), ("stderr", "b"))) == (

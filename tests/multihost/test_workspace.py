@@ -19,15 +19,26 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from regency.actor import HostMesh, attach_to_workers, this_host, this_proc
+from regency.actor import (
+    Actor,
+    HostMesh,
+    SupervisionError,
+    attach_to_workers,
+    endpoint,
+    this_host,
+    this_proc,
+)
+from regency.core import current_runtime
+from regency.core._proc_mesh import ProcMesh
 from regency.testing import VirtualHost, virtual_hosts, virtual_hosts_available
 from regency.tools.config.environment import CondaEnvironment
 from regency.tools.config.workspace import Workspace, WorkspaceError, WorkspaceSync
 
-from ..conftest import TEST_SECRET, TEST_WORKER_PREFIX, SpawnProcs
+from ..conftest import TEST_SECRET, TEST_WORKER_PREFIX, SpawnProcs, root_failures
 
 pytestmark = [
     pytest.mark.slow,
@@ -347,3 +358,45 @@ def test_bad_input_is_refused_naming_it(
         mesh.sync_workspace(Workspace(dirs={f"{project}/src": f"{name}-dest"})).get(T)
     # Host 0 took its part of the plan, and nothing of it stayed when host 1 refused.
     assert not os.path.exists(hosts[0].path(f"{project}/src"))
+
+
+class _Exiter(Actor):
+    @endpoint
+    def exit_now(self) -> None:
+        os._exit(7)
+
+
+def _workspace_client() -> Any:
+    from regency.core._workspace_sync import WorkspaceClient
+
+    rt = current_runtime()
+    (cell,) = [c for c in list(rt.actors.values()) if isinstance(c.obj, WorkspaceClient)]
+    return cell.obj
+
+
+def test_a_lost_host_proc_is_replaced_alone(
+    mesh: HostMesh, hosts: list[Host], project: str
+) -> None:
+    """One host's sync proc dies: the next sync spawns a new one there only; the other
+    host keeps its proc (none is left running unused)."""
+    _write(f"{project}/a.py", "A = 1\n")
+    mesh.sync_workspace(Workspace(dirs=[project])).get(T)
+    client = _workspace_client()
+    keys = [h.address for h in hosts]
+    assert set(keys) <= set(client._hosts)
+    doomed = client._hosts[keys[1]][1]
+    proc_id = next(c.proc_id for a, c in current_runtime().children.items() if a == doomed)
+    with pytest.raises(SupervisionError, match="exited with status 7"):
+        ProcMesh._single(proc_id, doomed).spawn("exiter", _Exiter).exit_now.call_one().get(T)
+    root_failures.wait_for("exiter", T)
+    deadline = time.monotonic() + T
+    while keys[1] in client._hosts:  # the client's __supervise__ learns of it
+        assert time.monotonic() < deadline, "the client never heard of the lost proc"
+        time.sleep(0.01)
+    kept = client._hosts.get(keys[0])
+    assert kept is not None, "the healthy host's sync proc was forgotten"
+    _write(f"{project}/a.py", "A = 2\n")
+    again = mesh.sync_workspace(Workspace(dirs=[project])).get(T)
+    assert [h.files_sent for h in again.hosts] == [1, 1]
+    assert client._hosts[keys[0]][1] == kept[1]  # the same proc served host 0
+    assert client._hosts[keys[1]][1] != doomed

@@ -17,6 +17,8 @@ from regency.core import current_runtime  # noqa: E402
 from regency.mesh_controller import RemoteException  # noqa: E402
 from regency.sim import simulate  # noqa: E402
 
+from ..conftest import SpawnProcs, root_failures  # noqa: E402
+
 
 class Keeper(Actor):
     """Takes tensors (sync and async endpoints) and says what it got."""
@@ -44,6 +46,11 @@ class Keeper(Actor):
     def handoffs(self) -> int:
         return pending_handoffs(current_runtime())
 
+    @endpoint
+    def fail_on(self, rank: int) -> None:
+        if current_rank().rank == rank:
+            raise ValueError(f"keeper {rank} fails")
+
 
 class Linear(Actor):
     """``forward`` scales by (rank + 1), so every rank's result tells where it ran."""
@@ -69,6 +76,10 @@ class Linear(Actor):
     @endpoint
     def unshaped(self, x: Any) -> Any:
         return x
+
+    @endpoint(propagate=lambda x: (x, x))
+    def one_of_two(self, x: Any) -> Any:
+        return x * 2
 
     @endpoint
     def count(self) -> int:
@@ -161,6 +172,10 @@ def test_failures_and_bad_calls_say_what_is_wrong(procs: Any) -> None:
         keepers.take.call(bad).get()
     with pytest.raises(RemoteException, match="RuntimeError"):
         regency.inspect(linear.forward.rref(bad))
+    with pytest.raises(
+        RemoteException, match=r"endpoint 'linear2\.one_of_two' returned 1 tensors here but 2"
+    ):
+        regency.inspect(linear.one_of_two.rref(t)[1], gpus=0)
     with pytest.raises(NotImplementedError, match=r"unshaped\.rref\(\.\.\.\): rref needs"):
         linear.unshaped.rref(t)
     # Actors elsewhere than the tensor's procs.
@@ -199,3 +214,48 @@ def test_on_the_simulated_cluster() -> None:
     taken, outs = simulate(program, seed=3, hosts=2).value
     assert taken == [[float(r)] * 3 for r in range(4)]
     assert outs == [[float(r * (r + 1) + 1)] * 3 for r in range(4)]
+
+
+@pytest.mark.slow
+def test_actors_that_are_gone_fail_rref_and_keep_no_tensors(procs: Any) -> None:
+    """Calls that reach actors already stopped are bounced: rref's results fail (the stream
+    goes on, it does not wait for an outcome that never comes) and a plain call's tensors
+    are not kept for an actor that will never take them."""
+    witness = procs.spawn("witness", Keeper)  # on the same procs: reads their handoffs
+    linear = procs.spawn("gone_linear", Linear)
+    keepers = procs.spawn("gone_keepers", Keeper)
+    with procs.activate():
+        t = torch.ones(3)
+    linear.stop().get(30)
+    keepers.stop().get(30)
+    o = linear.forward.rref(t)
+    with pytest.raises(RemoteException, match=r"the call never ran: actor gone_linear rank 1 was stopped") as info:
+        regency.fetch_shard(o, gpus=1).get(30)  # (the stream did not hang on it)
+    assert info.value.exception_type == "SupervisionError"
+    keepers.keep.broadcast(t)
+    with pytest.raises(Exception, match="stopped"):
+        keepers.take.call(t).get(30)
+    with procs.activate():
+        after = t + 1  # later ops still run, after the bounced calls' own ops
+    assert regency.fetch_shard(after, gpus=0).get(30).tolist() == [2.0] * 3
+    assert [v for _, v in witness.handoffs.call().get(30).items()] == [0, 0]
+
+
+def test_a_call_refused_for_a_failed_rank_lends_nothing(spawn_procs: SpawnProcs) -> None:
+    """A call that fails before it is sent (a rank of the actors is known to have failed)
+    issues no op: the healthy ranks' workers keep nothing for a call that never comes."""
+    procs = spawn_procs({"gpus": 2})
+    witness = procs.spawn("witness", Keeper)
+    keepers = procs.spawn("half_failed", Keeper)
+    with procs.activate():  # (the tensor workers start before the proc refuses actors)
+        t = torch.ones(3)
+    keepers.fail_on.broadcast(1)
+    root_failures.wait_for("half_failed", 60)
+    with pytest.raises(Exception, match="actor mesh half_failed has failed at rank 1"):
+        keepers.take.call(t).get(30)
+    with pytest.raises(Exception, match="actor mesh half_failed has failed at rank 1"):
+        keepers.keep.broadcast(t)
+    with procs.activate():
+        after = t * 3
+    assert regency.fetch_shard(after, gpus=0).get(30).tolist() == [3.0] * 3
+    assert witness.slice(gpus=0).handoffs.call_one().get(30) == 0
