@@ -373,7 +373,7 @@ def rref(
     from . import _context
     from ._engine import ISSUER, engine_for
     from ._stream import get_active_stream
-    from ._tensor import Tensor, check_handles, fake_mode, faking
+    from ._tensor import Tensor, check_handles, fake_mode, faking, handles_for
 
     call = f"{endpoint.qualname}.rref(...)"
     spec = getattr(endpoint._mesh._cls, endpoint._name, None)
@@ -427,16 +427,7 @@ def rref(
             raise TypeError(
                 f"{call}: its propagate function raised {type(exc).__name__}: {exc}"
             ) from exc
-    leaves, out_spec = pytree.tree_flatten(fake_out)
-    results: list[Any] = []
-    outs: list[int] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            h = Tensor(leaf, mesh, engine, stream)
-            outs.append(h._ref)
-            results.append(h)
-        else:
-            results.append(leaf)
+    results, outs, out_spec = handles_for(fake_out, mesh, engine, stream)
     seq = ISSUER.next_seq()
     send(_codec.dumps(TensorArguments(engine.token, seq, parts, True)))
     op = ("rref", seq, engine.token, [h._ref for h in handles], outs, endpoint.qualname)

@@ -15,7 +15,7 @@ from ._engine import ISSUER, engine_for
 from ._errors import LOCAL_TENSOR, bad_argument
 from ._records import Failure, Ref
 from ._stream import get_active_stream
-from ._tensor import Tensor, check_handles, faking
+from ._tensor import Tensor, check_handles, faking, handles_for
 
 
 def _local_function(fn: Any) -> Callable[..., Any]:
@@ -91,16 +91,7 @@ class Remote:
                 ) from exc
         engine = handles[0]._engine if handles else engine_for(mesh)
         stream = get_active_stream()
-        leaves, out_spec = pytree.tree_flatten(fake_out)
-        outs: list[int] = []
-        results: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                h = Tensor(leaf, mesh, engine, stream)
-                outs.append(h._ref)
-                results.append(h)
-            else:
-                results.append(leaf)
+        results, outs, out_spec = handles_for(fake_out, mesh, engine, stream)
         ISSUER.issue(engine, mesh._shape, ("fn", ISSUER.next_seq(), self._fn, template, outs))
         return pytree.tree_unflatten(results, out_spec)
 

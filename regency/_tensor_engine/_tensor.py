@@ -281,6 +281,25 @@ class MeshSliceTensor:
         return to_mesh_one(self.tensor, self.slicing, mesh, stream)
 
 
+def handles_for(
+    fake_out: Any, mesh: Any, engine: Engine, stream: Stream
+) -> tuple[list[Any], list[int], Any]:
+    """What a remote computation returns, from its output on fake tensors: a new handle for
+    each tensor leaf (the other leaves as they are), the handles' refs (where the workers
+    put the results), and the pytree spec to rebuild the output from the first list."""
+    leaves, out_spec = pytree.tree_flatten(fake_out)
+    results: list[Any] = []
+    outs: list[int] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            h = Tensor(leaf, mesh, engine, stream)
+            outs.append(h._ref)
+            results.append(h)
+        else:
+            results.append(leaf)
+    return results, outs, out_spec
+
+
 def same_place(a: Any, b: Any) -> bool:
     """Two meshes are the same place when they cover the same procs (labels aside)."""
     return bool(a is b or (a._procs == b._procs and a._shape.ranks == b._shape.ranks))
