@@ -2,9 +2,12 @@
 
 ``configure(**settings)`` takes Regency's own keys (see :class:`regency.core.Config`) and the
 keys of Monarch's ``configure`` that mean something here, translated: durations may be
-Monarch's strings (``"30s"``, ``"1m 30s"``, ``"500ms"``) or seconds. A Monarch key that has
+Monarch's strings (``"30s"``, ``"1m 30s"``, ``"500ms"``) or seconds. ``get_global_config``
+reports those Monarch keys back under their names, in Monarch's form. A Monarch key that has
 no meaning in Regency raises ``TypeError`` naming it and saying why, instead of being
-ignored: a setting that silently does nothing is worse than an error.
+ignored: a setting that silently does nothing is worse than an error. A key that neither
+has raises :class:`UnknownConfigKeyError` (a ``ValueError``, as Monarch raises, and a
+``TypeError``).
 """
 
 from __future__ import annotations
@@ -12,23 +15,27 @@ from __future__ import annotations
 import contextlib
 import difflib
 import enum
+import fractions
 import functools
 import inspect
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import attrs
 
-from .core._config import Config, current_config, overridden
+from .core._config import Config, UnknownConfigKeyError, current_config, overridden
 from .core._config import configure as _configure_native
 from .core._config import reset_overrides as _reset_overrides
 from .core._config import runtime_overrides as _runtime_overrides
 
 __all__ = [
     "ChannelTransport",
+    "DurationFormatError",
     "Encoding",
+    "UnknownConfigKeyError",
     "clear_runtime_config",
     "configure",
     "configured",
@@ -85,50 +92,99 @@ class Encoding(enum.Enum):
     Multipart = 2
 
 
-_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "sec": 1.0,
-    "secs": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "mins": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hrs": 3600.0,
-    "d": 86400.0,
+class DurationFormatError(TypeError, ValueError):
+    """A duration string that does not parse (``"30"``, ``"soon"``). A ``TypeError``, as
+    Monarch's ``configure`` raises for it, and a ``ValueError``, as for any other bad value
+    here, so either ``except`` catches it. The message starts "Invalid duration format", as
+    Monarch's does, and names the key."""
+
+
+_NS_PER_S = 1_000_000_000
+#: Nanoseconds per unit, with every spelling of Monarch's (humantime's) parser. A month is
+#: 30.44 days and a year 365.25 days, as there.
+_UNITS: dict[str, int] = {
+    **dict.fromkeys(("ns", "nsec", "nanos"), 1),
+    **dict.fromkeys(("us", "µs", "usec"), 1_000),
+    **dict.fromkeys(("ms", "msec", "millis"), 1_000_000),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), _NS_PER_S),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60 * _NS_PER_S),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3_600 * _NS_PER_S),
+    **dict.fromkeys(("d", "day", "days"), 86_400 * _NS_PER_S),
+    **dict.fromkeys(("w", "wk", "wks", "week", "weeks"), 7 * 86_400 * _NS_PER_S),
+    **dict.fromkeys(("M", "month", "months"), 2_630_016 * _NS_PER_S),
+    **dict.fromkeys(("y", "yr", "yrs", "year", "years"), 31_557_600 * _NS_PER_S),
 }
-_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zµ]+)\s*")
+_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")
+_UNIT = re.compile(r"[A-Za-zµ]+")
+
+
+def _bad_duration(key: str, value: str, reason: str) -> DurationFormatError:
+    return DurationFormatError(
+        f"Invalid duration format for {key}: {value!r} ({reason}); give a duration such as "
+        "'30s', '1m 30s' or '500ms', or a number of seconds"
+    )
 
 
 def parse_duration(key: str, value: Any) -> float:
-    """Seconds from a number or a Monarch duration string (``"1m 30s"``, ``"250ms"``)."""
-    if isinstance(value, bool):
+    """Seconds from a number or a Monarch duration string: numbers with units, summed
+    (``"1m 30s"``, ``"1h30m"``, ``"1.5s"``, ``"250ms"``), with the units of Monarch's parser.
+    Numbers (seconds) are Regency's own addition: Monarch takes strings only."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TypeError(
             f"{key} must be a duration such as '30s' or a number of seconds (got {value!r})"
         )
-    if isinstance(value, int | float):
-        return float(value)
     if not isinstance(value, str):
-        raise TypeError(
-            f"{key} must be a duration such as '30s' or a number of seconds (got {value!r})"
+        return float(value)
+    if not value.strip():
+        raise _bad_duration(key, value, "value was empty")
+    pos, total = 0, fractions.Fraction(0)
+    while pos < len(value) and not value[pos:].isspace():
+        number = _NUMBER.match(value, pos)
+        if number is None:
+            raise _bad_duration(key, value, f"expected a number at {pos}")
+        unit = _UNIT.match(value, number.end())
+        if unit is None:
+            if number.end() == len(value):
+                raise _bad_duration(key, value, "time unit needed")
+            raise _bad_duration(key, value, f"expected a time unit at {number.end()}")
+        if unit.group() not in _UNITS:
+            raise _bad_duration(key, value, f"unknown time unit {unit.group()!r}")
+        total += fractions.Fraction(number.group(1)) * _UNITS[unit.group()]
+        pos = unit.end()
+    if total.denominator != 1:
+        raise _bad_duration(key, value, "values below 1ns are not supported")
+    return total.numerator / _NS_PER_S
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as Monarch's ``get_global_config`` writes it (humantime's form): from
+    years down to nanoseconds, each non-zero part once, largest first: 90 s is
+    ``"1m 30s"``, 1.5 s ``"1s 500ms"``, 2 days ``"2days"``, 0 ``"0s"``."""
+    total = round(seconds * _NS_PER_S)
+    if total <= 0:
+        return "0s"
+    secs, nanos = divmod(total, _NS_PER_S)
+    years, secs = divmod(secs, 31_557_600)
+    months, secs = divmod(secs, 2_630_016)
+    days, secs = divmod(secs, 86_400)
+    hours, secs = divmod(secs, 3_600)
+    minutes, secs = divmod(secs, 60)
+    millis, nanos = divmod(nanos, 1_000_000)
+    micros, nanos = divmod(nanos, 1_000)
+    parts = [
+        f"{n}{name}{'s' if n > 1 else ''}"
+        for n, name in ((years, "year"), (months, "month"), (days, "day"))
+        if n
+    ]
+    parts += [
+        f"{n}{unit}"
+        for n, unit in (
+            (hours, "h"), (minutes, "m"), (secs, "s"), (millis, "ms"), (micros, "us"),
+            (nanos, "ns"),
         )
-    pos, total = 0, 0.0
-    text = value.strip()
-    while pos < len(text):
-        part = _PART.match(text, pos)
-        if part is None or part.group(2) not in _UNITS:
-            raise ValueError(
-                f"{key} must be a duration such as '30s', '1m 30s' or '500ms' (got {value!r})"
-            )
-        total += float(part.group(1)) * _UNITS[part.group(2)]
-        pos = part.end()
-    if not text:
-        raise ValueError(f"{key} must be a duration such as '30s' (got an empty string)")
-    return total
+        if n
+    ]
+    return " ".join(parts)
 
 
 def _same(name: str) -> Callable[[str, Any], tuple[str, Any]]:
@@ -214,6 +270,41 @@ _MONARCH_KEYS: dict[str, Callable[[str, Any], tuple[str, Any]]] = {
     "max_cast_dimension_size": _same("cast_fanout"),
 }
 
+def _duration(name: str) -> Callable[[Config], Any]:
+    def read(config: Config) -> Any:
+        seconds: float = getattr(config, name)
+        # Monarch has no form for an unbounded duration; such a setting reads as seconds.
+        return format_duration(seconds) if math.isfinite(seconds) else seconds
+
+    return read
+
+
+def _field(name: str) -> Callable[[Config], Any]:
+    return lambda config: getattr(config, name)
+
+
+#: What :func:`get_global_config` reports under Monarch's names, in Monarch's form (durations
+#: as Monarch writes them), read from the Regency setting each one sets. Monarch's keys that
+#: are also Regency's names and values (``tail_log_lines``, ...) need no entry;
+#: ``cleanup_timeout`` is Regency's name too, and reads in Monarch's form.
+_MONARCH_READS: dict[str, Callable[[Config], Any]] = {
+    "codec_max_frame_length": _field("max_frame_bytes"),
+    "message_delivery_timeout": _duration("delivery_timeout"),
+    "host_spawn_ready_timeout": _duration("spawn_timeout"),
+    "mesh_proc_spawn_max_idle": _duration("spawn_timeout"),
+    "process_exit_timeout": _duration("stop_timeout"),
+    "stop_actor_timeout": _duration("stop_timeout"),
+    "mesh_terminate_timeout": _duration("stop_timeout"),
+    "cleanup_timeout": _duration("cleanup_timeout"),
+    "supervision_watchdog_timeout": _duration("heartbeat_timeout"),
+    "mesh_attach_config_timeout": _duration("attach_timeout"),
+    "mesh_orphan_timeout": _duration("worker_lease"),
+    "mesh_bootstrap_enable_pdeathsig": lambda config: True,
+    "rdma_disable_ibverbs": lambda config: config.rdma_backend == "tcp",
+    "rdma_allow_tcp_fallback": lambda config: config.rdma_backend != "ibverbs",
+    "max_cast_dimension_size": _field("cast_fanout"),
+}
+
 #: Monarch's keys that have no meaning in Regency, and why.
 _NOT_HERE = {
     "message_ack_time_interval": "acknowledgement cadence is internal to delivery sessions",
@@ -236,6 +327,19 @@ _NOT_HERE = {
     "prefix_with_rank": "forwarded lines always carry their rank",
     "actor_spawn_max_idle": "spawn_timeout bounds a spawn",
     "get_actor_state_max_idle": "Regency has no actor-state query",
+    "proc_stop_max_idle": "stop_timeout bounds stopping a proc",
+    "get_proc_state_max_idle": "Regency has no proc-state query",
+    "mesh_admin_addr": "Regency has no mesh admin server; regency.serve_dashboard(port, "
+    "host=...) takes the dashboard's address",
+    "pyspy_bin": "procs report their own stacks (regency.stacks()); no py-spy runs",
+    **dict.fromkeys(
+        (
+            "rdma_max_chunk_size_mb", "rdma_ibverbs_target", "rdma_peer_device_affinity",
+            "rdma_max_nics_per_buffer", "rdma_min_stripe_size_kb", "rdma_qps_per_cq",
+            "rdma_cq_poller_per_device", "rdma_runtime_worker_threads",
+        ),
+        "Regency's RDMA has no such setting; rdma_backend picks how bytes move (docs/rdma.md)",
+    ),
 }
 
 
@@ -247,6 +351,7 @@ def _translate(settings: dict[str, Any]) -> dict[str, Any]:
         )
     native = {f.name for f in attrs.fields(Config)}
     out: dict[str, Any] = {}
+    set_by: dict[str, str] = {}  # Regency's key -> the key given for it
     for key, value in settings.items():
         if key in _MONARCH_KEYS:
             name, translated = _MONARCH_KEYS[key](key, value)
@@ -254,9 +359,8 @@ def _translate(settings: dict[str, Any]) -> dict[str, Any]:
                 continue  # a setting Regency always has (checked above)
             if name not in native:
                 raise TypeError(f"configuration key {key!r} is not available in this build")
-            out[name] = translated
         elif key in native:
-            out[key] = value
+            name, translated = key, value
         elif key in _NOT_HERE:
             raise TypeError(
                 f"configuration key {key!r} is Monarch's and does not apply to Regency: "
@@ -266,7 +370,17 @@ def _translate(settings: dict[str, Any]) -> dict[str, Any]:
             valid = sorted(native | set(_MONARCH_KEYS))
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"unknown configuration key {key!r}{hint}; valid keys: {valid}")
+            raise UnknownConfigKeyError(
+                f"unknown configuration key {key!r}{hint}; valid keys: {valid}"
+            )
+        if name in out and out[name] != translated:
+            other = set_by[name]
+            raise ValueError(
+                f"{other}={settings[other]!r} and {key}={value!r} both set Regency's "
+                f"{name}, to different values; give one of them"
+            )
+        out[name] = translated
+        set_by[name] = key
     return out
 
 
@@ -285,13 +399,15 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
 
 
 def get_global_config() -> dict[str, Any]:
-    """Every setting in effect (configured, from ``REGENCY_*`` variables, or default), and
-    Monarch's RDMA switches as they follow from ``rdma_backend`` (Monarch programs and test
-    helpers read ``rdma_disable_ibverbs`` and ``rdma_allow_tcp_fallback`` back)."""
-    settings = attrs.asdict(current_config())
-    backend = settings["rdma_backend"]
-    settings["rdma_disable_ibverbs"] = backend == "tcp"
-    settings["rdma_allow_tcp_fallback"] = backend != "ibverbs"
+    """Every setting in effect (configured, from ``REGENCY_*`` variables, or default) under
+    Regency's names, and the Monarch keys that mean something here under Monarch's names and
+    in Monarch's form (``"process_exit_timeout": "5s"``, ``"supervision_watchdog_timeout":
+    "1m 30s"``), read from the Regency setting each one sets. Monarch programs and test
+    helpers read these back. ``cleanup_timeout``, a name both share, reads as Monarch's
+    ``"3s"``; ``current_config().cleanup_timeout`` has the seconds."""
+    config = current_config()
+    settings = attrs.asdict(config)
+    settings.update({key: read(config) for key, read in _MONARCH_READS.items()})
     return settings
 
 

@@ -299,16 +299,25 @@ def current_config() -> Config:
     return _current
 
 
+class UnknownConfigKeyError(ValueError, TypeError):
+    """A configuration key that is no setting (``regency.config`` also takes Monarch's keys).
+    A ``ValueError``, as Monarch's ``configure`` raises, and a ``TypeError``, as for an
+    unknown keyword argument, so either ``except`` catches it. The message names the key
+    and lists the valid ones."""
+
+
 def configure(**settings: Any) -> None:
     """Set configuration for this process and the procs it spawns from now on.
 
-    Unknown keys raise ``TypeError`` naming them and the valid keys.
+    Unknown keys raise :class:`UnknownConfigKeyError` naming them and the valid keys.
     """
     global _current
     valid = {f.name for f in attrs.fields(Config)}
     unknown = sorted(set(settings) - valid)
     if unknown:
-        raise TypeError(f"unknown configuration keys {unknown}; valid keys: {sorted(valid)}")
+        raise UnknownConfigKeyError(
+            f"unknown configuration keys {unknown}; valid keys: {sorted(valid)}"
+        )
     candidate = {**_overrides, **settings}
     Config(**{**_from_env(), **candidate})  # validate before committing
     _overrides.update(settings)
