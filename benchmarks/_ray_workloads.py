@@ -1,4 +1,4 @@
-"""Issue #13's five workloads on Ray, for ``benchmarks/side_by_side.py``.
+"""The five side-by-side workloads of docs/performance.md on Ray, for ``benchmarks/side_by_side.py``.
 
 Run it with a Python that has ``ray`` (a venv outside this repo; Ray is not a dependency of
 Regency): ``python benchmarks/_ray_workloads.py [--rounds N]``. It prints one JSON object:

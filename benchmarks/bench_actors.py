@@ -1,4 +1,4 @@
-"""Actor figures of issues #2 and #13, measured end to end with real processes.
+"""Actor figures, measured end to end with real processes.
 
 Run through ``make bench`` (``benchmarks/run.py``), or directly:
 ``python -m benchmarks.bench_actors``. ``python -m benchmarks.bench_actors --compare [BLOCKS]``

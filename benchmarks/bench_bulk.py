@@ -1,4 +1,4 @@
-"""Big arguments between procs of one host: the shared-memory lane on and off (issue #13).
+"""Big arguments between procs of one host: the shared-memory lane on and off.
 
 ``python -m benchmarks.bench_bulk --frames [BLOCKS]`` measures the transport alone: a forked
 process echoes raw frames of a few sizes over one unix-socket connection, big frames going

@@ -1,4 +1,4 @@
-"""Casting trees (issue #17). ``python -m benchmarks.bench_casting [--sim] [--real]``.
+"""Casting trees. ``python -m benchmarks.bench_casting [--sim] [--real]``.
 
 * frames the controller sends per ``broadcast`` to 1,024 simulated procs, and receives per
   ``call()`` over them, with the tree (the default) and with the direct path

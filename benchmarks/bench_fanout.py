@@ -1,7 +1,7 @@
 """The controller's own CPU for one endpoint call, without sockets or other processes:
 issuing it (arguments, reply handler, port, one CALL frame per rank encoded and handed to a
 connected outbox) and taking its replies (decode, port, reply handler, future), for
-``call_one`` and for ``call`` over a 4-rank mesh (issue #13's pipelined and mesh figures).
+``call_one`` and for ``call`` over a 4-rank mesh (the pipelined and mesh figures of docs/performance.md).
 
 CPU time of this thread, best of several rounds (``benchmarks/bench_dispatch.py`` measures
 the parts one by one). Run ``python -m benchmarks.bench_fanout``; ``--callgrind N [one|four]``

@@ -1,4 +1,4 @@
-"""Job figures of issue #16 on a real single-node SLURM (root; installs SLURM when missing).
+"""Job figures on a real single-node SLURM (root; installs SLURM when missing).
 ``python -m benchmarks.bench_jobs``. Each controller is a fresh process, as in real use."""
 
 from __future__ import annotations

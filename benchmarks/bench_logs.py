@@ -1,4 +1,4 @@
-"""Log forwarding (issue #15): what it costs.
+"""Log forwarding: what it costs.
 
 * lines per second from 4 procs to the controller's sink (each proc prints as fast as it
   can; timed until the flush barrier confirms every line was printed at the controller);

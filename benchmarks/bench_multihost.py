@@ -1,4 +1,4 @@
-"""Multi-host figures of issue #6, between Linux network namespaces on this machine (root
+"""Multi-host figures, between Linux network namespaces on this machine (root
 needed). ``python -m benchmarks.bench_multihost``; ``... --transports`` only compares the
 transports between hosts (tcp, nng+tcp, nng+tls+tcp)."""
 

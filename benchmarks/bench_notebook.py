@@ -1,4 +1,4 @@
-"""Regency in a real Jupyter kernel (issue #18), driven through nbclient as JupyterLab drives
+"""Regency in a real Jupyter kernel, driven through nbclient as JupyterLab drives
 it. ``python -m benchmarks.bench_notebook`` (needs the ``dev`` extra: nbclient, ipykernel).
 
 Times inside the kernel are taken by the cell itself (``time.perf_counter``); the interrupt

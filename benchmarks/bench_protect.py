@@ -1,4 +1,4 @@
-"""The cost of frame protection on tcp:// links (issue 11): ``call_one`` round trip,
+"""The cost of frame protection on tcp:// links: ``call_one`` round trip,
 pipelined rate, and 1 MiB and 64 MiB arguments, with every frame sealed (AES-256-GCM, the
 default) and in the clear (``tcp_protection="off"``), plus the raw record-layer and TLS 1.3
 throughput that decided the design. ``python -m benchmarks.bench_protect``.

@@ -1,4 +1,4 @@
-"""RDMA-buffer figures of issue #5, measured between real processes of one host.
+"""RDMA-buffer figures, measured between real processes of one host.
 
 Run through ``make bench`` (``benchmarks/run.py``), or directly: ``python -m
 benchmarks.bench_rdma``. The owner of each buffer is a spawned proc; the reader or writer is

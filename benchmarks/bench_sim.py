@@ -1,4 +1,4 @@
-"""Simulator figures (issues #4 and #10). ``python -m benchmarks.bench_sim [HOSTS]``.
+"""Simulator figures. ``python -m benchmarks.bench_sim [HOSTS]``.
 
 * scale: N hosts x 8 simulated procs spawn an actor mesh, answer a ``call()``, survive a host
   crash and answer again;

@@ -1,4 +1,4 @@
-"""Failure detection of issue #3: time from ``kill -9`` of a busy proc to the error at the
+"""Failure detection: time from ``kill -9`` of a busy proc to the error at the
 caller, and to the owner's ``__supervise__``. ``python -m benchmarks.bench_supervision``."""
 
 from __future__ import annotations

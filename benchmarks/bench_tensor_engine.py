@@ -1,4 +1,4 @@
-"""Tensor-engine figures of issue #14, on real procs of this host (CPU, gloo).
+"""Tensor-engine figures, on real procs of this host (CPU, gloo).
 
 * remote ops issued per second: a loop of small elementwise ops on 4 procs, counted at the
   controller (issue rate) and until the last result is fetched (completion rate);

@@ -42,27 +42,27 @@ def main() -> None:
         f"{os.cpu_count()} cores"
     )
     regency.actor.unhandled_fault_hook = lambda failure: None  # benchmarks kill procs
-    _table("Actors (issue #2)", bench_actors.run())
-    _table("Runtime cost per message, one thread's CPU (issue #10)", bench_dispatch.run())
-    _table("The controller's CPU for one call, without sockets (issue #13)", bench_fanout.run())
+    _table("Actors", bench_actors.run())
+    _table("Runtime cost per message, one thread's CPU", bench_dispatch.run())
+    _table("The controller's CPU for one call, without sockets", bench_fanout.run())
     print("\n### Transports: 64-byte frames between two processes\n")
     print("| transport | round trip | pipelined | client CPU per trip |")
     print("|---|---|---|---|")
     for scheme, us, rate, cpu in bench_transports.run():
         print(f"| {scheme} | {us:,.1f} us | {rate:,.0f} frames/s | {cpu:,.0f} us |")
-    _table("Supervision (issue #3)", bench_supervision.run())
+    _table("Supervision", bench_supervision.run())
     _table("Introspection: stacks of a 64-proc job", bench_introspection.run())
     try:
         from benchmarks import bench_rdma
     except ImportError as exc:
         print(f"\n(RDMA figures skipped: {exc})")
     else:
-        _table("RDMA buffers (issue #5)", bench_rdma.run())
-    _table("Multi-host between network namespaces (issue #6)", bench_multihost.run())
-    _table("Frame protection on tcp:// (issue 11)", bench_protect.run())
-    _table("Simulator (issue #4)", bench_sim.run())
-    _table("Log forwarding and the debugger's driver (issue #15)", bench_logs.run())
-    _table("Jobs on a real single-node SLURM (issue #16)", bench_jobs.run())
+        _table("RDMA buffers", bench_rdma.run())
+    _table("Multi-host between network namespaces", bench_multihost.run())
+    _table("Frame protection on tcp://", bench_protect.run())
+    _table("Simulator", bench_sim.run())
+    _table("Log forwarding and the debugger's driver", bench_logs.run())
+    _table("Jobs on a real single-node SLURM", bench_jobs.run())
     try:
         import ipykernel  # noqa: F401
         import nbclient  # noqa: F401
@@ -71,15 +71,15 @@ def main() -> None:
     else:
         from benchmarks import bench_notebook
 
-        _table("Jupyter kernel, through nbclient (issue #18)", bench_notebook.run())
+        _table("Jupyter kernel, through nbclient", bench_notebook.run())
     try:
         from benchmarks import bench_tensor_engine
     except ImportError as exc:
         print(f"\n(tensor-engine figures skipped: {exc})")
     else:
-        _table("Tensor engine, CPU and gloo (issue #14)", bench_tensor_engine.run())
+        _table("Tensor engine, CPU and gloo", bench_tensor_engine.run())
     # GPU memory through regency.rdma: prints "no GPU" and nothing else without CUDA.
-    print("\n### RDMA buffers of GPU memory, two processes of one host (issue #5)\n")
+    print("\n### RDMA buffers of GPU memory, two processes of one host\n")
     from benchmarks import bench_gpu
 
     bench_gpu.main(["--sizes", "4K,1M,64M", "--runs", "6"])

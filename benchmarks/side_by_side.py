@@ -1,4 +1,4 @@
-"""Issue #13's five workloads, against Regency and Monarch 0.7 in the same run.
+"""The five side-by-side workloads of docs/performance.md, against Regency and Monarch 0.7 in the same run.
 
 ``python -m benchmarks.side_by_side`` (or ``python benchmarks/side_by_side.py``) runs each
 workload in fresh interpreters of both runtimes, one after the other, and prints a markdown

@@ -173,7 +173,7 @@ def _leftover_dirs(tmp: str, before: set[str], started: float, keep: set[str]) -
 
 @pytest.fixture(autouse=True, scope="session")
 def _nothing_left_behind() -> Iterator[None]:
-    """Issue 31: every fixture removes what it creates and waits for what it starts. At the
+    """Every fixture removes what it creates and waits for what it starts. At the
     end of the session (after every other fixture), the run fails if it left anything:
     directories in the temporary directory (see :func:`_leftover_dirs`), or children of
     this process, running or zombies. Only what this run made counts: directories made

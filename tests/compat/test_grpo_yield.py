@@ -1,5 +1,5 @@
 """Monarch's ``grpo_yield.py`` example (examples/monarch/, unchanged but for its imports)
-runs on Regency, every time (issue 31, item 1): four generators flood one scorer's channel
+runs on Regency, every time: four generators flood one scorer's channel
 from ``asyncio.create_task`` loops that yield only with ``await asyncio.sleep(0)``, the
 scorer and the reference model loop on ``await recv.recv()``, the trainer pushes weights
 with ``send(..., selection="choose")`` and drains the pool. It used to hang: the scorer's

@@ -1,4 +1,4 @@
-"""Monarch 0.7 tests that failed on Regency (issue 30): Monarch's ``mesh_attach_config_timeout``
+"""Monarch 0.7 tests that failed on Regency: Monarch's ``mesh_attach_config_timeout``
 and ``mesh_orphan_timeout`` keys, ``ActorInstance.creator``, and the per-user job secret
 ``~/.regency/secret`` that workers and a controller of one user share without
 ``REGENCY_SECRET``."""

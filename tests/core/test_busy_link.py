@@ -1,4 +1,4 @@
-"""A busy proc keeps its links (issue 31, item 3).
+"""A busy proc keeps its links.
 
 A proc whose Python code holds the GIL in one long C call answers nothing: no heartbeat, no
 acknowledgement, no handshake for a new connection. Its spawner's watchdog already tells

@@ -1,5 +1,5 @@
 """Back-pressure: a port flooded by a fast producer never grows a sender's memory without
-bound and never loses a message (issue 31, item 2).
+bound and never loses a message.
 
 A session keeps at most ``send_window`` frames in flight (``core/_delivery.py``); what is
 queued beyond waits in the sender, at most ``send_buffer_bytes`` of it. Past that a thread

@@ -1,4 +1,4 @@
-"""Issue 11 (security and robustness) on one host: the secret stays out of procs'
+"""Security and robustness on one host: the secret stays out of procs'
 environments, a value that fails to unpickle fails one call only, long C calls are not hangs,
 and large frames leave no memory behind."""
 

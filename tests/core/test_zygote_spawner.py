@@ -1,4 +1,4 @@
-"""Issue 31, item 4: a zygote whose spawner dies just before or just after the zygote starts
+"""A zygote whose spawner dies just before or just after the zygote starts
 removes the spawner's job directory at once and exits (it used to record init as its parent,
 wait 10 s on its way out and leave the directory behind).
 

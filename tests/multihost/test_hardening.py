@@ -1,4 +1,4 @@
-"""Issue 11 (security and robustness) against real workers in network namespaces: an on-path
+"""Security and robustness against real workers in network namespaces: an on-path
 relay cannot inject frames, unauthenticated connections cannot starve a worker of
 descriptors, leases survive a paused worker and a lapsed controller is told, reserved ports
 stay reserved, and a worker serving many controllers in a row stays flat."""

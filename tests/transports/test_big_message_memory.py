@@ -1,5 +1,5 @@
 """A proc gives back the memory of a big message once it has handled it, whatever reads its
-connection (issue 31, item 5): an idle proc used to keep about twice its last big message
+connection: an idle proc used to keep about twice its last big message
 (the last call, held by the actor's mailbox loop and its driver, and the reader's big
 receive buffer, never released while an idle actor thread led the connection) until its
 next message. Measured on the receiving proc, from ``/proc/PID/status``; and on the
@@ -30,7 +30,7 @@ MiB = 1 << 20
 BIG = 200 * 1000 * 1000  # the report's 200 MB argument
 #: Back near the baseline: what a proc may keep above it once idle.
 SLACK = 60 * MiB
-#: Within this long after the reply (issue 31: 2 s), plus a little on a loaded machine.
+#: Within this long after the reply (2 s), plus a little on a loaded machine.
 WITHIN = 2.0
 LOADED = 1.5
 

@@ -1,6 +1,6 @@
 """Memory on the socket transport follows the bytes: a peer's length header does not make the
-receiver allocate, and large frames leave nothing behind once delivered (issue 11, items 3
-and 4). Real sockets; the measure is this process's resident set."""
+receiver allocate, and large frames leave nothing behind once delivered. Real
+sockets; the measure is this process's resident set."""
 
 from __future__ import annotations
 
