@@ -68,6 +68,7 @@ class ActorMesh(MeshAlgebra, Generic[A]):
                 shape.sizes,
                 tuple((a,) for a in addresses),
                 tuple((r,) for r in shape.ranks),
+                f"{self._cls.__module__}.{self._cls.__qualname__}",
             )
             self._cached_route = route
         return route

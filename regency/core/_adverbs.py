@@ -157,9 +157,10 @@ class Endpoint(Generic[P, R]):
             if failure is not None:
                 who, cause = failure
                 why = f": {cause.summary}" if cause is not None else ""
+                # Monarch's wording (``failure on mesh "name" at rank R with event: ...``).
                 raise SupervisionError(
-                    f"actor mesh {self._mesh._name} has failed at rank {ranks[local]}{why} "
-                    f"(The actor {who} and all its descendants have failed)"
+                    f"failure on mesh \"{self._mesh._name}\" at rank {ranks[local]} with event: "
+                    f"The actor {who} and all its descendants have failed{why}"
                 )
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
@@ -201,6 +202,7 @@ class Endpoint(Generic[P, R]):
             route.addresses,
             route.all_dests,
             once_per_rank=once_per_rank,
+            route=route,
         )
         local_ranks = range(len(route.addresses))
         port = rt.open_port(handler)
@@ -240,7 +242,7 @@ class Endpoint(Generic[P, R]):
         route = mesh._cached_route or mesh._route()
         fut = OneReply(
             self.qualname, route.one_rank[local], route.one_address[local],
-            route.dest_sets[local],
+            route.dest_sets[local], route, local,
         )
         port = rt.open_port(fut)
         trace = rt.trace

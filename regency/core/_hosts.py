@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import attrs
 import trio
 
 from . import _controller, _current
@@ -22,6 +23,7 @@ from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._hostlinks import host_address, parse_host_address, remote_scheme
 from ._launcher import ProcHandle, ProcLauncher
+from ._proc_bind import RECORD_KEY
 from ._runtime import Runtime
 
 log = logging.getLogger("regency.hosts")
@@ -33,6 +35,33 @@ class HostRef(NamedTuple):
     worker: str
     hostname: str
     ip: str
+
+
+@attrs.define(eq=False)
+class MeshLife:
+    """What one ``HostMesh`` (shared by its slices) started and where it stands: the
+    addresses of the procs spawned through it (``stop()`` stops those alone), whether it was
+    shut down, and whether it is a reference (unpickled: it cannot be shut down or stopped).
+    ``ready`` resolves to True once its hosts are attached; ``error`` is why they are not."""
+
+    ready: Future[bool]
+    owned: bool = True
+    error: BaseException | None = None
+    shut_down: bool = False
+    procs: list[str] = attrs.Factory(list)
+
+    @classmethod
+    def attached(cls, owned: bool = True) -> MeshLife:
+        ready: Future[bool] = Future()
+        ready.set_result(True)
+        return cls(ready, owned)
+
+    def check_usable(self) -> None:
+        """Raise why this mesh cannot be used: shut down, or its attach failed."""
+        if self.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+        if self.error is not None:
+            raise type(self.error)(str(self.error))
 
 
 class _Reply:
@@ -67,6 +96,8 @@ class _Hosts:
         #: Our multi-host listeners by (scheme, interface address): their addresses.
         self.listening: dict[tuple[str, str], str] = {}
         self.launchers: dict[str, WorkerLauncher] = {}
+        #: Every worker this runtime attached to, attached now or not: ours to attach again.
+        self.known: dict[str, HostRef] = {}
         #: Workers that dropped us (our lease ran out there), with their word for why.
         self.lapsed: dict[str, str] = {}
         rt.extensions[M.Exited] = self._exited
@@ -108,10 +139,99 @@ class _Hosts:
         self, worker: str, message: Callable[[M.PortRef], M.Wire], what: str, timeout: float
     ) -> Any:
         """Send ``message(reply port)`` to a worker and wait for the reply (not on the loop)."""
+        return self.ask(worker, message, what).get(timeout)
+
+    def ask(self, worker: str, message: Callable[[M.PortRef], M.Wire], what: str) -> Future[Any]:
+        """Send ``message(reply port)`` to a worker; the future of its reply."""
         fut: Future[Any] = Future()
         port = self.rt.open_port(_Reply(fut, what, worker))
         self.rt.post(worker, message(port))
-        return fut.get(timeout)
+        return fut
+
+    def attach(self, workers: Sequence[str], lease: float, what: str) -> list[HostRef]:
+        """Attach to ``workers`` at once (each has ``attach_timeout`` to answer) and
+        register them; raise the first failure, naming its worker (not on the loop)."""
+        import time
+
+        timeout = self.rt.config.attach_timeout
+        asked = [
+            (
+                address,
+                self.ask(
+                    address,
+                    functools.partial(M.Attach, self.rt.address, lease),
+                    f"{what}: attach failed: the worker at {address}",
+                ),
+            )
+            for address in workers
+        ]
+        deadline = time.monotonic() + timeout
+        refs, failure = [], None
+        for address, fut in asked:
+            try:
+                hostname, ip, ports = fut.get(max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                failure = failure or ConnectionError(
+                    f"{what}: attach failed: config push failed during attach: the worker at "
+                    f"{address} did not answer within {timeout:g} s (attach_timeout)"
+                )
+                continue
+            except SupervisionError as exc:
+                failure = failure or ConnectionError(
+                    f"{what}: attach failed: cannot reach the worker at {address}: {exc}"
+                )
+                continue
+            except ConnectionError as exc:
+                failure = failure or exc
+                continue
+            ref = HostRef(address, hostname, ip)
+            self.lapsed.pop(address, None)
+            self.workers[address] = self.known[address] = ref
+            self.ports[address] = deque(ports)
+            refs.append(ref)
+        if failure is not None:
+            raise failure
+        return refs
+
+    def listen_towards(self, first: str) -> None:
+        """With no worker attached: make sure our procs on other hosts can reach us, by
+        listening on the interface that routes to ``first`` (a worker's address), on the
+        job's host transport, and making that our address from now on (shutting the last
+        host down made it the local one again). Not on the loop."""
+        if self.workers:
+            return
+        rt = self.rt
+        if first.startswith("unix://"):
+            # A unix-socket worker is on this machine: its procs listen on 127.0.0.1.
+            self.scheme = remote_scheme(rt.config.default_transport, "tcp://127.0.0.1:1")
+            where = (self.scheme, "127.0.0.1")
+        else:
+            self.scheme = remote_scheme(rt.config.default_transport, first)
+            _, first_host, first_port = parse_host_address(first, "worker addresses")
+            where = (self.scheme, _local_ip_towards(first_host, first_port))
+        if where in self.listening:
+            trio.from_thread.run_sync(
+                setattr, rt, "address", self.listening[where], trio_token=rt.token
+            )
+        else:
+            self.listening[where] = trio.from_thread.run(
+                rt.listen_also, host_address(*where, 0), trio_token=rt.token
+            )
+
+    def ensure_attached(self, refs: Sequence[HostRef]) -> None:
+        """Attach again to those of ``refs`` this runtime detached from (``stop()`` lets a
+        worker go once none of our procs is left on it)."""
+        missing = [ref.worker for ref in refs if ref.worker not in self.workers]
+        if not missing:
+            return
+        if self.rt.on_runtime_thread():
+            raise RuntimeError(
+                f"the workers at {', '.join(missing)} were let go (HostMesh.stop()); "
+                "spawn on them again from a sync endpoint or the controller"
+            )
+        missing = list(dict.fromkeys(missing))
+        self.listen_towards(missing[0])
+        self.attach(missing, self.lease, "spawn_procs")
 
     def take_ports(self, worker: str, count: int) -> list[int]:
         lapsed = self.lapsed.get(worker)
@@ -290,9 +410,12 @@ def attach_to_workers(
     ``secret`` (else ``REGENCY_SECRET``) must be the workers' job secret; it becomes this
     process's job secret, so call this before anything else starts Regency here. ``lease``:
     seconds a worker keeps our procs alive without hearing from us (default: the
-    ``worker_lease`` setting, Monarch's ``mesh_orphan_timeout``). Each worker has the
-    ``attach_timeout`` setting (Monarch's ``mesh_attach_config_timeout``) to answer.
-    ``name`` names the mesh in errors.
+    ``worker_lease`` setting, Monarch's ``mesh_orphan_timeout``). The workers are asked at
+    once, and each has the ``attach_timeout`` setting (Monarch's
+    ``mesh_attach_config_timeout``) to answer; the call returns when all have answered or
+    that time is up. As in Monarch, a failed attach does not raise here: the mesh's
+    ``initialized`` and its first use raise it (``ConnectionError``, "attach failed",
+    naming the worker). ``name`` names the mesh in errors.
     """
     from ._proc_mesh import HostMesh
     from ._shape import Shape
@@ -353,48 +476,18 @@ def attach_to_workers(
         rt.start_soon(hosts.renew_leases)
     # Renewals come often enough for the shortest lease of any attachment.
     hosts.lease = min(hosts.lease, lease)
-    if not hosts.workers:
-        # Our procs on other hosts must be able to reach us: listen on the interface that
-        # routes to the first worker, on the job's host transport, and make that our address
-        # from now on (shutting the last host down made it the local one again).
-        first = workers[0]
-        if first.startswith("unix://"):
-            # A unix-socket worker is on this machine: its procs listen on 127.0.0.1.
-            hosts.scheme = remote_scheme(rt.config.default_transport, "tcp://127.0.0.1:1")
-            where = (hosts.scheme, "127.0.0.1")
-        else:
-            hosts.scheme = remote_scheme(rt.config.default_transport, first)
-            _, first_host, first_port = parse_host_address(first, "worker addresses")
-            where = (hosts.scheme, _local_ip_towards(first_host, first_port))
-        if where in hosts.listening:
-            trio.from_thread.run_sync(
-                setattr, rt, "address", hosts.listening[where], trio_token=rt.token
-            )
-        else:
-            hosts.listening[where] = trio.from_thread.run(
-                rt.listen_also, host_address(*where, 0), trio_token=rt.token
-            )
-    refs = []
-    for address in workers:
-        try:
-            hostname, ip, ports = hosts.request(
-                address,
-                functools.partial(M.Attach, rt.address, lease),
-                f"{what}: attaching to the worker at {address}",
-                rt.config.attach_timeout,
-            )
-        except TimeoutError:
-            raise ConnectionError(
-                f"{what}: the worker at {address} did not answer within "
-                f"{rt.config.attach_timeout:g} s (attach_timeout)"
-            ) from None
-        except SupervisionError as exc:
-            raise ConnectionError(f"{what}: cannot reach the worker at {address}: {exc}") from None
-        hosts.lapsed.pop(address, None)
-        hosts.workers[address] = HostRef(address, hostname, ip)
-        hosts.ports[address] = deque(ports)
-        refs.append(HostRef(address, hostname, ip))
-    return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs))
+    hosts.listen_towards(workers[0])
+    life = MeshLife(Future())
+    try:
+        refs = hosts.attach(workers, lease, what)
+    except ConnectionError as exc:
+        # As Monarch's: the mesh comes back, and its ``initialized`` and first use fail.
+        life.error = exc
+        life.ready.set_exception(type(exc)(str(exc)))
+        refs = [hosts.workers.get(a) or HostRef(a, "", "") for a in workers]
+    else:
+        life.ready.set_result(True)
+    return HostMesh(Shape.full(["hosts"], [len(refs)]), tuple(refs), None, life)
 
 
 class WorkerLauncher(ProcLauncher):
@@ -407,6 +500,9 @@ class WorkerLauncher(ProcLauncher):
         self.worker = host.worker
         #: Exit callbacks of the procs started here, by address.
         self._on_exit: dict[str, Callable[[int], None]] = {}
+        #: ``spawn_procs(proc_bind=...)``: the binding of procs planned and not launched yet,
+        #: by address; it travels in the LAUNCH record and the worker wraps the command.
+        self.binds: dict[str, dict[str, str]] = {}
 
     def address_for(self, proc_id: str) -> str:
         """A reserved port on the host (may ask the worker for more: not on the loop)."""
@@ -421,7 +517,11 @@ class WorkerLauncher(ProcLauncher):
     ) -> ProcHandle:
         rt = self._hosts.rt
         address = bootstrap["address"]
-        rt.post(self.worker, M.Launch(rt.address, [(dict(bootstrap), dict(env))]))
+        record = dict(bootstrap)
+        bind = self.binds.pop(address, None)
+        if bind is not None:
+            record[RECORD_KEY] = bind
+        rt.post(self.worker, M.Launch(rt.address, [(record, dict(env))]))
         self._on_exit[address] = on_exit
         return RemoteProcHandle(rt, self.worker, address)
 
@@ -437,7 +537,7 @@ class WorkerLauncher(ProcLauncher):
 def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
     """The launcher for a host of ``attach_to_workers``."""
     state: _Hosts | None = getattr(rt, "hosts", None)
-    if state is None or host.worker not in state.workers:
+    if state is None or host.worker not in state.known:
         raise LookupError(
             f"the host at {host.worker} is not attached to this process; attach_to_workers "
             "first (a host mesh from another process cannot start procs here)"
@@ -484,6 +584,45 @@ def shutdown_hosts(
         done.set_result(None)
 
     rt.start_soon(shutdown)
+    return done
+
+
+def stop_mesh_procs(rt: Runtime, life: MeshLife) -> Future[None]:
+    """``HostMesh.stop()``: stop the procs that this mesh (or a slice of it) started, and
+    nobody else's; then let go of each of its workers on which none of our procs is left (a
+    ``run_worker_loop_forever`` worker serves on, for this controller or another). A later
+    spawn on a mesh of those hosts attaches to them again."""
+    from ._children import _stop_procs
+
+    done: Future[None] = Future()
+    state: _Hosts | None = getattr(rt, "hosts", None)
+    addresses = list(dict.fromkeys(life.procs))
+    life.procs.clear()
+
+    async def stop() -> None:
+        workers = {
+            c.launcher.worker
+            for a in addresses
+            if (c := rt.children.get(a)) is not None and isinstance(c.launcher, WorkerLauncher)
+        }
+        stopped: Future[None] = Future()
+        await _stop_procs(rt, addresses, stopped)
+        if state is not None:
+            busy = {
+                c.launcher.worker
+                for c in rt.children.values()
+                if isinstance(c.launcher, WorkerLauncher) and c.returncode is None
+            }
+            for worker in workers - busy:
+                if state.workers.pop(worker, None) is not None:
+                    state.ports.pop(worker, None)
+                    try:
+                        rt.post(worker, M.Detach(rt.address, shutdown=False))
+                    except Exception:
+                        pass
+        done.set_result(None)
+
+    rt.start_soon(stop)
     return done
 
 

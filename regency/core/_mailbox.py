@@ -444,7 +444,15 @@ class ActorCell:
         actor handled before (``free``), read from no clock; its endpoint and reply port
         are read once, for the handler and the recorder alike. Nothing is formatted here:
         readers make records of the tuples (core/_stacks.py)."""
-        alive = self._init()
+        if self.threaded or not self._executor.runs_freely:
+            alive = self._init()
+        else:
+            # An all-async actor's ``__init__`` is synchronous and may block (on a call it
+            # makes, or for ever): it runs off the proc's loop, which goes on answering
+            # heartbeats and serving the proc's other actors (Monarch's
+            # test_run_forever_on_init). The simulator's executor runs it inline.
+            run = self._executor.run
+            alive = yield _Await(lambda: run(self._init))
         clock, record, now = self._clock, self.recent.append, self.now
         free = clock()  # when the actor last became free to take a message
         while alive:
@@ -1043,8 +1051,13 @@ class ActorCell:
         self._retire(failure)
 
     def _stopped_failure(self) -> RemoteFailure:
+        # Monarch's wording (``Supervision event: actor <...> has status: stopped``), then
+        # Regency's.
         return RemoteFailure(
-            "regency.SupervisionError", f"actor {self.name} rank {self.point.rank} was stopped", ""
+            "regency.SupervisionError",
+            f"Supervision event: actor {self.instance} has status: stopped "
+            f"(actor {self.name} rank {self.point.rank} was stopped)",
+            "",
         )
 
     def _stop(self, port: tuple[str, int] | None) -> Generator[Any, Any, None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import logging
+import math
 import os
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -18,8 +19,16 @@ from ._context import context, record_spawned
 from ._controller import current_runtime
 from ._endpoint import Actor, endpoints_of
 from ._future import Future, resolved
-from ._hosts import HostRef, shutdown_hosts, worker_launcher
+from ._hosts import (
+    HostRef,
+    MeshLife,
+    WorkerLauncher,
+    shutdown_hosts,
+    stop_mesh_procs,
+    worker_launcher,
+)
 from ._launcher import LocalLauncher
+from ._proc_bind import bind_command, check_proc_bind
 from ._replies import _Acks
 from ._shape import Extent, MeshAlgebra, Point, Shape
 from ._singletons import ensure_registry
@@ -36,12 +45,14 @@ class ProcMesh(MeshAlgebra):
     (``activate``, ``rank_tensor``) and ``logging_option`` run what the packages above core
     plugged in (:mod:`regency.core._extensions`)."""
 
-    __slots__ = ("_procs", "_ready", "_shape")
+    __slots__ = ("_procs", "_ready", "_shape", "_stopped")
 
     def __init__(
         self, procs: tuple[ProcRef, ...], shape: Shape, ready: Future[None] | None = None
     ) -> None:
         self._procs, self._shape, self._ready = procs, shape, ready
+        #: ``stop()`` was called on this object (as Monarch's ``ProcMesh._stopped``).
+        self._stopped = False
 
     @classmethod
     def _single(cls, proc_id: str, address: str) -> ProcMesh:
@@ -61,6 +72,8 @@ class ProcMesh(MeshAlgebra):
         the type checker checks ``mesh.endpoint_name.call(...)`` against the method."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs an Actor subclass (got {cls!r})")
+        if self._stopped:
+            raise RuntimeError(f"`ProcMesh` has already been stopped: cannot spawn {name!r} on it")
         names = set(endpoints_of(cls))
         clashes = sorted(names & _MESH_ATTRIBUTES - {"stop"})
         if clashes:
@@ -96,17 +109,27 @@ class ProcMesh(MeshAlgebra):
         return cast(A, mesh)
 
     @property
-    def initialized(self) -> Future[None]:
-        """Resolves once every proc has started and connected back."""
-        if self._ready is None:
-            fut: Future[None] = Future()
-            fut.set_result(None)
-            return fut
-        return self._ready
+    def initialized(self) -> Future[bool]:
+        """Resolves to True (as Monarch's) once every proc has started and connected back;
+        fails as the start failed."""
+        ready = self._ready
+        if ready is None:
+            return resolved(True)
+        fut: Future[bool] = Future()
+
+        def done() -> None:
+            if ready._exception is not None:
+                fut.set_exception(ready._exception)
+            else:
+                fut.set_result(True)
+
+        ready.add_done_callback(done)
+        return fut
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every proc of this mesh; resolves when they have exited."""
         rt = current_runtime()
+        self._stopped = True
         done: Future[None] = Future()
         addresses = [self._procs[r][1] for r in self._shape.ranks]
         rt.start_soon(_stop_procs, rt, addresses, done)
@@ -185,10 +208,6 @@ class ProcMesh(MeshAlgebra):
 
 
 
-#: Monarch's ``proc_bind`` keys.
-_BIND_KEYS = frozenset({"cpunodebind", "membind", "physcpubind", "cpus"})
-
-
 def _default_command() -> BootstrapCommand:
     from ._bootstrap_command import default_bootstrap_cmd
 
@@ -240,25 +259,47 @@ collections.abc.Coroutine.register(_CoroutineFuture)
 class HostMesh(MeshAlgebra):
     """Hosts, arranged as a mesh; start procs on them."""
 
-    __slots__ = ("_hosts", "_python", "_shape")
+    __slots__ = ("_hosts", "_life", "_python", "_shape")
 
     def __init__(
         self,
         shape: Shape,
         hosts: tuple[HostRef, ...] | None = None,
         python: str | None = None,
+        life: MeshLife | None = None,
     ) -> None:
         self._shape = shape
         #: Remote hosts by global rank (``attach_to_workers``); None for this host.
         self._hosts = hosts
         #: The interpreter procs spawned from here run (None: this one's, via the zygote).
         self._python = python
+        #: What this mesh and its slices started, and whether it was attached or shut down.
+        self._life = life if life is not None else MeshLife.attached()
 
     def _with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts, self._python)
+        return HostMesh(shape, self._hosts, self._python, self._life)
 
     def __reduce__(self) -> Any:
-        return (HostMesh, (self._shape, self._hosts, self._python))
+        # An unpickled mesh is a reference: it starts procs, but cannot stop or shut down
+        # the hosts (as Monarch's).
+        return (_reference, (self._shape, self._hosts, self._python))
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once this mesh's hosts are attached; fails with the attach's
+        error when a worker of ``attach_to_workers`` did not answer or refused."""
+        if self._life.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+        return self._life.ready
+
+    async def __aenter__(self) -> HostMesh:
+        if self._life.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+        return self
+
+    async def __aexit__(self, exc_type: object, exc_val: object, exc_tb: object) -> None:
+        if not self._life.shut_down:  # nested ``async with``: shut down once
+            await self.shutdown()
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """This mesh, whose procs run ``python_executable`` (another virtualenv, say) instead
@@ -275,7 +316,7 @@ class HostMesh(MeshAlgebra):
                 "with_python_executable applies to procs on this host; a worker's procs run the "
                 "interpreter that runs `regency worker` (start the worker with the one you want)"
             )
-        return HostMesh(self._shape, self._hosts, python_executable)
+        return HostMesh(self._shape, self._hosts, python_executable, self._life)
 
     @property
     def is_fake_in_process(self) -> bool:
@@ -298,10 +339,12 @@ class HostMesh(MeshAlgebra):
         :class:`BootstrapCommand` for all or a function of each proc's point (over the host
         dims and ``per_host``); see ``default_bootstrap_cmd()``.
 
-        ``proc_bind`` (procs on this host, Linux): one dict per proc of a host (in the order
-        of ``per_host``'s points) binding it to CPUs and NUMA nodes, Monarch's keys:
-        ``cpunodebind``, ``membind``, ``physcpubind`` (``numactl``, on a NUMA machine) and
-        ``cpus`` (``taskset -c``, used where numactl does not apply)."""
+        ``proc_bind`` (Linux): one dict per proc of a host (in the order of ``per_host``'s
+        points) binding it to CPUs and NUMA nodes, Monarch's keys: ``cpunodebind``,
+        ``membind``, ``physcpubind`` (``numactl``, on a NUMA machine) and ``cpus``
+        (``taskset -c``, used where numactl does not apply); on a host of
+        ``attach_to_workers`` its worker applies it."""
+        self._life.check_usable()
         per_host = dict(per_host or {})
         for _dim, size in per_host.items():
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -319,17 +362,26 @@ class HostMesh(MeshAlgebra):
         shape = Shape.full(
             [*self._shape.labels, *per_host], [*self._shape.sizes, *per_host.values()]
         )
-        commands = self._bootstrap_commands(bootstrap_command, shape)
+        binds = None
         if proc_bind is not None:
-            commands = self._bind(proc_bind, per_host, shape, commands)
+            binds = check_proc_bind(proc_bind, math.prod(per_host.values()))
+        commands = self._bootstrap_commands(bootstrap_command, shape)
+        if binds is not None and self._hosts is None:
+            commands = self._bind(binds, shape, commands)
+        elif binds is not None and self.is_fake_in_process:
+            raise ValueError("proc_bind does not apply to simulated procs (they run in-process)")
         rt = current_runtime()
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
-            launchers = [
-                rt.env.host_launcher(host.worker) or worker_launcher(rt, host)
-                for host in (self._hosts[r] for r in self._shape.ranks)
-            ]
+            refs = [self._hosts[r] for r in self._shape.ranks]
+            state = getattr(rt, "hosts", None)
+            if state is not None and rt.env.host_launcher(refs[0].worker) is None:
+                state.ensure_attached(refs)  # let go by stop(): attach again
+            launchers = [rt.env.host_launcher(host.worker) or worker_launcher(rt, host) for host in refs]
             children = rt.child_procs.plan_on_launchers(launchers, count, name or "p")
+            if binds is not None:
+                for rank, child in enumerate(children):
+                    cast(WorkerLauncher, child.launcher).binds[child.address] = binds[rank % count]
         else:
             children = rt.child_procs.plan(len(shape), name or "p")
         extent = Extent(shape.labels, shape.sizes)
@@ -371,6 +423,7 @@ class HostMesh(MeshAlgebra):
 
         rt.call_soon(launch)
         procs = ProcMesh(tuple((c.proc_id, c.address) for c in children), shape, ready)
+        self._life.procs.extend(c.address for c in children)
         record_spawned(context().actor_instance.actor_id, procs)
         return procs
 
@@ -410,90 +463,56 @@ class HostMesh(MeshAlgebra):
 
     def _bind(
         self,
-        proc_bind: list[dict[str, str]],
-        per_host: dict[str, int],
+        binds: list[dict[str, str]],
         shape: Shape,
         commands: list[BootstrapCommand] | None,
     ) -> list[BootstrapCommand]:
-        """Each proc's command, wrapped in ``numactl``/``taskset`` as ``proc_bind`` says."""
-        import math
-        import shutil
-
-        if self._hosts is not None or self.is_fake_in_process:
-            raise ValueError(
-                "proc_bind applies to procs on this host; bind a worker's procs with the "
-                "command that runs the worker (e.g. numactl ... python -c ...)"
-            )
-        per = math.prod(per_host.values()) if per_host else 1
-        if isinstance(proc_bind, dict | str) or not isinstance(proc_bind, list | tuple):
-            raise TypeError(
-                f"proc_bind must be a list of dicts, one per proc of a host (got {proc_bind!r})"
-            )
-        if len(proc_bind) != per:
-            raise ValueError(
-                f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per})"
-            )
-        for bind in proc_bind:
-            if not isinstance(bind, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in bind.items()
-            ):
-                raise TypeError(f"proc_bind entries must map str to str (got {bind!r})")
-            unknown = set(bind) - _BIND_KEYS
-            if unknown:
-                raise ValueError(
-                    f"proc_bind keys must be among {sorted(_BIND_KEYS)} (got {sorted(unknown)})"
-                )
-        numa = os.path.exists("/sys/devices/system/node/node0")
+        """Each proc's command (on this host), wrapped in ``numactl``/``taskset`` as
+        ``binds`` (one per proc of a host) say."""
         base = commands or [
             BootstrapCommand(self._python) if self._python is not None else _default_command()
         ] * len(shape)
-        wrapped = []
-        for rank, command in enumerate(base):
-            bind = proc_bind[rank % per]
-            numactl = [
-                f"--{k}={bind[k]}" for k in ("cpunodebind", "membind", "physcpubind") if k in bind
-            ]
-            if numa and numactl:
-                tool, options = "numactl", numactl
-            elif "cpus" in bind:
-                tool, options = "taskset", ["-c", bind["cpus"]]
-            elif numactl:
-                raise ValueError(
-                    f"proc_bind {bind} needs a NUMA machine for numactl's keys "
-                    "(/sys/devices/system/node/node0 is missing); give 'cpus' instead"
-                )
-            else:
-                wrapped.append(command)
-                continue
-            program = shutil.which(tool)
-            if program is None:
-                raise FileNotFoundError(
-                    f"proc_bind {bind} needs {tool!r} on PATH (Debian: apt install "
-                    f"{'numactl' if tool == 'numactl' else 'util-linux'})"
-                )
-            wrapped.append(
-                BootstrapCommand(
-                    program, None, [*options, command.program, *command.args], command.env
-                )
+        return [bind_command(binds[rank % len(binds)], c) for rank, c in enumerate(base)]
+
+    def _refused(self, what: str) -> Future[None] | None:
+        """The failed future of ``what`` (``shutdown``/``stop``) on a mesh that cannot do
+        it, or None when it can."""
+        why = None
+        if self._life.shut_down:
+            why = "HostMesh has already been shut down"
+        elif not self._life.owned:
+            why = (
+                f"cannot {what} `HostMesh` that is a reference instead of owned (it was "
+                "unpickled: only the mesh attach_to_workers returned, or its slices, can)"
             )
-        return wrapped
+        if why is None:
+            return None
+        refused: Future[None] = Future()
+        refused.set_exception(RuntimeError(why))
+        return refused
 
     def shutdown(self) -> Future[None]:
-        """Stop this mesh's procs on its hosts and detach from their workers (hosts from
-        ``attach_to_workers``; on this host it stops nothing)."""
-        if self._hosts is None:
+        """Stop our procs on its hosts and detach from their workers, which end if they run
+        ``run_worker_loop_forever`` (hosts from ``attach_to_workers``; on this host it stops
+        nothing). The mesh cannot be used afterwards (``RuntimeError``)."""
+        refused = self._refused("shut down")
+        if refused is not None:
+            return refused
+        self._life.shut_down = True
+        if self._hosts is None or self._life.error is not None:
             return resolved(None)
         rt = current_runtime()
         return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks])
 
     def stop(self) -> Future[None]:
-        """Stop this mesh's procs on its hosts and detach from their workers, which stay up
-        for another ``attach_to_workers`` (this controller's or another's); ``shutdown()``
-        also ends ``run_worker_loop_forever`` workers. On this host it stops nothing."""
-        if self._hosts is None:
-            return resolved(None)
-        rt = current_runtime()
-        return shutdown_hosts(rt, [self._hosts[r] for r in self._shape.ranks], keep_workers=True)
+        """Stop the procs this mesh (or a slice of it) started, and no others; workers with
+        none of this controller's procs left are let go, and stay up for another
+        ``attach_to_workers`` (this controller's or another's). The mesh can spawn again
+        (it attaches again); ``shutdown()`` also ends ``run_worker_loop_forever`` workers."""
+        refused = self._refused("stop")
+        if refused is not None:
+            return refused
+        return stop_mesh_procs(current_runtime(), self._life)
 
     def sync_workspace(
         self,
@@ -519,6 +538,13 @@ class HostMesh(MeshAlgebra):
     def __repr__(self) -> str:
         return f"<HostMesh {self._shape.dim_sizes()}>"
 
+
+
+def _reference(
+    shape: Shape, hosts: tuple[HostRef, ...] | None, python: str | None
+) -> HostMesh:
+    """An unpickled ``HostMesh``: it spawns procs, but cannot stop or shut its hosts down."""
+    return HostMesh(shape, hosts, python, MeshLife.attached(owned=False))
 
 
 #: In a proc spawned from ``HostMesh.with_python_executable(path)``: that path, which the

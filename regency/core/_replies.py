@@ -15,6 +15,7 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from .. import supervision as S
 from . import _messages as M
 from ._errors import ActorError, RemoteFailure, SupervisionError
 from ._future import _PENDING, Future
@@ -27,7 +28,46 @@ def _decode(endpoint: str, index: int, status: int, value: Any) -> Any:
         return value
     if status == M.ERROR:
         raise ActorError(endpoint, value, index)
-    raise SupervisionError(f"Endpoint call {endpoint} failed: {value.message}")
+    raise SupervisionError(f"Endpoint call {endpoint}() failed, {value.message}")
+
+
+def call_failed(
+    endpoint: str,
+    exc: BaseException,
+    ranks: list[int],
+    locals_: list[int],
+    route: _Route | None,
+) -> SupervisionError:
+    """The error of a call that cannot complete, worded as Monarch words it (``Endpoint call
+    mesh.method() failed, The actor <...> and all its descendants have failed: ...``), with
+    what Regency knows besides: the ranks behind it and why (how the proc died, or that the
+    link to it broke). ``ranks``: the mesh ranks the failure concerns (their local indices in
+    the call in ``locals_``); ``exc``: why. A ``SupervisionError`` raised before sending (the
+    rank was already known to have failed: ``Endpoint._check_alive``) already says so, and is
+    only prefixed."""
+    if type(exc) is SupervisionError or not ranks:
+        return SupervisionError(f"Endpoint call {endpoint}() failed, {exc}")
+    mesh_name = endpoint.rpartition(".")[0]
+    if route is not None:
+        who = [
+            S.describe_actor(route.actor_class, mesh_name, route.labels, route.sizes, i)
+            for i in locals_[:_ACTORS_NAMED]
+        ]
+    else:
+        who = [f"<{mesh_name}>"]
+    if len(ranks) == 1:
+        actors = f"The actor {who[0]} at rank {ranks[0]} and all its descendants have failed"
+    else:
+        more = ", ..." if len(ranks) > len(who) else ""
+        actors = (
+            f"The actors {', '.join(who)}{more} at ranks {ranks} and all their descendants "
+            "have failed"
+        )
+    return SupervisionError(f"Endpoint call {endpoint}() failed, {actors}: {exc}")
+
+
+#: Actors a failed call's error names one by one.
+_ACTORS_NAMED = 4
 
 
 class Reducer(Protocol):
@@ -52,7 +92,7 @@ class Replies:
     so that a lost destination fails the call naming the ranks behind it."""
 
     __slots__ = (
-        "addresses", "behind", "dests", "endpoint", "missing", "ranks", "reducer", "seen"
+        "addresses", "behind", "dests", "endpoint", "missing", "ranks", "reducer", "route", "seen"
     )
     #: Replies may be delivered on a thread that read them (core/_leader.py), under the
     #: runtime's dispatch lock: this handler only counts and resolves futures.
@@ -67,8 +107,11 @@ class Replies:
         dests: frozenset[str],
         *,
         once_per_rank: bool = False,
+        route: _Route | None = None,
     ) -> None:
         self.reducer, self.endpoint = reducer, endpoint
+        #: The mesh's route, to name the actors of a failed call as Monarch prints them.
+        self.route = route
         self.ranks, self.addresses, self.dests = ranks, addresses, dests
         self.missing = len(ranks)
         #: Ranks answered, where an explicit port may answer twice (the first answer counts).
@@ -116,14 +159,13 @@ class Replies:
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         if len(self.ranks) == 1:
-            ranks = list(self.ranks)
+            locals_ = [0]
         else:
-            ranks = [r for r, a in zip(self.ranks, self.addresses, strict=True) if a == address]
+            locals_ = [i for i, a in enumerate(self.addresses) if a == address]
             if self.behind is not None and address is not None:
-                behind = {self.ranks[i] for i in self.behind(address)}
-                ranks = sorted(behind.union(ranks))
-        where = f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {ranks}" if ranks else ""
-        self.reducer.fail(SupervisionError(f"Endpoint call {self.endpoint} failed{where}: {exc}"))
+                locals_ = sorted(set(self.behind(address)).union(locals_))
+        ranks = [self.ranks[i] for i in locals_]
+        self.reducer.fail(call_failed(self.endpoint, exc, ranks, locals_, self.route))
 
 
 class OneReply(Future[Any]):
@@ -134,7 +176,7 @@ class OneReply(Future[Any]):
     build per call (docs/performance.md). ``addresses[0]`` is the proc the reply comes from:
     a thread that waits for it reads only that proc's connection (core/_leader.py)."""
 
-    __slots__ = ("addresses", "dests", "endpoint", "ranks")
+    __slots__ = ("addresses", "dests", "endpoint", "local", "ranks", "route")
     on_any_thread = True  # as Replies
     #: Never set: a one-rank call is not gathered up a casting tree.
     behind: Callable[[str], list[int]] | None = None
@@ -145,6 +187,8 @@ class OneReply(Future[Any]):
         ranks: tuple[int],
         addresses: tuple[str],
         dests: frozenset[str],
+        route: _Route | None = None,
+        local: int = 0,
     ) -> None:
         # Future.__init__'s fields, set here: one call less on the hot path.
         self._lock = _allocate_lock()
@@ -155,6 +199,8 @@ class OneReply(Future[Any]):
         self._bell = None
         self.endpoint = endpoint
         self.ranks, self.addresses, self.dests = ranks, addresses, dests
+        #: The mesh's route and the rank's index in it, to name the actor of a failed call.
+        self.route, self.local = route, local
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
         if type(value) is M.Undecodable:
@@ -170,7 +216,7 @@ class OneReply(Future[Any]):
 
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         self.set_exception(
-            SupervisionError(f"Endpoint call {self.endpoint} failed on rank {self.ranks[0]}: {exc}")
+            call_failed(self.endpoint, exc, [self.ranks[0]], [self.local], self.route)
         )
 
     def _explainer(self) -> Callable[[float | None], BaseException] | None:
@@ -310,3 +356,5 @@ class _Route(NamedTuple):
     #: handler keeps, built once per mesh rather than per call.
     one_address: tuple[tuple[str], ...]
     one_rank: tuple[tuple[int], ...]
+    #: ``module.Class`` of the mesh's actors, to name them in errors ("" when unknown).
+    actor_class: str = ""

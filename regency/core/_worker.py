@@ -5,7 +5,8 @@ The scheme of ``--listen`` may be any TCP-capable transport (``tcp``, ``nng+tcp`
 them (:func:`regency.core._hostlinks.remote_scheme`).
 
 A worker is a runtime that launches procs on its host for one controller at a time. The
-controller attaches (ATTACH), asks for ports (RESERVE), launches procs (LAUNCH), kills them
+controller attaches (ATTACH), asks for ports (RESERVE), launches procs (LAUNCH; a record may
+carry a ``proc_bind`` binding, which the worker applies with numactl or taskset), kills them
 (KILL), renews its lease (LEASE) and detaches (DETACH); the worker reports each proc's exit
 (EXITED). Every link is authenticated by the job secret before any frame is read.
 
@@ -31,12 +32,14 @@ import trio
 
 from ..transports import scheme_of
 from . import _messages as M
+from ._bootstrap_command import BootstrapCommand
 from ._current import set_current_runtime
 from ._errors import RemoteFailure
 from ._hostlinks import host_address
-from ._launcher import ProcHandle
+from ._launcher import LocalLauncher, ProcHandle
 from ._liveness import BusyWatch
 from ._output_tail import read_tail, tail_path
+from ._proc_bind import RECORD_KEY, bind_command
 from ._runtime import Runtime
 
 log = logging.getLogger("regency.worker")
@@ -158,8 +161,18 @@ class WorkerService:
                 "REGENCY_DEFAULT_TRANSPORT": scheme_of(address),
                 "REGENCY_TCP_HOST": self.host_ip,
             }
+            launcher = self.rt.launcher
+            bind = record.pop(RECORD_KEY, None)
+            if bind is not None:  # spawn_procs(proc_bind=...): numactl/taskset, as here
+                try:
+                    command = bind_command(bind, BootstrapCommand(sys.executable))
+                except (ValueError, FileNotFoundError) as exc:
+                    log.error("not launching %s: %s", record["proc_id"], exc)
+                    self._refuse(controller, address, f"{exc} (on {socket.gethostname()})")
+                    continue
+                launcher = LocalLauncher(self.rt.nursery, command=command)
             self.proc_ids[address] = record["proc_id"]
-            self.procs[address] = self.rt.launcher.launch(
+            self.procs[address] = launcher.launch(
                 record, env, functools.partial(self._exited, address)
             )
 

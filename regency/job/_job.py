@@ -78,12 +78,12 @@ class JobTrait(ABC):
     def __init__(self) -> None:
         self._status: Literal["not_running", "running"] | _Cached = "not_running"
         self._apply_id: str | None = None
-        #: The meshes of this process's attachment (never pickled).
-        self._attached: JobState | None = None
+        #: The meshes of each ``state()`` call of this process (never pickled).
+        self._attached: list[JobState] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_attached"] = None
+        state["_attached"] = []
         return state
 
     # -- Monarch's surface ---------------------------------------------------------------
@@ -127,13 +127,13 @@ class JobTrait(ABC):
             self._status = "running"
 
     def state(self, cached_path: str | None = DEFAULT_STATE_PATH) -> JobState:
-        """Attach to the job's workers; return one ``HostMesh`` per mesh.
+        """Attach to the job's workers; return one ``HostMesh`` per mesh. Each call attaches
+        again and returns new meshes (as Monarch's): stopping one leaves the others' procs
+        alone.
 
         Not yet applied: with ``cached_path``, a job cached there that is still live and
         ``can_run`` this spec is reused; otherwise this job is applied and cached there.
         """
-        if self._attached is not None:
-            return self._attached
         running = self._running
         if running is None:
             cached = _load_cached(cached_path, self)
@@ -147,7 +147,7 @@ class JobTrait(ABC):
                 if cached_path is not None:
                     self.dump(cached_path)
         try:
-            self._attached = running._state()
+            attached = running._state()
         except RuntimeError as exc:
             if "is not the one this process started Regency with" not in str(exc):
                 raise
@@ -168,18 +168,20 @@ class JobTrait(ABC):
                 "(it then adopts the job's secret), or release the cached job (kill(), "
                 "`regency kill`) and apply again from here"
             ) from exc
-        return self._attached
+        self._attached = [*(self._attached or []), attached]  # None in older state files
+        return attached
 
     def kill(self) -> None:
         """Release the job's resources (scancel, kill the workers, ...). Procs this process
         started on the job's hosts are stopped first (not reported as failures)."""
-        attached, self._attached = self._attached, None
-        if attached is not None:
-            for name, hosts in attached.meshes.items():
+        attached, self._attached = self._attached or [], []
+        for state in attached:
+            for name, hosts in state.meshes.items():
                 try:
                     hosts.shutdown().get(30)
                 except Exception as exc:
-                    log.warning("could not shut mesh %r down before the kill: %s", name, exc)
+                    if "already been shut down" not in str(exc):
+                        log.warning("could not shut mesh %r down before the kill: %s", name, exc)
         running = self._running
         if running is not None:
             running._kill()

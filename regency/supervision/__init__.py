@@ -4,7 +4,7 @@ The decisions live in a pure state machine (:class:`Supervisor`); the runtime fe
 and carries out its actions. See docs/supervision.md.
 """
 
-from ._failure import FailureCause, MeshFailure
+from ._failure import FailureCause, MeshFailure, describe_actor
 from ._machine import (
     FAILED,
     ROOT,
@@ -49,4 +49,5 @@ __all__ = [
     "StopMeshes",
     "SuperviseDone",
     "Supervisor",
+    "describe_actor",
 ]

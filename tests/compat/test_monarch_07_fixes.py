@@ -68,7 +68,7 @@ def test_attach_gives_up_after_mesh_attach_config_timeout() -> None:
             configure(mesh_attach_config_timeout="1.5s")
             started = time.monotonic()
             try:
-                attach_to_workers(["tcp://127.0.0.1:{port}"])
+                attach_to_workers(["tcp://127.0.0.1:{port}"]).initialized.get()
             except ConnectionError as exc:
                 print("FAILED", round(time.monotonic() - started, 1), exc)
             """

@@ -135,7 +135,7 @@ def test_a_runtime_thread_that_dies_fails_pending_and_later_calls_saying_why() -
     )
     out = done.stdout
     why = "the Regency runtime thread died: RuntimeError: boom for the test"
-    assert f"PENDING SupervisionError Endpoint call slow.slow_sync failed on rank 0: {why}" in out, (
+    assert f"PENDING SupervisionError Endpoint call slow.slow_sync() failed, {why}" in out, (
         out,
         done.stderr[-2000:],
     )

@@ -131,7 +131,7 @@ def test_calls_to_a_killed_proc_fail_instead_of_hanging(spawn_procs: SpawnProcs)
     survivor = slow.slice(gpus=0).slow_sync.call_one(0.01)
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(
-        SupervisionError, match=r"slow.slow_sync failed on rank 1: proc \S+ was killed by signal 9"
+        SupervisionError, match=r"slow.slow_sync\(\) failed, The actor <.*> at rank 1 .*: proc \S+ was killed by signal 9"
     ):
         in_flight.get(10)
     with pytest.raises(SupervisionError):

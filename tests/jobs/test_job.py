@@ -212,7 +212,8 @@ def test_local_job_gives_this_host_per_mesh_and_pickles() -> None:
         _ = state.eval
     assert job.active and job.apply_id is not None
     assert list(state.meshes) == ["trainers", "data"] and repr(state).startswith("JobState(")
-    assert job.state() is state  # attached once per process
+    again = job.state()  # attached again: new meshes (as Monarch's)
+    assert again is not state and list(again.meshes) == ["trainers", "data"]
     copy = job_loads(job.dumps())
     assert isinstance(copy, LocalJob) and copy.active and copy.apply_id == job.apply_id
     job.kill()

@@ -144,7 +144,7 @@ def test_a_killed_worker_fails_its_procs_and_the_rest_goes_on(
     assert failure.ranks == (1,)
     assert detected < 5
     assert not _alive(pids[1])  # its proc died with the worker
-    with pytest.raises(SupervisionError, match=f"{name} has failed at rank 1"):
+    with pytest.raises(SupervisionError, match=f'failure on mesh "{name}" at rank 1'):
         where.slice(hosts=1).bump.call_one().get(T)
     assert where.slice(hosts=0).bump.call_one().get(T) == 1
     pm.slice(hosts=0).stop().get(T)
@@ -200,7 +200,7 @@ def test_wrong_secret_and_garbage_are_refused_and_the_worker_keeps_serving(
         import sys
         from regency.actor import attach_to_workers
         try:
-            attach_to_workers([sys.argv[1]], secret="not-the-job-secret-at-all")
+            attach_to_workers([sys.argv[1]], secret="not-the-job-secret-at-all").initialized.get()
         except Exception as e:
             print(type(e).__name__, e)
         """
@@ -229,7 +229,7 @@ def test_a_controller_that_cannot_verify_a_tls_worker_is_refused_at_once(
         from regency.actor import attach_to_workers
         start = time.monotonic()
         try:
-            attach_to_workers([sys.argv[1]], lease=5.0)
+            attach_to_workers([sys.argv[1]], lease=5.0).initialized.get()
         except Exception as e:
             print(type(e).__name__, e)
         print("after", round(time.monotonic() - start, 1))
@@ -242,7 +242,7 @@ def test_a_controller_that_cannot_verify_a_tls_worker_is_refused_at_once(
     )
     first, after = out.stdout.splitlines()[:2]
     assert first.startswith(
-        f"ConnectionError attach_to_workers: attaching to the worker at "
+        f"ConnectionError attach_to_workers: attach failed: the worker at "
         f"{hosts[3].worker_address}: "
     ), out.stdout + out.stderr
     assert first.endswith("Cryptographic error (nng error 26)"), first
@@ -280,7 +280,7 @@ def test_a_killed_controller_leaves_no_procs_and_the_worker_takes_a_new_one(
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         # While it lives, the worker refuses a second controller.
         with pytest.raises(ConnectionRefusedError, match="already serves the controller"):
-            attach_to_workers([address], lease=5.0)
+            attach_to_workers([address], lease=5.0).initialized.get()
     finally:
         controller.send_signal(signal.SIGKILL)
         controller.wait()

@@ -191,7 +191,8 @@ def test_a_forwarder_that_crashes_mid_call_fails_it_naming_the_ranks_behind(
         return "no error"
 
     message = simulate(program, seed=3, hosts=8).value
-    assert "callcrash.rank failed on ranks [1, 2, 3, 4]" in message
+    assert "callcrash.rank() failed, The actors <" in message
+    assert "> at ranks [1, 2, 3, 4] and all their descendants have failed" in message
     assert [f.ranks for f in roots.of("callcrash")] == [(1,)]  # reported once
 
 

@@ -78,7 +78,8 @@ def test_a_crashed_proc_fails_calls_and_reaches_the_owner(roots: RootFailures) -
         return "no error"
 
     result = simulate(program, seed=3, hosts=2)
-    assert "simcrash.nap failed on rank 1" in result.value
+    assert "simcrash.nap() failed, The actor <" in result.value
+    assert "> at rank 1 and all its descendants have failed" in result.value
     assert roots.wait_for("simcrash").ranks == (1,)
 
 

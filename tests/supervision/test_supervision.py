@@ -44,9 +44,9 @@ def test_broadcast_exception_fails_one_rank_and_the_rest_serve(
     healthy = workers.slice(gpus=slice(0, 5))
     assert healthy.work.call().get(T).values() == [0, 1, 2, 3, 4]
     assert workers.slice(gpus=slice(6, 8)).work.call().get(T).values() == [6, 7]
-    with pytest.raises(SupervisionError, match=r"eight has failed at rank 5: endpoint"):
+    with pytest.raises(SupervisionError, match=r'failure on mesh "eight" at rank 5 with event: The actor .* and all its descendants have failed: endpoint'):
         workers.slice(gpus=5).work.call_one().get(T)
-    with pytest.raises(SupervisionError, match="has failed at rank 5"):
+    with pytest.raises(SupervisionError, match='failure on mesh "eight" at rank 5'):
         workers.work.call().get(T)
     # Another mesh on the same procs keeps working, except on the poisoned proc.
     others = pm.slice(gpus=slice(0, 5)).spawn("others", Worker)
@@ -70,7 +70,7 @@ def test_proc_death_fails_calls_and_reaches_the_owner(
     # Another actor on the same proc takes it down while `busy` is in flight.
     killers = pm.spawn(f"{name}_killer", Worker)
     getattr(killers.slice(gpus=1), endpoint).broadcast(*args)
-    with pytest.raises(SupervisionError, match=r"failed on rank 1: proc \S+ (exited|was killed)"):
+    with pytest.raises(SupervisionError, match=r"\(\) failed, The actor <.*> at rank 1 and all its descendants have failed: proc \S+ (exited|was killed)"):
         busy.get(T)
     failure = roots.wait_for(name)
     assert failure.ranks == (1,)
