@@ -138,10 +138,22 @@ class Oversight:
 
     # -- events ------------------------------------------------------------------------
 
-    def feed(self, event: S.Event) -> None:
+    def feed(self, event: S.Event, *, defer_root: bool = False) -> list[S.Action]:
+        """Hand ``event`` to the machine and perform what it decides; with ``defer_root``,
+        all but running the root's hook, which is returned for :meth:`perform` later."""
         actions = self._machine.handle(event)
         if self._machine.broken is not None:
             log.error("supervision state machine failed: %s", self._machine.broken)
+        deferred: list[S.Action] = []
+        for action in actions:
+            if defer_root and isinstance(action, S.RunRootHook):
+                deferred.append(action)
+            else:
+                self._perform(action)
+        return deferred
+
+    def perform(self, actions: list[S.Action]) -> None:
+        """Perform actions :meth:`feed` deferred."""
         for action in actions:
             self._perform(action)
 

@@ -479,14 +479,17 @@ class Runtime:
             cause = FailureCause(f"lost the link to the proc at {address}: {exc}")
         error = UndeliverableError(cause.summary)
         # Supervision first: once a caller sees its call fail, a new call to those ranks
-        # fails at once, and the owner's ``__supervise__`` is already queued.
-        self.oversight.feed(ProcLost(address, cause))
+        # fails at once, and the owner's ``__supervise__`` is already queued. The root's
+        # hook runs last: a caller waiting on one of these calls sees its own error first
+        # (a notebook cell that catches it is not interrupted by the report).
+        root = self.oversight.feed(ProcLost(address, cause), defer_root=True)
         with self.dispatch_lock:  # a thread may be delivering a reply to one of these
             for port_id, handler in list(self.ports.items()):
                 if address in handler.dests:
                     if not getattr(handler, "keep_port_on_loss", False):
                         del self.ports[port_id]
                     handler.fail(error, address)
+        self.oversight.perform(root)
 
     # -- receiving -----------------------------------------------------------------------
 

@@ -85,7 +85,7 @@ def test_a_proc_killed_while_the_waiting_thread_reads_fails_the_call(
     killer.start()
     started = time.monotonic()
     try:
-        with pytest.raises(SupervisionError, match=r"lead_victim\.block failed.*(SIGKILL|signal 9)"):
+        with pytest.raises(SupervisionError, match=r"lead_victim\.block\(\) failed.*(SIGKILL|signal 9)"):
             victim.block.call_one().get(T)
     finally:
         leader.on_lead = None
