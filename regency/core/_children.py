@@ -20,7 +20,7 @@ from ..supervision import ProcStopped
 from . import _extensions
 from . import _messages as M
 from ._config import Config
-from ._errors import SupervisionError, UndeliverableError
+from ._errors import BootstrapError, RemoteFailure, SupervisionError, UndeliverableError
 from ._future import Future
 from ._launcher import ProcHandle, ProcLauncher
 from ._liveness import BusyWatch
@@ -63,6 +63,8 @@ class Child:
         #: description ends with.
         self.tail_lines = 0
         self.output_tail: tuple[tuple[str, str], ...] = ()
+        #: What its bootstrap callable raised, as its HELLO reported it before it exited.
+        self.boot_failure: RemoteFailure | None = None
 
     def describe_exit(self) -> str:
         code = self.returncode
@@ -78,6 +80,9 @@ class Child:
             how = f"exited with status {code}"
         if self.killed_for:
             how += f" after it {self.killed_for}"
+        elif self.boot_failure is not None:
+            failure = self.boot_failure
+            how += f" after its bootstrap function raised {failure.type_name}: {failure.message}"
         return f"proc {self.proc_id} {how}{format_tail(self.output_tail)}"
 
 
@@ -415,6 +420,10 @@ async def _wait_ready(rt: Runtime, children: list[Child], ready: Future[None]) -
                         await event.wait()
                         n.cancel_scope.cancel()
                 if child.returncode is not None:
+                    if child.boot_failure is not None:
+                        raise BootstrapError(
+                            child.proc_id, child.boot_failure, format_tail(child.output_tail)
+                        )
                     raise SupervisionError(
                         f"proc {child.proc_id} exited with {child.returncode} before it "
                         f"started{format_tail(child.output_tail)}"

@@ -743,7 +743,9 @@ def encode(msg: M.Wire) -> Frame:
         case StopProc():
             return _pack((_STOP_PROC, msg.port))
         case Hello():
-            return _pack((_HELLO, msg.proc_id, msg.address))
+            if msg.error is None:  # the frame as it was before hellos carried errors
+                return _pack((_HELLO, msg.proc_id, msg.address))
+            return _pack((_HELLO, msg.proc_id, msg.address, msg.error))
         case Failed():
             return _pack((_FAILED, msg.mesh, msg.rank), _parts(msg.payload))
         case Heartbeat():
@@ -1021,8 +1023,11 @@ def _from_envelope(env: tuple[Any, ...], parts: list[memoryview]) -> M.Wire:
         _, port, _ = env
         return StopProc(port)
     if kind == _HELLO:
-        _, proc_id, address, _ = env
-        return Hello(proc_id, address)
+        _, proc_id, address, *error, _ = env
+        if not error:
+            return Hello(proc_id, address)
+        type_name, message, traceback = error[0]
+        return Hello(proc_id, address, (str(type_name), str(message), str(traceback)))
     if kind == _FAILED:
         _, mesh, rank, _ = env
         return Failed(mesh, rank, _load(parts))

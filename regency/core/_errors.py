@@ -77,6 +77,34 @@ class SupervisionError(RuntimeError):
     """A call cannot complete because the actor, its proc or the link to it failed."""
 
 
+class BootstrapError(ActorError, SupervisionError):
+    """A proc's bootstrap callable (``spawn_procs(bootstrap=...)``) raised, and the proc
+    exited before it started: its mesh's ``initialized`` and spawns fail with this.
+
+    ``failure`` is what the callable raised (type name, message, traceback text);
+    ``exception`` a :class:`RemoteException` standing in for it; ``tail``: the proc's last
+    lines of output, as a proc's exit describes them (``tail_log_lines``). An :class:`ActorError`,
+    as Monarch raises there, and a :class:`SupervisionError`, as for any proc that did not
+    start."""
+
+    def __init__(self, proc_id: str, failure: RemoteFailure, tail: str = "") -> None:
+        Exception.__init__(
+            self,
+            f"proc {proc_id}'s bootstrap function raised {failure.type_name}: "
+            f"{failure.message}\nRemote traceback:\n{failure.traceback}{tail}",
+        )
+        self.proc_id = proc_id
+        self.tail = tail
+        self.endpoint = "bootstrap"
+        self.failure = failure
+        self.rank = None
+        self.exception = failure.exception()
+        self.message = failure.message
+
+    def __reduce__(self) -> Any:
+        return (BootstrapError, (self.proc_id, self.failure, self.tail))
+
+
 class UndeliverableError(SupervisionError):
     """The message could not reach its destination."""
 

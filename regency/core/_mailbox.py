@@ -210,6 +210,10 @@ class ActorCell:
         self.thread_ident: int | None = None
         #: The coroutine of the async endpoint running now, if any (its await chain).
         self.coro: Any = None
+        #: The DEAD replies to the call this actor dies of, held until ``_fail`` has told
+        #: the owner: (port, rank, failure, endpoint). An owner that called it hears of the
+        #: failure (its ``__supervise__`` queued) before its call fails, as in Monarch.
+        self._held_dead: list[tuple[M.PortRef, int, RemoteFailure, str]] = []
         #: Calls of concurrent endpoints running now: scope -> (call, started, coroutine).
         self.concurrent: dict[trio.CancelScope, list[Any]] = {}
         #: Stall warnings given for the call being handled (core/_stacks.StallWatch).
@@ -444,15 +448,9 @@ class ActorCell:
         actor handled before (``free``), read from no clock; its endpoint and reply port
         are read once, for the handler and the recorder alike. Nothing is formatted here:
         readers make records of the tuples (core/_stacks.py)."""
-        if self.threaded or not self._executor.runs_freely:
-            alive = self._init()
-        else:
-            # An all-async actor's ``__init__`` is synchronous and may block (on a call it
-            # makes, or for ever): it runs off the proc's loop, which goes on answering
-            # heartbeats and serving the proc's other actors (Monarch's
-            # test_run_forever_on_init). The simulator's executor runs it inline.
-            run = self._executor.run
-            alive = yield _Await(lambda: run(self._init))
+        # On the thread the actor's endpoints run on (an all-async actor's: the proc's loop),
+        # so thread-local state ``__init__`` sets is what its endpoints see, as in Monarch.
+        alive = self._init()
         clock, record, now = self._clock, self.recent.append, self.now
         free = clock()  # when the actor last became free to take a message
         while alive:
@@ -777,7 +775,8 @@ class ActorCell:
             # The actor failed while this endpoint was suspended: its caller gets the
             # actor's death (as a message queued behind it would), and it dies now.
             if item.port is not None:
-                self._reply(item.port, item.rank, M.DEAD, self._dead_failure(failed), item.method)
+                dead = self._dead_failure(failed)
+                self._held_dead.append((item.port, item.rank, dead, item.method))
             yield from self._die(failed, None)
             return False
         self._queue_requested_stop()  # a handler that replied through an explicit port
@@ -819,7 +818,7 @@ class ActorCell:
                     raise
                 except BaseException as exc:
                     outcome = outcome_of(exc)
-                    cause = self._raised(item, exc, explicit)
+                    cause = self._raised(item, exc, explicit, hold=False)
                     if cause is not None:
                         self.enqueue(M.Escalate(cause))
                 finally:
@@ -851,12 +850,16 @@ class ActorCell:
                 self._wakeup.set()
 
     def _raised(
-        self, item: M.Call, exc: BaseException, explicit: bool = False
+        self, item: M.Call, exc: BaseException, explicit: bool = False, hold: bool = True
     ) -> S.FailureCause | None:
         """An endpoint raised. Return why the actor must die, or None when the caller just
         gets the error (an ``Exception`` with a caller waiting). A body that answers through
         an explicit response port (``explicit``) and raises fails the actor, as in Monarch:
-        it may have answered already, so no caller is sure to see the error otherwise."""
+        it may have answered already, so no caller is sure to see the error otherwise.
+
+        The caller of a call the actor dies of gets DEAD once the owner has been told
+        (``_fail`` sends the held reply); with ``hold`` False (a concurrent call, whose
+        actor dies later, in mailbox order) it gets it now."""
         self._queue_requested_stop()
         port, index, method = item.port, item.rank, item.method
         what = f"endpoint {self.name}.{method}"
@@ -870,14 +873,24 @@ class ActorCell:
                 exc,
             )
             if port is not None:
-                self._reply(port, index, M.DEAD, self._dead_failure(cause), method)
+                self._dead_reply(port, index, cause, method, hold)
             return cause
         if isinstance(exc, Exception):
             return _exception_cause(f"{what} raised with no caller waiting:", exc)
         cause = _exception_cause(f"{what} raised", exc)
         if port is not None:
-            self._reply(port, index, M.DEAD, self._dead_failure(cause), method)
+            self._dead_reply(port, index, cause, method, hold)
         return cause
+
+    def _dead_reply(
+        self, port: M.PortRef, index: int, cause: S.FailureCause, method: str, hold: bool
+    ) -> None:
+        """DEAD to the caller of the call this actor dies of: held for ``_fail`` to send
+        (``hold``), or now."""
+        if hold:
+            self._held_dead.append((port, index, self._dead_failure(cause), method))
+        else:
+            self._reply(port, index, M.DEAD, self._dead_failure(cause), method)
 
     def _succeeded(self, item: M.Call, result: Any, port: M.PortRef | None) -> None:
         """Reply ``result`` to ``port`` (``item``'s own)."""
@@ -1043,7 +1056,14 @@ class ActorCell:
             rt.post(address, M.Failed(self.key, self.point.rank, cause))
         except Exception as exc:
             log.warning("could not report the failure of %s to its owner: %s", self.name, exc)
+        self._send_held_dead()
         return failure
+
+    def _send_held_dead(self) -> None:
+        """Send the DEAD replies held back until the owner was told (see ``_held_dead``)."""
+        held, self._held_dead = self._held_dead, []
+        for port, index, dead, method in held:
+            self._reply(port, index, M.DEAD, dead, method)
 
     def _die(self, cause: S.FailureCause, exc: BaseException | None) -> Generator[Any, Any, None]:
         failure = self._fail(self._with_recent(cause))

@@ -170,10 +170,13 @@ class StopProc:
 
 @attrs.frozen
 class Hello:
-    """A new proc is up and listens at ``address`` (to the runtime that started it)."""
+    """A new proc is up and listens at ``address`` (to the runtime that started it); or,
+    with ``error``, its bootstrap callable raised and it is about to exit: ``error`` is
+    ``(type name, message, traceback text)`` of what it raised."""
 
     proc_id: str
     address: str
+    error: tuple[str, str, str] | None = None
 
 
 @attrs.frozen

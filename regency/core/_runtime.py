@@ -221,7 +221,11 @@ class Runtime:
                 else:
                     self._loopback = listener
                 if self.boot is not None:
-                    await self._run_boot(self.boot)
+                    try:
+                        await self._run_boot(self.boot)
+                    except Exception as exc:
+                        await self._report_boot_failure(exc)
+                        raise
                 if self.parent_address is not None:
                     self.outbox(self.parent_address).send(
                         _codec.encode(M.Hello(self.proc_id, self.address))
@@ -263,6 +267,21 @@ class Runtime:
         result = await trio.to_thread.run_sync(boot)
         if inspect.iscoroutine(result):  # a sync callable that returned a coroutine
             await self.run_coroutine(result)
+
+    async def _report_boot_failure(self, exc: Exception) -> None:
+        """Tell the spawner what the bootstrap callable raised, in a HELLO, and wait (within
+        ``stop_timeout``) until it has handled it: the proc exits next, and its spawner
+        fails the spawn with this error rather than with a bare exit status."""
+        if self.parent_address is None:
+            return
+        failure = RemoteFailure.capture(exc)
+        error = (failure.type_name, failure.message, failure.traceback)
+        hello = M.Hello(self.proc_id, self.address, error)
+        box = self.outbox(self.parent_address)
+        box.send(_codec.encode(hello))
+        with trio.move_on_after(self.config.stop_timeout):
+            while not (box.idle or box.failed):  # acknowledged: the spawner handled it
+                await trio.sleep(0.01)
 
     def runtime_died(self, exc: BaseException) -> None:
         """The trio loop of this runtime ended with ``exc`` (called on its thread once
@@ -563,6 +582,12 @@ class Runtime:
                 if msg.port is not None:
                     self.send_port(msg.port, 0, M.OK, None)
                 self.nursery.start_soon(self._stop_actors_then_stop)
+            case M.Hello(error=error) if error is not None:
+                # Its bootstrap callable raised; it exits next. It never became ready: the
+                # spawn learns of the failure from its exit (core/_children.py _wait_ready).
+                failed = self.children.get(msg.address)
+                if failed is not None:
+                    failed.boot_failure = RemoteFailure(*error)
             case M.Hello():
                 ready = self.child_ready.pop(msg.address, None)
                 if ready is not None:

@@ -34,7 +34,7 @@ records = st.one_of(
     st.builds(M.Spawn, names, names, st.integers(0, 10**6), labels, sizes, ports, owners, values),
     st.builds(M.StopActor, names, ports),
     st.builds(M.StopProc, ports),
-    st.builds(M.Hello, names, names),
+    st.builds(M.Hello, names, names, st.none() | st.tuples(names, names, names)),
     st.builds(M.Failed, names, st.integers(0, 10**6), values),
     st.builds(M.Heartbeat, names),
     st.builds(M.Session, names, st.integers(0, 2**63 - 1)),
@@ -72,6 +72,17 @@ def test_every_record_survives_the_wire(msg: M.Wire) -> None:
         assert isinstance(got.payload, M.Unpickled)
         got = attrs.evolve(got, payload=_codec.load_pickled(got.payload))
     _same(got, msg)
+
+
+def test_a_hello_carries_a_boot_failure_and_is_unchanged_without_one() -> None:
+    """A proc whose bootstrap callable raised says so in its HELLO; a HELLO without an
+    error is the frame it was before HELLOs carried errors (older peers read it)."""
+    error = ("builtins.RuntimeError", "no checkpoint", "Traceback (most recent call last):\n")
+    failed = M.Hello("c1.p3", "unix:///run/regency/p3.sock", error)
+    assert _codec.decode(_wire(_codec.encode(failed))) == failed
+    plain = M.Hello("c1.p3", "unix:///run/regency/p3.sock")
+    assert _codec.encode(plain) == _codec._pack((_codec._HELLO, plain.proc_id, plain.address))
+    assert _codec.decode(_wire(_codec.encode(plain))) == plain
 
 
 def test_the_hot_path_encoders_match_encode() -> None:

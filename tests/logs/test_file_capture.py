@@ -286,7 +286,12 @@ def test_a_proc_that_fails_to_boot_reports_its_traceback(
         pm.initialized.get(T)
     message = str(caught.value)
     head, _, tail = message.partition("; its last 2 lines of output:\n")
-    assert re.fullmatch(r"proc c\d+\.p\d+ exited with 1 before it started", head), message
+    # The proc reported what its bootstrap raised before it exited, traceback and all.
+    assert re.match(
+        r"proc c\d+\.p\d+'s bootstrap function raised builtins.ValueError: "
+        r"no checkpoint at /ckpt/7\nRemote traceback:\n", head
+    ), message
+    assert "in fail_to_boot" in head, message
     # The proc's last words are its traceback (on stderr), ending with the exception.
     assert tail.splitlines()[-1].startswith("    [stderr] ")
     assert "ValueError: no checkpoint at /ckpt/7" in tail, message
