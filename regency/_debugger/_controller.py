@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from ..core._endpoint import Actor, concurrent_endpoint, endpoint
+from ..core._ports import PortBase
 from . import _commands as C
 
 log = logging.getLogger("regency.debugger")
@@ -158,7 +159,7 @@ class Session:
         return not self.ended
 
 
-class _ProcWatch:
+class _ProcWatch(PortBase):
     """A reply port that never gets a reply: the runtime fails it when the link to
     ``address`` is lost, which is how the controller learns a debugged proc died."""
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..core._future import Future, resolved
+from ..core._ports import PortBase
 from ..core._singletons import root_address
 from ._records import CONTROL_PORT, SINK_PORT, Flush, Init, Mode, PrintWindows, SetMode
 from ._sink import LogSink, ensure_sink, sink_of
@@ -58,7 +59,7 @@ def install_proc(rt: Runtime) -> None:
     install_tee(rt)
 
 
-class LevelControl:
+class LevelControl(PortBase):
     """A proc's control port when forwarding is off: ``logging_option(level=...)`` still sets
     the proc's root logger level (Monarch's does, forwarding or not); nothing to stream."""
 
@@ -151,7 +152,7 @@ def procs_planned(rt: Runtime, children: Sequence[Child]) -> None:
         rt.send_port((child.address, CONTROL_PORT), rank, M.OK, Init(rank, sink, mode, job))
 
 
-class _Countdown:
+class _Countdown(PortBase):
     """Resolves ``fut`` after ``n`` acknowledgements; a lost proc fails it."""
 
     def __init__(self, fut: Future[None], n: int, dests: frozenset[str], what: str) -> None:
@@ -234,7 +235,7 @@ def flush(mesh: ProcMesh) -> Future[None]:
     return done
 
 
-class _Acked:
+class _Acked(PortBase):
     """Collects which procs' flushes the sink acknowledged (the value is the proc's address)."""
 
     dests: frozenset[str] = frozenset()  # a lost proc is noticed through its exit instead

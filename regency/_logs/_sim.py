@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..core import _messages as M
+from ..core._ports import PortBase
 from ._records import (
     CONTROL_PORT,
     MAX_LINE_BYTES,
@@ -43,7 +44,7 @@ def _cut(line: str) -> str:
     return raw[:MAX_LINE_BYTES].decode("utf-8", "ignore") + TRUNCATED_MARK
 
 
-class SimProcLogs:
+class SimProcLogs(PortBase):
     """A simulated proc's control port and line buffers (no threads: all in lockstep)."""
 
     dests: frozenset[str] = frozenset()

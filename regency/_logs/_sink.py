@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import trio
 
 from ..core import _messages as M
+from ..core._ports import PortBase
 from ._aggregate import Aggregator
 from ._leftovers import LeftoverWatch
 from ._records import (
@@ -41,7 +42,7 @@ def _target(stream: int) -> TextIO:
     return sys.stderr if stream == STDERR else sys.stdout
 
 
-class LogSink:
+class LogSink(PortBase):
     """A port handler in the root runtime (reserved id :data:`SINK_PORT`)."""
 
     dests: frozenset[str] = frozenset()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core import _messages as M
 from ..core._output_tail import TailRing, tail_path
+from ..core._ports import PortBase
 from ._capture import FileCapture
 from ._leftovers import cut_line, hand_over
 from ._records import (
@@ -137,7 +138,7 @@ class _Stream:
 _decode = cut_line
 
 
-class ProcLogs:
+class ProcLogs(PortBase):
     """The control port handler and the reader thread of one proc.
 
     ``_io`` serialises reading the pipes: the reader thread holds it while it reads and
@@ -368,7 +369,7 @@ def _flush_python_streams() -> None:
             pass
 
 
-class _Confirm:
+class _Confirm(PortBase):
     dests: frozenset[str] = frozenset()
 
     def __init__(self, fut: Any) -> None:

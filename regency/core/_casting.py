@@ -48,6 +48,7 @@ from . import _codec
 from . import _messages as M
 from ._config import current_config
 from ._errors import RemoteFailure, UndeliverableError
+from ._ports import PortBase
 from ._tree import root_ranges, subtree
 from ._treenode import (
     FINISHED,
@@ -470,7 +471,7 @@ class _Behind:
         return []
 
 
-class TreeNode:
+class TreeNode(PortBase):
     """One proc's part in one tree cast, a reply-port handler: the shell that feeds its
     :class:`~regency.core._treenode.TreeMachine` (states, events, decisions: see that module)
     what happens to the port and performs what it decides (sends, deliveries, fences).

@@ -13,6 +13,7 @@ from . import _messages as M
 from ._controller import current_runtime
 from ._errors import ActorError, RemoteFailure
 from ._future import Future
+from ._ports import PortBase
 from ._runtime import Runtime
 
 T = TypeVar("T")
@@ -54,7 +55,7 @@ class Port(Generic[T]):
         return f"<Port {self._ref}>"
 
 
-class _Inbox:
+class _Inbox(PortBase):
     dests: frozenset[str] = frozenset()
 
     def __init__(self, once: bool, ranked: bool) -> None:

@@ -23,6 +23,7 @@ from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
 from ._hostlinks import host_address, parse_host_address, remote_scheme
 from ._launcher import ProcHandle, ProcLauncher
+from ._ports import PortBase
 from ._proc_bind import RECORD_KEY
 from ._runtime import Runtime
 
@@ -64,7 +65,7 @@ class MeshLife:
             raise type(self.error)(str(self.error))
 
 
-class _Reply:
+class _Reply(PortBase):
     """A one-shot reply port handler for worker requests."""
 
     def __init__(self, fut: Future[Any], what: str, worker: str) -> None:

@@ -132,7 +132,7 @@ class InboundSink:
                 return False  # malformed: the loop meets it and closes the connection
             if bulk is not None:
                 handler = rt.ports.get(bulk)
-                if handler is None or not getattr(handler, "on_any_thread", False):
+                if handler is None or not handler.on_any_thread:
                     return False
             else:
                 call = self._envelope_call(frame, head)
@@ -150,7 +150,7 @@ class InboundSink:
                 # trio thread. Looked up once, under the lock, and handed to ``deliver_reply``
                 # (as the loop's looks it up under the lock before it delivers).
                 handler = rt.ports.get(port_id)
-                if handler is None or not getattr(handler, "on_any_thread", False):
+                if handler is None or not handler.on_any_thread:
                     return False
             index = receiver.frame(size)
             # Numbered: the frame is taken, whatever happens next (the reader moves past it).

@@ -25,6 +25,7 @@ import trio
 from . import _messages as M
 from ._future import Future
 from ._liveness import cpu_sample
+from ._ports import PortBase
 from ._stacks import JobStacks, ProcStacks, Stall, capture, check_stalls, innermost_user
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class StacksRequest:
     children: bool
 
 
-class StacksService:
+class StacksService(PortBase):
     """The handler of :data:`STACKS_PORT` (on the loop): answers a request with this proc's
     stacks, after gathering its children's when asked."""
 
@@ -83,7 +84,7 @@ class StacksService:
             log.info("could not answer a stacks request from %s: %s", request.reply[0], exc)
 
 
-class _Collect:
+class _Collect(PortBase):
     """The reply port of one gather: each target's answer, or why it has none."""
 
     keep_port_on_loss = True
@@ -338,7 +339,7 @@ def stacks_for_call(
 # -- stalls ------------------------------------------------------------------------------
 
 
-class StallSink:
+class StallSink(PortBase):
     """The controller's :data:`STALL_PORT`: logs each report (logger ``regency.stall``)."""
 
     dests: frozenset[str] = frozenset()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import _messages as M
+from ._ports import PortBase
 from ._stacks import RECENT
 
 if TYPE_CHECKING:
@@ -312,7 +313,7 @@ def _service(rt: Runtime) -> MetricsService | None:
 # -- the service ----------------------------------------------------------------------------
 
 
-class MetricsService:
+class MetricsService(PortBase):
     """The handler of :data:`METRICS_PORT` (on the loop), and this runtime's statistics."""
 
     dests: frozenset[str] = frozenset()

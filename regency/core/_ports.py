@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -21,17 +22,55 @@ class PortHandler(Protocol):
     """Receives what arrives on one reply port. Called on the runtime's trio thread, unless
     the handler's class sets ``on_any_thread = True``: then ``deliver`` may also run on a
     thread that read the reply itself (core/_leader.py), always under the runtime's
-    ``dispatch_lock`` (the loop holds it too while it handles a frame)."""
+    ``dispatch_lock`` (the loop holds it too while it handles a frame). Handlers subclass
+    :class:`PortBase`, which gives the optional parts their defaults."""
 
     #: Addresses of the procs this port waits on; a lost link to one fails the port.
     dests: frozenset[str]
+    @property
+    def on_any_thread(self) -> bool:
+        """Whether ``deliver`` may run on a thread that read the reply (under the dispatch
+        lock)."""
+        ...
+
+    @property
+    def keep_port_on_loss(self) -> bool:
+        """Whether a lost link to a destination leaves the port open (the handler decides
+        when it is finished; its ``fail`` is still called)."""
+        ...
+
+    @property
+    def endpoint(self) -> str | None:
+        """The endpoint whose replies come here, named when one cannot be unpickled; None:
+        a reply that cannot be unpickled fails the port."""
+        ...
 
     def deliver(self, index: int, status: int, value: Any) -> bool:
         """Handle one reply (``status`` from :mod:`._messages`: ``OK`` with the value, else a
         RemoteFailure); return True when the port is finished and can be closed."""
 
+    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
+        """Replies a forwarding proc of a casting tree gathered, as (rank, status, value);
+        True when the port is finished."""
+
     def fail(self, exc: BaseException, address: str | None = None) -> None:
         """The port can no longer complete (``address``, a destination, is unreachable)."""
+
+
+class PortBase:
+    """The base of port handlers: the defaults of :class:`PortHandler`'s optional parts."""
+
+    __slots__ = ()
+    on_any_thread = False
+    keep_port_on_loss = False
+    endpoint: str | None = None
+
+    #: (Each handler defines it: see :class:`PortHandler`.)
+    deliver: Callable[[int, int, Any], bool]
+
+    def deliver_batch(self, offset: int, entries: list[tuple[int, int, Any]]) -> bool:
+        """By default each entry as if it had come alone, until the port is finished."""
+        return any(self.deliver(rank, status, value) for rank, status, value in entries)
 
 
 class PortOwner(Protocol):
@@ -98,7 +137,7 @@ class PortTable:
                 return  # a late reply to a port that finished or timed out
         try:
             if type(value) is Undecodable:
-                endpoint = getattr(handler, "endpoint", None)
+                endpoint = handler.endpoint
                 if endpoint is None:
                     raise value.error
                 # A reply that cannot be unpickled fails that call, naming it.
@@ -117,15 +156,7 @@ class PortTable:
             if status == BATCH and type(value) is list:
                 # Replies gathered by a forwarding proc of a casting tree: the tree's own
                 # handler takes them whole; any other gets each as if it had come alone.
-                batch = getattr(handler, "deliver_batch", None)
-                if batch is not None:
-                    finished = batch(index, value)
-                else:
-                    finished = False
-                    for rank, rank_status, item in value:
-                        if handler.deliver(rank, rank_status, item):
-                            finished = True
-                            break
+                finished = handler.deliver_batch(index, value)
             else:
                 finished = handler.deliver(index, status, value)
         except (KeyboardInterrupt, trio.Cancelled):

@@ -19,6 +19,7 @@ from .. import supervision as S
 from . import _messages as M
 from ._errors import ActorError, RemoteFailure, SupervisionError
 from ._future import _PENDING, Future
+from ._ports import PortBase
 from ._shape import Shape, ValueMesh
 
 
@@ -86,7 +87,7 @@ class Reducer(Protocol):
         """The call can no longer complete."""
 
 
-class Replies:
+class Replies(PortBase):
     """The reply port handler of an endpoint call: ``expected`` replies, folded by
     ``reducer``. ``ranks``/``addresses``: the mesh rank and address of each rank called,
     so that a lost destination fails the call naming the ranks behind it."""
@@ -97,6 +98,7 @@ class Replies:
     #: Replies may be delivered on a thread that read them (core/_leader.py), under the
     #: runtime's dispatch lock: this handler only counts and resolves futures.
     on_any_thread = True
+    endpoint: str
 
     def __init__(
         self,
@@ -168,7 +170,7 @@ class Replies:
         self.reducer.fail(call_failed(self.endpoint, exc, ranks, locals_, self.route))
 
 
-class OneReply(Future[Any]):
+class OneReply(Future[Any], PortBase):
     """The future of a call to one rank (``call_one``, ``choose``), which is also its reply
     port's handler: :class:`Replies` with a reducer that keeps the one value, folded into the
     future the caller holds. A pipelined caller keeps one per call in flight, so each object
@@ -178,6 +180,7 @@ class OneReply(Future[Any]):
 
     __slots__ = ("addresses", "dests", "endpoint", "local", "ranks", "route")
     on_any_thread = True  # as Replies
+    endpoint: str
     #: Never set: a one-rank call is not gathered up a casting tree.
     behind: Callable[[str], list[int]] | None = None
 
@@ -303,7 +306,7 @@ class EachInTurn:
             fut.set_exception(exc)
 
 
-class _Acks:
+class _Acks(PortBase):
     """Counts acknowledgements (spawn, stop); errors are remembered, not raised."""
 
     on_any_thread = True  # as Replies

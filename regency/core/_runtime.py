@@ -51,7 +51,7 @@ from ._mailbox import ActorCell
 from ._metrics import count_received
 from ._outbox import Outbox
 from ._oversight import Oversight
-from ._ports import PortHandler, PortTable
+from ._ports import PortBase, PortHandler, PortTable
 from ._probe import Probe
 from ._stacks import Stall
 from ._ticker import Ticker
@@ -505,7 +505,7 @@ class Runtime:
         with self.dispatch_lock:  # a thread may be delivering a reply to one of these
             for port_id, handler in list(self.ports.items()):
                 if address in handler.dests:
-                    if not getattr(handler, "keep_port_on_loss", False):
+                    if not handler.keep_port_on_loss:
                         del self.ports[port_id]
                     handler.fail(error, address)
         self.oversight.perform(root)
@@ -690,7 +690,7 @@ class Runtime:
         self.dead[cell.key] = failure
 
 
-class _AllStopped:
+class _AllStopped(PortBase):
     """A port handler counting the acknowledgements of ``n`` StopActor messages."""
 
     def __init__(self, n: int) -> None:

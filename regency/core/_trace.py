@@ -40,6 +40,7 @@ import attrs
 import trio
 
 from . import _messages as M
+from ._ports import PortBase
 
 if TYPE_CHECKING:
     from ._mailbox import ActorCell
@@ -179,7 +180,7 @@ def start(rt: Runtime, capacity: int) -> None:
                 log.info("could not start tracing in %s: %s", child.proc_id, exc)
 
 
-class TraceService:
+class TraceService(PortBase):
     """The handler of :data:`TRACE_PORT` (on the loop)."""
 
     dests: frozenset[str] = frozenset()
@@ -234,7 +235,7 @@ def own_trace(rt: Runtime, stop: bool) -> ProcTrace:
     )
 
 
-class _Gather:
+class _Gather(PortBase):
     keep_port_on_loss = True
 
     def __init__(self, addresses: Sequence[str], clock: Any) -> None:

@@ -64,3 +64,14 @@ def test_the_parts_protocols_are_what_the_runtime_is() -> None:
             n for n in vars(protocol) if not n.startswith("_") and callable(getattr(protocol, n))
         }
         assert methods <= rt_attrs, (protocol, methods - rt_attrs)
+
+
+def test_a_port_handlers_parts_are_declared_not_probed() -> None:
+    # What a handler can do is on PortHandler (defaults on PortBase), not found by getattr.
+    for path, text in _sources():
+        assert not re.search(r"getattr\(handler,", text), path
+    for path, text in _sources():
+        handler = r"^class (\w+)(\([^)]*\))?:\n(?:(?!^class ).*\n)*?\s+def deliver\(self, index"
+        for match in re.finditer(handler, text, re.M):
+            bases = match.group(2) or ""
+            assert "PortBase" in bases or bases == "(Protocol)", (path, match.group(1))
