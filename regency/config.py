@@ -100,8 +100,10 @@ class DurationFormatError(TypeError, ValueError):
 
 
 _NS_PER_S = 1_000_000_000
-#: Nanoseconds per unit, with every spelling of Monarch's (humantime's) parser. A month is
-#: 30.44 days and a year 365.25 days, as there.
+#: Seconds in Monarch's (humantime's) month (30.44 days) and year (365.25 days).
+_MONTH_S = 2_630_016
+_YEAR_S = 31_557_600
+#: Nanoseconds per unit, with every spelling of Monarch's (humantime's) parser.
 _UNITS: dict[str, int] = {
     **dict.fromkeys(("ns", "nsec", "nanos"), 1),
     **dict.fromkeys(("us", "µs", "usec"), 1_000),
@@ -111,8 +113,8 @@ _UNITS: dict[str, int] = {
     **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3_600 * _NS_PER_S),
     **dict.fromkeys(("d", "day", "days"), 86_400 * _NS_PER_S),
     **dict.fromkeys(("w", "wk", "wks", "week", "weeks"), 7 * 86_400 * _NS_PER_S),
-    **dict.fromkeys(("M", "month", "months"), 2_630_016 * _NS_PER_S),
-    **dict.fromkeys(("y", "yr", "yrs", "year", "years"), 31_557_600 * _NS_PER_S),
+    **dict.fromkeys(("M", "month", "months"), _MONTH_S * _NS_PER_S),
+    **dict.fromkeys(("y", "yr", "yrs", "year", "years"), _YEAR_S * _NS_PER_S),
 }
 _NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")
 _UNIT = re.compile(r"[A-Za-zµ]+")
@@ -164,8 +166,8 @@ def format_duration(seconds: float) -> str:
     if total <= 0:
         return "0s"
     secs, nanos = divmod(total, _NS_PER_S)
-    years, secs = divmod(secs, 31_557_600)
-    months, secs = divmod(secs, 2_630_016)
+    years, secs = divmod(secs, _YEAR_S)
+    months, secs = divmod(secs, _MONTH_S)
     days, secs = divmod(secs, 86_400)
     hours, secs = divmod(secs, 3_600)
     minutes, secs = divmod(secs, 60)

@@ -142,8 +142,6 @@ class FileCapture:
         self._held_back = 0
         #: Set when capture failed (the reason was said): nothing more is written.
         self.broken = False
-        #: The directory of this proc's files, once open.
-        self.directory: str | None = None
 
     def write(self, stream: int, chunk: bytes) -> None:
         if self.broken:
@@ -178,7 +176,6 @@ class FileCapture:
         except OSError as exc:
             self._fail(f"could not open the capture files in {directory}: {exc}")
             return
-        self.directory = directory
         pending, self._pending = self._pending, {}
         if self._held_back:
             note = (

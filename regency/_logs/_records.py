@@ -11,14 +11,17 @@ import logging
 
 import attrs
 
+from ..core._output_tail import STREAM_NAMES as STREAM_NAMES
+
 #: The controller's log sink (in the root runtime).
 SINK_PORT = (1 << 63) | 1
 #: Each proc's log control (mode changes, flushes).
 CONTROL_PORT = (1 << 63) | 2
 
+#: The streams' numbers, as the output tail's records (``core/_output_tail.py``) number
+#: them; ``STREAM_NAMES`` (from there) names them.
 STDOUT = 1
 STDERR = 2
-STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
 
 #: Longest forwarded line, in bytes; longer ones are cut and marked.
 MAX_LINE_BYTES = 4096

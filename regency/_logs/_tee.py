@@ -335,10 +335,10 @@ class ProcLogs(PortBase):
 
     # -- the end -----------------------------------------------------------------------------
 
-    def final_drain(self, timeout: float = 2.0, confirm: bool = True) -> None:
+    def final_drain(self, timeout: float = 2.0) -> None:
         """Forward what is still in the pipes (the proc is about to exit), from any thread;
-        then, when the trio loop can still deliver its answer (and ``confirm``), wait (at
-        most ``timeout``) for the sink to confirm it has the lines."""
+        then, when the trio loop can still deliver its answer, wait (at most ``timeout``)
+        for the sink to confirm it has the lines."""
         _flush_python_streams()
         if not self._io.acquire(timeout=timeout):
             return
@@ -348,7 +348,7 @@ class ProcLogs(PortBase):
             self._io.release()
         self._copy_to_host()  # the host writer may not run again
         rt = self.rt
-        if not confirm or self.sink is None or not self.mode.stream or rt.on_runtime_thread():
+        if self.sink is None or not self.mode.stream or rt.on_runtime_thread():
             return
         from ..core._future import Future
 
@@ -444,8 +444,8 @@ def install_tee(rt: Runtime) -> ProcLogs:
 
 
 def _drain_at_exit(logs: ProcLogs) -> None:
-    logs.sink = None  # the runtime has stopped: nothing more is sent
-    logs.final_drain(timeout=1.0, confirm=False)
+    logs.sink = None  # the runtime has stopped: nothing more is sent, nor confirmed
+    logs.final_drain(timeout=1.0)
 
 
 def installed() -> ProcLogs | None:

@@ -299,7 +299,9 @@ def _to_worker(spec: EndpointSpec[..., Any], outcome: Future[Any]) -> EndpointSp
 # -- the controller's side --------------------------------------------------------------------
 
 
-def _pickled(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Tensor], tuple[bytes, ...]]:
+def _pickled(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[Tensor], tuple[bytes, ...]]:
     """The handles among ``(args, kwargs)`` and their pickle (raises what pickling raises)."""
     with _collecting() as handles:
         parts = _codec.dumps((args, kwargs))
@@ -382,7 +384,8 @@ def rref(
     if spec._explicit_response_port:
         raise TypeError(
             f"{call}: rref takes what the endpoint returns, and {endpoint._name} answers "
-            "through a response port instead"
+            "through a response port instead (explicit_response_port=True, or a "
+            "@concurrent_endpoint)"
         )
     propagate = spec.propagate
     if not (callable(propagate) or propagate == "inspect"):

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _context
+from ._actors import reduce_handle
 from ._engine import ISSUER, Engine, engine_for, forget
 from ._errors import (
     BORROWED,
@@ -188,8 +189,6 @@ class Tensor(torch.Tensor):
         )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        from ._actors import reduce_handle
-
         reduced = reduce_handle(self)  # among an actor endpoint's arguments: each rank's own
         if reduced is None:
             raise TypeError(

@@ -149,6 +149,21 @@ class Endpoint(Generic[P, R]):
             gather=gather, replies=replies,
         )
 
+    def _arguments(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        ranks: Sequence[int] | None = None,
+        *,
+        checked: bool = True,
+    ) -> list[Any]:
+        """The call's payload: its arguments pickled, or, when they hold tensors of the
+        tensor engine, as the engine carries them to ``ranks`` (None: every rank)."""
+        try:
+            return _pickle_args(self.qualname, args, kwargs)
+        except ArgumentPickleError as exc:
+            return _carried(self, ranks, args, kwargs, exc, checked=checked)
+
     def _check_alive(self, rt: Runtime, local_ranks: Sequence[int]) -> None:
         """Raise ``SupervisionError`` if one of ``local_ranks`` is known to have failed."""
         oversight, key, ranks = rt.oversight, self._mesh._key, self._mesh._shape.ranks
@@ -166,12 +181,7 @@ class Endpoint(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Send to every rank; the future resolves to a ValueMesh of the replies."""
         rt = current_runtime()
-        try:
-            payload = (
-                _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
-            )
-        except ArgumentPickleError as exc:
-            payload = _carried(self, None, args, kwargs, exc)
+        payload = self._arguments(args, kwargs) if args or kwargs else _NO_ARGUMENTS
         fut: Future[ValueMesh[R]] = Future()
         fut._explain = self._call_all(
             rt, ToMesh(fut, self._mesh._shape), payload, once_per_rank=True, gather=True
@@ -266,31 +276,20 @@ class Endpoint(Generic[P, R]):
                 f"call_one needs a mesh of exactly 1 rank (got {self._ranks} ranks: "
                 f"{self._mesh._shape.dim_sizes()}); slice it first or use call()"
             )
-        try:
-            payload = (
-                _pickle_args(self.qualname, args, kwargs) if args or kwargs else _NO_ARGUMENTS
-            )
-        except ArgumentPickleError as exc:
-            payload = _carried(self, None, args, kwargs, exc)
+        payload = self._arguments(args, kwargs) if args or kwargs else _NO_ARGUMENTS
         return self._call_rank(current_runtime(), 0, payload)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one rank chosen uniformly at random."""
         rt = current_runtime()
         rank = rt.rng.randrange(len(self._mesh._shape))
-        try:
-            payload = _pickle_args(self.qualname, args, kwargs)
-        except ArgumentPickleError as exc:
-            payload = _carried(self, (rank,), args, kwargs, exc)
+        payload = self._arguments(args, kwargs, (rank,))
         return self._call_rank(rt, rank, payload)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Send to every rank; yield one future per rank, in the order replies arrive."""
         rt = current_runtime()
-        try:
-            payload = _pickle_args(self.qualname, args, kwargs)
-        except ArgumentPickleError as exc:
-            payload = _carried(self, None, args, kwargs, exc)
+        payload = self._arguments(args, kwargs)
         futs: list[Future[R]] = [Future() for _ in range(len(self._mesh._shape))]
         explain = self._call_all(rt, EachInTurn(futs), payload, once_per_rank=True).explain
         for fut in futs:
@@ -301,10 +300,7 @@ class Endpoint(Generic[P, R]):
         """Send to every rank; wait for nothing. A rank known to have failed raises
         ``SupervisionError`` here."""
         rt = current_runtime()
-        try:
-            payload = _pickle_args(self.qualname, args, kwargs)
-        except ArgumentPickleError as exc:
-            payload = _carried(self, None, args, kwargs, exc)
+        payload = self._arguments(args, kwargs)
         self._broadcast(rt, payload)
 
     def _broadcast(self, rt: Runtime, payload: list[Any]) -> None:
@@ -323,10 +319,7 @@ class Endpoint(Generic[P, R]):
         self, acc: Any, combine: Callable[[Any, Any], Any], args: Any, kwargs: Any
     ) -> Future[Any]:
         rt = current_runtime()
-        try:
-            payload = _pickle_args(self.qualname, args, kwargs)
-        except ArgumentPickleError as exc:
-            payload = _carried(self, None, args, kwargs, exc)
+        payload = self._arguments(args, kwargs)
         fut: Future[Any] = Future()
         fut._explain = self._call_all(
             rt, Fold(fut, acc, combine), payload, once_per_rank=True, gather=True
@@ -394,10 +387,8 @@ def send(
     rt = current_runtime()
     n = len(endpoint._mesh._shape)
     ranks: Sequence[int] = [rt.rng.randrange(n)] if selection == "choose" else range(n)
-    try:
-        payload = _pickle_args(endpoint.qualname, args, kwargs)
-    except ArgumentPickleError as exc:  # (no liveness check: a failed rank bounces it)
-        payload = _carried(endpoint, ranks, args, kwargs, exc, checked=False)
+    # (No liveness check for tensors carried: a failed rank bounces the call.)
+    payload = endpoint._arguments(args, kwargs, ranks, checked=False)
     endpoint._send(rt, ranks, port._ref if port is not None else None, payload)
     if rt.config.metrics:
         count_sent(rt, endpoint._mesh._name, endpoint._name, len(ranks))

@@ -18,6 +18,7 @@ import trio
 
 from . import _controller, _current
 from . import _messages as M
+from ._children import Child
 from ._controller import current_runtime, derive_secret
 from ._errors import RemoteFailure, SupervisionError
 from ._future import Future
@@ -389,6 +390,15 @@ def job_passphrase() -> str | None:
     return _controller.known_passphrases.get(rt.secret)
 
 
+def new_job_passphrase() -> str:
+    """The passphrase for the workers of a job applied now: this controller's own
+    (:func:`job_passphrase`), else ``REGENCY_SECRET`` when set (it wins: the controller will
+    run with it), else a fresh one, which this process adopts when it attaches."""
+    import secrets
+
+    return job_passphrase() or os.environ.get("REGENCY_SECRET", "").strip() or secrets.token_hex(24)
+
+
 def attach_to_workers(
     workers: Sequence[str] | None = None,
     secret: str | bytes | None = None,
@@ -471,9 +481,9 @@ def attach_to_workers(
     rt = current_runtime()
     if lease is None:
         lease = rt.config.worker_lease
-    hosts = getattr(rt, "hosts", None)
+    hosts = rt.hosts
     if hosts is None:
-        hosts = rt.hosts = _Hosts(rt, lease)  # type: ignore[attr-defined]
+        hosts = rt.hosts = _Hosts(rt, lease)
         rt.start_soon(hosts.renew_leases)
     # Renewals come often enough for the shortest lease of any attachment.
     hosts.lease = min(hosts.lease, lease)
@@ -495,6 +505,8 @@ class WorkerLauncher(ProcLauncher):
     """Starts procs on a remote host through its worker daemon: the runtime launches them
     there like local ones. Addresses come from ports the worker reserved for us; exits come
     back as EXITED reports."""
+
+    worker: str
 
     def __init__(self, hosts: _Hosts, host: HostRef) -> None:
         self._hosts, self.host = hosts, host
@@ -535,9 +547,14 @@ class WorkerLauncher(ProcLauncher):
         return True
 
 
+def _worker_of(child: Child | None) -> str | None:
+    """The worker that runs ``child`` (None: a proc of this host, or no such child)."""
+    return child.launcher.worker if child is not None and child.launcher is not None else None
+
+
 def worker_launcher(rt: Runtime, host: HostRef) -> WorkerLauncher:
     """The launcher for a host of ``attach_to_workers``."""
-    state: _Hosts | None = getattr(rt, "hosts", None)
+    state = rt.hosts
     if state is None or host.worker not in state.known:
         raise LookupError(
             f"the host at {host.worker} is not attached to this process; attach_to_workers "
@@ -558,7 +575,7 @@ def shutdown_hosts(
     from ._children import _stop_procs
 
     done: Future[None] = Future()
-    state: _Hosts | None = getattr(rt, "hosts", None)
+    state = rt.hosts
     if state is None:
         done.set_result(None)
         return done
@@ -568,7 +585,7 @@ def shutdown_hosts(
         addresses = [
             a
             for a, c in rt.children.items()
-            if isinstance(c.launcher, WorkerLauncher) and c.launcher.worker in workers
+            if _worker_of(c) in workers
         ]
         stopped: Future[None] = Future()
         await _stop_procs(rt, addresses, stopped)
@@ -596,24 +613,16 @@ def stop_mesh_procs(rt: Runtime, life: MeshLife) -> Future[None]:
     from ._children import _stop_procs
 
     done: Future[None] = Future()
-    state: _Hosts | None = getattr(rt, "hosts", None)
+    state = rt.hosts
     addresses = list(dict.fromkeys(life.procs))
     life.procs.clear()
 
     async def stop() -> None:
-        workers = {
-            c.launcher.worker
-            for a in addresses
-            if (c := rt.children.get(a)) is not None and isinstance(c.launcher, WorkerLauncher)
-        }
+        workers = {w for a in addresses if (w := _worker_of(rt.children.get(a))) is not None}
         stopped: Future[None] = Future()
         await _stop_procs(rt, addresses, stopped)
         if state is not None:
-            busy = {
-                c.launcher.worker
-                for c in rt.children.values()
-                if isinstance(c.launcher, WorkerLauncher) and c.returncode is None
-            }
+            busy = {_worker_of(c) for c in rt.children.values() if c.returncode is None}
             for worker in workers - busy:
                 if state.workers.pop(worker, None) is not None:
                     state.ports.pop(worker, None)
@@ -629,7 +638,7 @@ def stop_mesh_procs(rt: Runtime, life: MeshLife) -> Future[None]:
 
 def detach_all(rt: Runtime) -> None:
     """On a clean exit: tell every worker we are done (they kill what is left of ours)."""
-    hosts: _Hosts | None = getattr(rt, "hosts", None)
+    hosts = rt.hosts
     if hosts is None:
         return
     for worker in hosts.workers:

@@ -56,6 +56,10 @@ class ProcHandle(abc.ABC):
 
 
 class ProcLauncher(abc.ABC):
+    #: The address of the worker daemon that starts this launcher's procs (a host of
+    #: ``attach_to_workers``); None: procs of this host, or the simulator's.
+    worker: str | None = None
+
     def address_for(self, proc_id: str) -> str | None:
         """The address a new proc should listen on, when this launcher decides it (the
         simulator does); None lets the runtime pick one from its transport settings."""

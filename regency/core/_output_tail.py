@@ -30,6 +30,7 @@ _HEADER = struct.Struct("<4sIQ")
 #: The most a ring takes (a sparse file: only pages written to are ever allocated).
 MAX_RING_BYTES = 64 << 20
 
+#: The streams by the number a record starts with (``regency._logs`` numbers them alike).
 STREAM_NAMES = {1: "stdout", 2: "stderr"}
 
 

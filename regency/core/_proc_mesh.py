@@ -374,7 +374,7 @@ class HostMesh(MeshAlgebra):
         if self._hosts is not None:
             count = len(shape) // max(len(self._shape), 1)
             refs = [self._hosts[r] for r in self._shape.ranks]
-            state = getattr(rt, "hosts", None)
+            state = rt.hosts
             if state is not None and rt.env.host_launcher(refs[0].worker) is None:
                 state.ensure_attached(refs)  # let go by stop(): attach again
             launchers = [rt.env.host_launcher(host.worker) or worker_launcher(rt, host) for host in refs]

@@ -24,7 +24,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 import trio
 
@@ -57,6 +57,9 @@ from ._stacks import Stall
 from ._ticker import Ticker
 from ._trace import TraceRing
 from ._trace import install as install_trace
+
+if TYPE_CHECKING:
+    from ._hosts import _Hosts
 
 _REPLY_MARK = _codec.REPLY_MARK
 #: A SPAWN's payload while a thread decodes it (``Runtime._spawns``).
@@ -96,6 +99,8 @@ class Runtime:
         self.children: dict[str, Child] = self.child_procs.children
         self.child_ready: dict[str, trio.Event] = self.child_procs.child_ready
         self.on_child_exit: list[Callable[[Child], None]] = self.child_procs.on_child_exit
+        #: The workers this runtime attached to (core/_hosts.py), once it has attached.
+        self.hosts: _Hosts | None = None
         #: Whether the proc at an address is alive and computing (an outbox's verdict).
         self.peer_busy = self.child_procs.peer_busy
         self.address: str = address or self.child_procs.default_address(proc_id)

@@ -180,12 +180,19 @@ def _directory(src: str | Path, what: str) -> str:
     return path
 
 
-def _no_nesting(found: list[Unit]) -> None:
-    """Two directories synced into one another would delete each other's files: on a host
-    without $WORKSPACE_DIR each goes to its own path, on one with it to its remote path."""
+def overlap(a: str, b: str) -> bool:
+    """Whether the directories ``a`` and ``b`` (normalized paths) are one, or one lies in
+    the other."""
 
     def inside(a: str, b: str) -> bool:
         return a == b or a.startswith(b.rstrip("/") + "/")
+
+    return inside(a, b) or inside(b, a)
+
+
+def _no_nesting(found: list[Unit]) -> None:
+    """Two directories synced into one another would delete each other's files: on a host
+    without $WORKSPACE_DIR each goes to its own path, on one with it to its remote path."""
 
     for i, a in enumerate(found):
         for b in found[i + 1 :]:
@@ -193,7 +200,7 @@ def _no_nesting(found: list[Unit]) -> None:
             if a.relative is not None and b.relative is not None:
                 places.append(("/" + a.relative, "/" + b.relative))
             for x, y in places:
-                if inside(x, y) or inside(y, x):
+                if overlap(x, y):
                     raise ValueError(
                         f"sync_workspace: {a.source} and {b.source} would be synced into one "
                         f"another (at {x.lstrip('/') or '.'!r} and {y.lstrip('/') or '.'!r}); "

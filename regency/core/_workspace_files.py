@@ -20,6 +20,7 @@ proc starts, from ``regency.core._bootstrap``); it imports nothing heavy for tha
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -61,7 +62,7 @@ class HashCache:
         self._known: dict[str, tuple[tuple[int, ...], str]] = {}
 
     def sha(self, path: str, st: os.stat_result) -> str:
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        key = _stat_key(st)
         known = self._known.get(path)
         if known is not None and known[0] == key:
             return known[1]
@@ -71,7 +72,12 @@ class HashCache:
 
     def know(self, path: str, st: os.stat_result, sha: str) -> None:
         """``path`` (as ``st`` describes it) holds ``sha``: written by us, no need to read it."""
-        self._known[path] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), sha)
+        self._known[path] = (_stat_key(st), sha)
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    """What a cached hash stays valid for: the same file, unchanged since."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def file_sha(path: str) -> str:
@@ -88,13 +94,27 @@ def scan(root: str, cache: HashCache) -> tuple[list[Entry], list[str]]:
     st = os.stat(root)
     entries = [Entry("", DIR, stat.S_IMODE(st.st_mode))]
     odd: list[str] = []
-    _scan_into(root, "", cache, entries, odd)
+    for path, full, st in walk(root):
+        if stat.S_ISLNK(st.st_mode):
+            entries.append(Entry(path, LINK, 0, target=os.readlink(full)))
+        elif stat.S_ISDIR(st.st_mode):
+            entries.append(Entry(path, DIR, stat.S_IMODE(st.st_mode)))
+        elif stat.S_ISREG(st.st_mode):
+            entries.append(
+                Entry(
+                    path, FILE, stat.S_IMODE(st.st_mode), st.st_size,
+                    cache.sha(full, st), st.st_mtime_ns,
+                )
+            )
+        else:
+            odd.append(path)
     return entries, odd
 
 
-def _scan_into(
-    top: str, rel: str, cache: HashCache, entries: list[Entry], odd: list[str]
-) -> None:
+def walk(top: str, rel: str = "") -> Iterator[tuple[str, str, os.stat_result]]:
+    """Every entry under ``top`` but :func:`skipped` names, in name order, a directory
+    before what it holds: (path relative to ``top``, full path, ``lstat``). Links are
+    not followed."""
     directory = os.path.join(top, rel) if rel else top
     with os.scandir(directory) as it:
         found = sorted(it, key=lambda e: e.name)
@@ -103,20 +123,9 @@ def _scan_into(
             continue
         path = f"{rel}/{entry.name}" if rel else entry.name
         st = entry.stat(follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            entries.append(Entry(path, LINK, 0, target=os.readlink(entry.path)))
-        elif stat.S_ISDIR(st.st_mode):
-            entries.append(Entry(path, DIR, stat.S_IMODE(st.st_mode)))
-            _scan_into(top, path, cache, entries, odd)
-        elif stat.S_ISREG(st.st_mode):
-            entries.append(
-                Entry(
-                    path, FILE, stat.S_IMODE(st.st_mode), st.st_size,
-                    cache.sha(entry.path, st), st.st_mtime_ns,
-                )
-            )
-        else:
-            odd.append(path)
+        yield path, entry.path, st
+        if stat.S_ISDIR(st.st_mode):
+            yield from walk(top, path)
 
 
 def read_verified(path: str, sha: str) -> Iterator[bytes]:
@@ -205,28 +214,17 @@ class Destination:
                 f"the workspace destination {path} exists and is not a directory"
             )
         if os.path.isdir(path):
-            self._look(path, "")
-
-    def _look(self, top: str, rel: str) -> None:
-        directory = os.path.join(top, rel) if rel else top
-        with os.scandir(directory) as it:
-            found = list(it)
-        for entry in found:
-            if skipped(entry.name):
-                continue
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                self.present[path] = (LINK, os.readlink(entry.path), st)
-            elif stat.S_ISDIR(st.st_mode):
-                self.present[path] = (DIR, "", st)
-                self._look(top, path)
-            elif stat.S_ISREG(st.st_mode):
-                sha = self.cache.sha(entry.path, st)
-                self.present[path] = (FILE, sha, st)
-                self.have.setdefault(sha, entry.path)
-            else:
-                self.present[path] = ("?", "", st)
+            for rel, full, st in walk(path):
+                if stat.S_ISLNK(st.st_mode):
+                    self.present[rel] = (LINK, os.readlink(full), st)
+                elif stat.S_ISDIR(st.st_mode):
+                    self.present[rel] = (DIR, "", st)
+                elif stat.S_ISREG(st.st_mode):
+                    sha = self.cache.sha(full, st)
+                    self.present[rel] = (FILE, sha, st)
+                    self.have.setdefault(sha, full)
+                else:
+                    self.present[rel] = ("?", "", st)
 
     def lacking(self) -> list[str]:
         """The contents (sha256) the manifest needs that this host has nowhere here."""
@@ -249,11 +247,9 @@ class Destination:
                 raise ValueError(f"workspace content {sha[:12]} for {self.path} arrived corrupted")
             self.have[sha] = blob
 
-    def commit(self, shared: bool) -> Report:
+    def commit(self) -> Report:
         """Bring the destination to the manifest: every changed file staged first, then put
         in place (``os.replace``), then what the manifest lacks deleted."""
-        if shared:
-            return Report(self.path, True, (), (), 0, 0)
         missing = [e.sha[:12] for e in self.entries if e.kind == FILE and e.sha not in self.have]
         if missing:
             raise RuntimeError(f"workspace sync for {self.path}: contents {missing} never arrived")
@@ -430,11 +426,14 @@ def add_synced_paths(record: dict[str, Any]) -> None:
     if not jobdir or not root:
         return
     paths = synced_paths(jobdir, root)
-    if not paths:
-        return
+    if paths:
+        put_first_on_path(paths)  # (a zygote's child may have listed these directories)
+
+
+def put_first_on_path(paths: list[str]) -> None:
+    """``paths``, in their order, ahead of ``sys.path`` (those not on it yet), and the
+    import system's caches of directory listings dropped."""
     for path in reversed(paths):
         if path not in sys.path:
             sys.path.insert(0, path)
-    import importlib
-
-    importlib.invalidate_caches()  # a zygote's child may have listed these directories
+    importlib.invalidate_caches()

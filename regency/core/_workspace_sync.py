@@ -28,13 +28,16 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
+
 from ..supervision import MeshFailure
 from . import _workspace_files as F
 from ._endpoint import Actor, endpoint
 from ._errors import ActorError
 from ._future import Future
-from ._hosts import HostRef, WorkerLauncher
-from ._workspace import HostSync, ReloadError, Unit, WorkspaceError, WorkspaceSync
+from ._hosts import HostRef
+from ._launcher import ProcLauncher
+from ._workspace import HostSync, ReloadError, Unit, WorkspaceError, WorkspaceSync, overlap
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
@@ -69,7 +72,7 @@ class WorkspaceHost(Actor):
         ]
         for i, a in enumerate(paths):
             for b in paths[i + 1 :]:
-                if a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"):
+                if overlap(a, b):
                     raise ValueError(
                         f"two workspace directories would be synced into one another here: "
                         f"{a} and {b} (WORKSPACE_DIR={base!r})"
@@ -104,7 +107,7 @@ class WorkspaceHost(Actor):
         """Put everything in place; new procs on this host import from the directories."""
         found = self._syncs.pop(sync)
         reports = [
-            F.Report(d, True, (), (), 0, 0) if isinstance(d, str) else d.commit(False)
+            F.Report(d, True, (), (), 0, 0) if isinstance(d, str) else d.commit()
             for d in found
         ]
         from ._controller import current_runtime
@@ -127,10 +130,7 @@ class Reloader(Actor):
 
     @endpoint
     def reload(self, changed: list[str], paths: list[str]) -> list[str]:
-        for path in reversed(paths):
-            if path not in sys.path:
-                sys.path.insert(0, path)
-        importlib.invalidate_caches()
+        F.put_first_on_path(paths)
         wanted = {os.path.realpath(p) for p in changed}
         reloaded: list[str] = []
         failed: list[str] = []
@@ -345,12 +345,7 @@ class WorkspaceClient(Actor):
                     mesh.stop().get()
                 except Exception:
                     pass  # it failed, or its proc is gone: nothing left to stop
-            done.append(
-                HostSync(
-                    result.host, result.destinations, result.shared, result.files_sent,
-                    result.bytes_sent, result.written, result.deleted, reloaded,
-                )
-            )
+            done.append(attrs.evolve(result, reloaded=reloaded))
         synced = WorkspaceSync(tuple(done))
         if failures:
             raise ReloadError(
@@ -363,10 +358,9 @@ def _key(ref: HostRef | None) -> str:
     return "" if ref is None else ref.worker
 
 
-def _on_host(launcher: object, ref: HostRef | None) -> bool:
-    if isinstance(launcher, WorkerLauncher):
-        return ref is not None and launcher.worker == ref.worker
-    return ref is None
+def _on_host(launcher: ProcLauncher | None, ref: HostRef | None) -> bool:
+    worker = launcher.worker if launcher is not None else None
+    return worker == (ref.worker if ref is not None else None)
 
 
 def _each(hosts: list[tuple[str, HostRef | None]], futures: list[Future[Any]]) -> list[Any]:

@@ -9,7 +9,6 @@ this, with Regency's workers (each ``start_worker_loop_forever`` on a free port 
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from typing import Any
 
@@ -32,13 +31,13 @@ def hosts_from_config(name: str) -> Any:
 
     if not isinstance(name, str):
         raise TypeError(f"hosts_from_config(name) takes a str (got {name!r})")
-    from ..core._hosts import job_passphrase
+    from ..core._hosts import new_job_passphrase
 
     passphrase = None
     env = None
     if not os.environ.get("REGENCY_SECRET", "").strip():
         # Regency already runs here (local procs first): its secret; else a fresh one.
-        passphrase = job_passphrase() or secrets.token_hex(24)
+        passphrase = new_job_passphrase()
         env = {**os.environ, "REGENCY_SECRET": passphrase}
     workers = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(NUM_HOSTS)]
     children = []

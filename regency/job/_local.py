@@ -4,7 +4,6 @@ process per host, for trying multi-host programs without a scheduler)."""
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -15,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from ..core._hosts import attach_to_workers, job_passphrase
+from ..core._hosts import attach_to_workers, new_job_passphrase
 from ..core._proc_mesh import this_host
 from ._job import BATCH_ENV, DEFAULT_STATE_PATH, BatchJob, JobState, JobTrait, log
 
@@ -152,7 +151,7 @@ class ProcessJob(JobTrait):
             )
         # Applied after Regency started here: this process's secret (one controller, several
         # jobs); else a fresh one, which this process adopts when it attaches.
-        self._secret = job_passphrase() or secrets.token_hex(24)
+        self._secret = new_job_passphrase()
         self._log_dir = tempfile.mkdtemp(prefix="regency-process-job-")
         started: list[tuple[str, subprocess.Popen[bytes], str]] = []
         ports = iter(_free_ports(sum(self._meshes.values())))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from ..core._hosts import attach_to_workers, job_passphrase
+from ..core._hosts import attach_to_workers, new_job_passphrase
 from ._job import DEFAULT_STATE_PATH, BatchJob, JobState, JobTrait, in_batch_job, log
 from ._local import check_meshes
 
@@ -292,7 +291,7 @@ class SlurmJob(JobTrait):
         sbatch = _tool("sbatch")
         # Applied after Regency started here: this process's secret (one controller, several
         # jobs); else a fresh one, which this process adopts when it attaches.
-        self._secret = job_passphrase() or secrets.token_hex(24)
+        self._secret = new_job_passphrase()
         self._nodes = ()
         if client_script is not None:
             # The client inside the allocation finds this and attaches to its own job.

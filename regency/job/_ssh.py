@@ -12,7 +12,6 @@ outlives its connection.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from ..core._hosts import attach_to_workers, job_passphrase
+from ..core._hosts import attach_to_workers, new_job_passphrase
 from ._job import JobState, JobTrait
 
 #: What each host runs (``python -c``): the secret from the first line of stdin, a watch on
@@ -129,7 +128,7 @@ class SSHJob(JobTrait):
         ssh = shutil.which("ssh")
         if ssh is None:
             raise FileNotFoundError("SSHJob needs the OpenSSH client `ssh` on PATH")
-        self._secret = job_passphrase() or secrets.token_hex(24)
+        self._secret = new_job_passphrase()
         # Each connection's output goes to a file (a pipe would end the connection, and its
         # worker, with the controller that read it).
         self._log_dir = tempfile.mkdtemp(prefix="regency-ssh-job-")

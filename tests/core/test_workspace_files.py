@@ -33,7 +33,7 @@ SYNC = textwrap.dedent(
     for sha in d.lacking():
         with open(os.path.join(src, where[sha]), "rb") as f:
             d.receive(sha, 0, f.read())
-    print(d.commit(False).written)
+    print(d.commit().written)
     """
 )
 
@@ -78,6 +78,27 @@ def test_a_manifest_scan_could_not_make_is_refused(tmp_path: Path) -> None:
     entries, _ = F.scan(str(tmp_path / "src"), F.HashCache())
     F.check_manifest(str(tmp_path / "src"), entries)
 
+
+
+def test_contents_that_do_not_fit_the_manifest_are_refused(tmp_path: Path) -> None:
+    """A content the manifest does not name, or longer than its size, or whose bytes do
+    not hash to its name, is refused; a commit with a content missing names it, and the
+    destination stays as it was."""
+    data = b"payload\n"
+    sha = _sha(data)
+    entries = [F.Entry("", F.DIR, 0o755), F.Entry("f", F.FILE, 0o644, len(data), sha)]
+    dest = F.Destination(str(tmp_path / "dest"), entries, F.HashCache(), "t")
+    assert dest.lacking() == [sha]
+    with pytest.raises(ValueError, match=f"unexpected workspace content {_sha(b'x')[:12]}"):
+        dest.receive(_sha(b"x"), 0, b"x")
+    with pytest.raises(ValueError, match=f"unexpected workspace content {sha[:12]}"):
+        dest.receive(sha, 1, data)
+    with pytest.raises(ValueError, match=f"content {sha[:12]} .* arrived corrupted"):
+        dest.receive(sha, 0, b"PAYLOAD\n")
+    with pytest.raises(RuntimeError, match=rf"contents \['{sha[:12]}'\] never arrived"):
+        dest.commit()
+    dest.discard()
+    assert list((tmp_path / "dest").iterdir()) == []  # no staging left, nothing written
 
 def _unprivileged() -> list[str]:
     """A command prefix under which permission bits bind this user (root's overrides of

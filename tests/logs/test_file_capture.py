@@ -14,11 +14,12 @@ import pytest
 
 import regency
 from regency import config
-from regency.actor import SupervisionError
+from regency.actor import ProcMesh, SupervisionError
 from regency.core import _codec, _config
 from regency.core import _messages as M
 from regency.core._controller import current_runtime
 from regency.core._output_tail import TailRing, format_tail, read_tail, tail_path
+from regency.supervision import MeshFailure
 
 from ..conftest import SpawnProcs, root_failures
 from .capture_actors import Writer, fail_to_boot
@@ -240,20 +241,28 @@ LAST_FOUR = (
 )
 
 
+def _exits_with_status_3(pm: ProcMesh, name: str, tail: str) -> tuple[str, int, MeshFailure]:
+    """Spawn a ``Writer`` as ``name`` on ``pm`` and have it print 6 lines and exit with
+    status 3: the caller's error and the root's supervision event both end with ``tail``.
+    The proc's id and rank, and the event."""
+    dying = pm.spawn(name, Writer)
+    proc_id, rank, _ = dying.whoami.call_one().get(T)
+    with pytest.raises(SupervisionError) as caught:
+        dying.last_words.call_one(6, 3).get(T)
+    summary = f"proc {proc_id} exited with status 3{tail}"
+    assert str(caught.value).endswith(summary), caught.value
+    # The supervision event says it too (the root's report, here recorded by the tests).
+    failure = root_failures.wait_for(name, T)
+    assert failure.cause.summary == summary
+    return proc_id, rank, failure
+
+
 def test_os_exit_reports_the_last_lines(
     spawn_procs: SpawnProcs, configured: Callable[..., None]
 ) -> None:
     configured(tail_log_lines=4)
     pm = spawn_procs({"gpus": 1})
-    dying = pm.spawn("exits", Writer)
-    proc_id, _, _ = dying.whoami.call_one().get(T)
-    with pytest.raises(SupervisionError) as caught:
-        dying.last_words.call_one(6, 3).get(T)
-    message = str(caught.value)
-    assert message.endswith(f"proc {proc_id} exited with status 3{LAST_FOUR}"), message
-    # The supervision event says it too (the root's report, here recorded by the tests).
-    failure = root_failures.wait_for("exits", T)
-    assert failure.cause.summary == f"proc {proc_id} exited with status 3{LAST_FOUR}"
+    proc_id, _, failure = _exits_with_status_3(pm, "exits", LAST_FOUR)
     assert LAST_FOUR in str(failure)
     # The spawner read the proc's tail file and removed it.
     assert not os.path.exists(tail_path(current_runtime().jobdir, proc_id))
@@ -321,14 +330,7 @@ def test_no_tail_without_tail_log_lines(
 ) -> None:
     configured(tail_log_lines=0)
     pm = spawn_procs({"gpus": 1})
-    dying = pm.spawn("untailed", Writer)
-    proc_id, _, _ = dying.whoami.call_one().get(T)
-    with pytest.raises(SupervisionError) as caught:
-        dying.last_words.call_one(6, 3).get(T)
-    assert str(caught.value).endswith(f"proc {proc_id} exited with status 3"), caught.value
-    assert root_failures.wait_for("untailed", T).cause.summary == (
-        f"proc {proc_id} exited with status 3"
-    )
+    proc_id, _, _ = _exits_with_status_3(pm, "untailed", "")
     # Nothing was teed: no tail file was ever made.
     assert not os.path.exists(tail_path(current_runtime().jobdir, proc_id))
 
@@ -357,15 +359,7 @@ def test_procs_on_another_host_report_their_tail(
             mesh = attach_to_workers([host.worker_address], lease=30.0)
             try:
                 pm = spawn_procs({"gpus": 1}, on=mesh)
-                remote = pm.spawn("remote", Writer)
-                proc_id, rank, _ = remote.whoami.call_one().get(T)
-                with pytest.raises(SupervisionError) as caught:
-                    remote.last_words.call_one(6, 3).get(T)
-                assert str(caught.value).endswith(
-                    f"proc {proc_id} exited with status 3{LAST_FOUR}"
-                ), caught.value
-                failure = root_failures.wait_for("remote", T)
-                assert failure.cause.summary == f"proc {proc_id} exited with status 3{LAST_FOUR}"
+                proc_id, rank, _ = _exits_with_status_3(pm, "remote", LAST_FOUR)
             finally:
                 mesh.shutdown().get(T)
         finally:

@@ -229,7 +229,11 @@ def test_actors_that_are_gone_fail_rref_and_keep_no_tensors(procs: Any) -> None:
     linear.stop().get(30)
     keepers.stop().get(30)
     o = linear.forward.rref(t)
-    with pytest.raises(RemoteException, match=r"the call never ran: Supervision event: actor .* has status: stopped \(actor gone_linear rank 1 was stopped\)") as info:
+    with pytest.raises(
+        RemoteException,
+        match=r"the call never ran: Supervision event: actor .* has status: stopped "
+        r"\(actor gone_linear rank 1 was stopped\)",
+    ) as info:
         regency.fetch_shard(o, gpus=1).get(30)  # (the stream did not hang on it)
     assert info.value.exception_type == "SupervisionError"
     keepers.keep.broadcast(t)
