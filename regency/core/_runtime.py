@@ -135,6 +135,8 @@ class Runtime:
         #: ``spawn_procs(bootstrap=fn)``'s ``fn``: run once this runtime listens, before it
         #: says HELLO, so it may use the runtime (spawn actors on ``this_proc()``, call them).
         self.boot: Callable[[], Any] | None = None
+        #: What ``boot`` raised (reported to the spawner; :meth:`serve` raises it next).
+        self.boot_error: Exception | None = None
         self.thread_id: int | None = None
         #: Where actor threads run and how they block (:mod:`._executor`): real threads in
         #: production, lockstep threads in the simulator (the environment's executor).
@@ -229,6 +231,7 @@ class Runtime:
                     try:
                         await self._run_boot(self.boot)
                     except Exception as exc:
+                        self.boot_error = exc
                         await self._report_boot_failure(exc)
                         raise
                 if self.parent_address is not None:
@@ -269,7 +272,7 @@ class Runtime:
         if inspect.iscoroutinefunction(boot):
             await self.run_coroutine(boot())
             return
-        result = await trio.to_thread.run_sync(boot)
+        result = await self.executor.run(boot)  # (the simulator's: a lockstep thread)
         if inspect.iscoroutine(result):  # a sync callable that returned a coroutine
             await self.run_coroutine(result)
 

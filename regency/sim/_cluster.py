@@ -247,12 +247,18 @@ class SimCluster:
 
         async def main() -> None:
             _runtime_var.set(rt)
+            code = 0
             with scope:
-                if boot:
-                    result = _codec.loads([bytes.fromhex(boot)])()
-                    if inspect.iscoroutine(result):
-                        await result
-                await rt.serve()
+                if boot:  # run by rt.serve once it listens, before its HELLO, as in production
+                    rt.boot = _codec.loads([bytes.fromhex(boot)])
+                try:
+                    await rt.serve()
+                except Exception:
+                    if rt.boot_error is None:
+                        raise
+                    # Reported to its spawner (a HELLO with the error); it exits with 1, as a
+                    # real proc whose bootstrap function raised.
+                    code = 1
             self.procs.pop(rt.address, None)
             self.checker.proc_exited(rt)
             siblings = self._children_of.get(parent, [])
@@ -261,7 +267,7 @@ class SimCluster:
             # Procs die with the proc that started them, as real ones do (PR_SET_PDEATHSIG).
             for child in self._children_of.pop(rt.address, []):
                 child.kill()
-            on_exit(-9 if proc.crashed else 0)
+            on_exit(-9 if proc.crashed else code)
 
         self._nursery.start_soon(main, name=f"proc {rt.proc_id}")
         return proc

@@ -5,10 +5,13 @@ SupervisionError), not with a bare exit status."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from regency.actor import ActorError, SupervisionError
 from regency.core._errors import BootstrapError, RemoteException
+from regency.sim import simulate
 
 from ..conftest import SpawnProcs
 from .boot_failures import Echo, raise_in_async_boot, raise_in_boot
@@ -67,3 +70,21 @@ def test_the_error_survives_pickling() -> None:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is BootstrapError and str(back) == str(error)
     assert back.failure == error.failure and back.proc_id == "c1.p0"
+
+
+def test_on_the_simulated_cluster_the_same_error_reaches_the_spawner() -> None:
+    # The simulator runs the production path: the runtime runs the callable once it listens
+    # (on a lockstep thread, through the executor), reports what it raised in its HELLO and
+    # exits with 1; the spawn fails with the error, and the run goes on.
+    async def program(hosts: Any) -> str:
+        pm = hosts.spawn_procs(per_host={"gpus": 1}, bootstrap=raise_in_boot)
+        try:
+            await pm.initialized
+        except BootstrapError as exc:
+            return str(exc)
+        return "no error"
+
+    result = simulate(program, seed=1, hosts=1)
+    said = "bootstrap function raised builtins.RuntimeError: stage 3.4 bootstrap failure"
+    assert said in result.value
+    assert "raise_in_boot" in result.value  # its traceback
